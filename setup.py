@@ -1,0 +1,41 @@
+from setuptools import setup
+
+# Top-level folders map into the one `kdispatch` namespace (see DESIGN.md), so nothing generic
+# like `kernels` lands in site-packages.
+PACKAGE_DIR = {
+    "kdispatch": "kdispatch",
+    "kdispatch.kernels": "kernels",
+    "kdispatch.routers": "routers",
+    "kdispatch.tuner": "tuner",
+}
+
+
+def _packages():
+    import os
+
+    found = []
+    for pkg, root in PACKAGE_DIR.items():
+        for dirpath, _dirs, files in os.walk(root):
+            if "__init__.py" in files:
+                rel = os.path.relpath(dirpath, root)
+                found.append(pkg if rel == "." else pkg + "." + rel.replace(os.sep, "."))
+    return sorted(found)
+
+
+setup(
+    name="kdispatch",
+    version="0.1.0",
+    description="Shape-aware dispatch of LLM-serving GPU kernels with an autotuning router compiler",
+    python_requires=">=3.10",
+    packages=_packages(),
+    package_dir=PACKAGE_DIR,
+    package_data={"kdispatch": ["definitions/*/*.json"], "kdispatch.kernels": ["cuda/*/*.cu", "cuda/*/*.cuh"]},
+    install_requires=["torch>=2.6", "numpy"],
+    extras_require={
+        "triton": ["triton"],
+        "cuda": ["cuda-python", "nvidia-cuda-nvrtc"],
+        "tune": ["scikit-learn", "flashinfer-bench"],
+        "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "scikit-learn", "safetensors"],
+    },
+    entry_points={"console_scripts": ["kdispatch = kdispatch.cli:main"]},
+)
