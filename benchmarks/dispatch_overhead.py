@@ -1,0 +1,112 @@
+"""Host time that dispatch adds to a call, per operator, next to flashinfer_bench.apply.
+
+For each operator the router is pointed at a no-op variant on meta tensors (shapes and dtypes,
+no data), so the only time measured is dispatch itself:
+    kdispatch   = time(kdispatch.ops.<op>(*args)) - time(noop(*args))
+    fib.apply   = time(flashinfer_bench.apply(<definition>, args=args, fallback=noop)) - time(noop(*args))
+FlashInfer-Bench is timed on its cheapest path (the dataset holds no solution, so it builds the
+lookup key, misses and calls the fallback). Medians over repeated timing rounds, one process.
+
+    python benchmarks/dispatch_overhead.py [--rounds 21] [--calls 2000] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import kdispatch
+from kdispatch import definitions, registry
+from kdispatch.registry import Variant
+
+SMALL = {
+    "moe_fp8": {"seq_len": 4},
+    "dsa_topk_indexer": {"batch_size": 4, "max_num_pages": 40, "num_pages": 4096},
+    "dsa_sparse_attention": {"num_tokens": 4, "num_pages": 8462},
+    "gdn_decode": {"batch_size": 8},
+    "gdn_prefill": {"total_seq_len": 128, "num_seqs": 2, "len_cu_seqlens": 3},
+}
+
+
+def meta_args(op: str) -> list:
+    d = definitions.load(op)
+    axes = {**{k: a["value"] for k, a in d["axes"].items() if a["type"] == "const"}, **SMALL[op]}
+    args = []
+    for spec in d["inputs"].values():
+        if spec["shape"] is None:
+            args.append(1 if spec["dtype"].startswith("int") else 0.5)
+        else:
+            args.append(torch.empty([axes[a] for a in spec["shape"]], dtype=getattr(torch, spec["dtype"]),
+                                    device="meta"))
+    return args
+
+
+def per_call_us(fn, args, calls: int, rounds: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--json", type=Path)
+    opts = ap.parse_args()
+
+    registry.discover()
+    result = {"host": platform.processor() or platform.machine(), "python": platform.python_version(),
+              "torch": torch.__version__, "ops": {}}
+    try:
+        from flashinfer_bench import apply as fib_apply
+        from flashinfer_bench.apply import enable_apply
+
+        tmp = Path(tempfile.mkdtemp())
+        shutil.copytree(Path(definitions.__file__).parent, tmp / "definitions",
+                        ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+        fib_rt = enable_apply(str(tmp))
+    except ImportError:
+        fib_apply = fib_rt = None
+
+    print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
+    for op in SMALL:
+        d = kdispatch.ops.DISPATCHERS[op]
+        args = meta_args(op)
+        noop = lambda *a: a[0]  # noqa: E731 - the cheapest possible "kernel"
+        registry.register(Variant(d.definition, "noop", noop, "torch", ("meta",)))
+        d.set_router("meta", lambda **axes: "noop")
+        op_fn = getattr(kdispatch.ops, op)
+        op_fn(*args)  # first call: validation, routing, guard creation
+        assert d.choose("meta", d.checker.check(args)).name == "noop"
+        direct = per_call_us(noop, args, opts.calls, opts.rounds)
+        kd = per_call_us(op_fn, args, opts.calls, opts.rounds) - direct
+        row = {"direct_us": direct, "kdispatch_added_us": kd}
+        if fib_apply is not None:
+            fib_call = lambda *a, _n=d.definition: fib_apply(_n, args=a, fallback=noop)  # noqa: E731
+            fib_call(*args)
+            row["fib_apply_added_us"] = per_call_us(fib_call, args, max(opts.calls // 10, 50), opts.rounds) - direct
+            row["ratio"] = row["fib_apply_added_us"] / kd
+        result["ops"][op] = row
+        fib_s = f"{row['fib_apply_added_us']:>15.2f}{row['ratio']:>7.1f}x" if "ratio" in row else f"{'n/a':>15}"
+        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{fib_s}")
+        d.set_router("meta", None)
+        registry.unregister(d.definition, "noop")
+    if fib_rt is not None:
+        fib_rt.stop()
+    if opts.json:
+        opts.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Dispatch: router -> variant, baseline fallbacks (no router, unsupported shape, unknown name,
+exception), signature caching, and that dispatch never reads tensor values (meta tensors)."""
+import warnings
+
+import pytest
+import torch
+
+import kdispatch
+from kdispatch import registry
+from kdispatch.registry import Variant
+from kdispatch.workloads import materialize
+
+DECODE = "gdn_decode_qk4_v8_d128_k_last"
+
+
+def decode_args(batch_size, device="cpu", seed=0):
+    return materialize(DECODE, {"axes": {"batch_size": batch_size}, "inputs": {}, "uuid": f"t{batch_size}"},
+                       device=device, seed=seed)
+
+
+@pytest.fixture
+def fake(request):
+    """Registers a fake gdn_decode variant on the CPU and routes every shape to it; undone after."""
+    calls = []
+    behaviour = {"raise": False, "max_batch": 1 << 30}
+
+    def fn(q, k, v, state, A_log, a, dt_bias, b, scale):
+        calls.append(q.shape[0])
+        if behaviour["raise"]:
+            raise RuntimeError("kernel exploded")
+        return torch.full((q.shape[0], 1, 8, 128), 7.0, dtype=torch.bfloat16), state
+
+    registry.discover()
+    registry.register(Variant(DECODE, "fake_cpu", fn, "torch", ("cpu", "meta"),
+                              supports=lambda f: f["batch_size"] <= behaviour["max_batch"]))
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", lambda batch_size: "fake_cpu")
+    d.set_router("meta", lambda batch_size: "fake_cpu")
+    yield calls, behaviour
+    d.set_router("cpu", None)
+    d.set_router("meta", None)
+    registry.unregister(DECODE, "fake_cpu")
+
+
+def test_no_router_serves_the_reference():
+    args = decode_args(2)
+    state0 = args[3].clone()
+    out, new_state = kdispatch.ops.gdn_decode(*args)
+    ref = registry.get(DECODE, "reference")
+    assert registry.baseline(DECODE, "cpu") is ref
+    args2 = decode_args(2)
+    args2[3].copy_(state0)
+    out2, _ = ref.fn(*args2)
+    assert new_state is args[3], "the op updates the state in place"
+    torch.testing.assert_close(out, out2)
+    assert not torch.equal(new_state, state0)
+
+
+def test_router_picks_variant(fake):
+    calls, _ = fake
+    out, _ = kdispatch.ops.gdn_decode(*decode_args(3))
+    assert calls == [3] and torch.all(out == 7)
+
+
+def test_unsupported_shape_goes_to_baseline(fake):
+    calls, behaviour = fake
+    behaviour["max_batch"] = 2
+    out, _ = kdispatch.ops.gdn_decode(*decode_args(3))
+    assert calls == [] and not torch.all(out == 7)
+    kdispatch.ops.gdn_decode(*decode_args(2))
+    assert calls == [2]
+
+
+def test_exception_falls_back_once_and_remembers(fake):
+    calls, behaviour = fake
+    behaviour["raise"] = True
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out, _ = kdispatch.ops.gdn_decode(*decode_args(2))
+        out2, _ = kdispatch.ops.gdn_decode(*decode_args(2))
+    assert calls == [2], "after failing once the variant is not called again for that shape"
+    assert not torch.all(out == 7) and torch.isfinite(out.float()).all()
+    assert sum("kernel exploded" in str(x.message) for x in w) == 1, "warns once"
+    torch.testing.assert_close(out, out2)
+
+
+def test_unknown_variant_name_goes_to_baseline(fake):
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", lambda batch_size: "no_such_variant")
+    with pytest.warns(RuntimeWarning, match="no_such_variant"):
+        out, _ = kdispatch.ops.gdn_decode(*decode_args(2))
+    assert torch.isfinite(out.float()).all()
+
+
+def test_dispatch_reads_no_tensor_values(fake):
+    """Meta tensors have no data: any .item()/.tolist() in dispatch would raise."""
+    calls, _ = fake
+    args = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in decode_args(4)]
+    kdispatch.ops.gdn_decode(*args)
+    kdispatch.ops.gdn_decode(*args)
+    assert calls == [4, 4]
+
+
+def test_guard_revalidates_same_shape_with_other_dtype(fake):
+    args = decode_args(2)
+    kdispatch.ops.gdn_decode(*args)
+    bad = list(args)
+    bad[0] = bad[0].float()
+    with pytest.raises(ValueError, match="'q'.*bfloat16.*float32"):
+        kdispatch.ops.gdn_decode(*bad)
+
+
+def test_every_op_runs_on_cpu_through_dispatch():
+    """Each op with no router serves the reference and returns the definition's outputs."""
+    from kdispatch import definitions
+
+    small = {
+        "dsa_topk_indexer": {"batch_size": 2, "max_num_pages": 3, "num_pages": 16},
+        "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 8},
+        "gdn_prefill": {"total_seq_len": 5, "num_seqs": 2, "len_cu_seqlens": 3},
+    }
+    for short, axes in small.items():
+        args = materialize(short, {"axes": axes, "inputs": {}, "uuid": "cpu-" + short}, device="cpu", seed=1)
+        out = getattr(kdispatch.ops, short)(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        spec = definitions.load(short)["outputs"]
+        assert len(outs) == len(spec)
+        for t, (name, s) in zip(outs, spec.items()):
+            assert str(t.dtype).endswith(s["dtype"]), (short, name, t.dtype)
