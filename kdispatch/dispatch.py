@@ -67,18 +67,23 @@ class Dispatcher:
         self._warned: set = set()
 
     def __call__(self, *args):
-        ts = self._tensors(args)
-        for e in self._entries.get(ts[0].shape, ()):
+        try:
+            ts = self._tensors(args)
+            bucket = self._entries.get(ts[0].shape, ())
+        except (IndexError, AttributeError):  # too few arguments, or not a tensor: the checker says which
+            bucket = ()
+        for e in bucket:
             if e.guard(*ts):
                 try:
                     return e.fn(*args)
                 except Exception as exc:
                     return self._variant_failed(e, exc, args)
-        return self._new_signature(args, ts)
+        return self._new_signature(args)
 
     # ---- slow path -------------------------------------------------------------------------
-    def _new_signature(self, args, ts):
+    def _new_signature(self, args):
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
+        ts = self._tensors(args)
         arch = _arch.arch_of(ts[0].device)
         e = _Entry(make_guard(ts), self.choose(arch, axes), tuple(axes.items()), arch)
         bucket = self._entries.setdefault(ts[0].shape, [])

@@ -67,7 +67,7 @@ class Checker:
                         raise self._fail(name, f"{axis} = {self.const[axis]} in shape {shape}", f"shape {tuple(x.shape)}")
                 elif axis in bound:
                     if size != bound[axis]:
-                        raise self._fail(name, f"{axis} = {bound[axis]} (from {where[axis]}) in shape {shape}",
+                        raise self._fail(name, f"{axis} = {bound[axis]} (from {where[axis]!r}) in shape {shape}",
                                          f"shape {tuple(x.shape)}")
                 else:
                     bound[axis], where[axis] = size, name

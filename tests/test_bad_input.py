@@ -87,10 +87,13 @@ def test_wrong_constant_axis(op, no_kernel_may_run):
 
 @pytest.mark.parametrize("op", list(SMALL))
 def test_inconsistent_variable_axis(op, no_kernel_may_run):
+    # the first later argument whose leading axis is the first argument's (variable) leading axis
     args = meta_args(op)
-    t = args[1]
-    args[1] = torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device="meta")
-    with pytest.raises(ValueError, match=rf"argument '{NAMES[op][1]}' expected .*\(from '{NAMES[op][0]}'\)"):
+    i = next(i for i, t in enumerate(args[1:], 1) if isinstance(t, torch.Tensor) and t.dim() > 1
+             and t.shape[0] == args[0].shape[0])
+    t = args[i]
+    args[i] = torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device="meta")
+    with pytest.raises(ValueError, match=rf"argument '{NAMES[op][i]}' expected .*\(from '{NAMES[op][0]}'\)"):
         call(op, args)
 
 

@@ -1,0 +1,227 @@
+"""GDN decode and prefill on the contest workloads: FlashInfer (baseline), fla-core, every kdispatch
+variant that runs here, and the routed op, side by side in one run.
+
+Per workload and candidate: correctness against the project's reference (output and new state,
+fresh inputs, NaN/Inf fail), CUDA-graph time per call with the state rotated through enough
+buffers to exceed 4x the L2 (as in serving, where other layers evict a layer's state), eager
+host + device time per call, and the HBM floor (bytes that must move / peak bandwidth).
+Writes benchmarks/results/gdn-<device>.json; prints a per-workload table and a summary last.
+
+    python benchmarks/gdn.py [--definition gdn_decode|gdn_prefill|all] [--limit N] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import kdispatch
+from kdispatch import registry
+from kdispatch.workloads import load_workloads, materialize
+
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, HBM
+DEFS = {"gdn_decode": "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill": "gdn_prefill_qk4_v8_d128_k_last"}
+STATE_BYTES = 8 * 128 * 128 * 4
+
+
+def peak_bandwidth() -> float:
+    name = torch.cuda.get_device_name()
+    return next((bw for key, bw in PEAK_BW.items() if key in name), 3.35e12)
+
+
+def floor_bytes(op: str, axes: dict) -> int:
+    if op == "gdn_decode":
+        n, t = axes["batch_size"], axes["batch_size"]
+    else:
+        n, t = axes["num_seqs"], axes["total_seq_len"]
+    per_token = (4 * 128 * 2) * 2 + 8 * 128 * 2 * 2 + 8 * 2 * 2  # q, k, v + output, a, b (bf16)
+    return n * STATE_BYTES * 2 + t * per_token
+
+
+def fla_call(op: str):
+    """fla-core as SGLang/vLLM call it on Hopper (returns a new final state; as the anchors time it)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    flags = dict(output_final_state=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                 state_v_first=True)
+    if op == "gdn_decode":
+        def run(q, k, v, state, A_log, a, dt_bias, b, scale):
+            return fused_recurrent_gated_delta_rule(q, k, v, g=a, beta=b, scale=scale, initial_state=state,
+                                                    A_log=A_log, dt_bias=dt_bias, **flags)
+    else:
+        def run(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+            o, s = chunk_gated_delta_rule(q[None], k[None], v[None], g=a[None], beta=b[None], scale=scale,
+                                          initial_state=state, A_log=A_log, dt_bias=dt_bias,
+                                          cu_seqlens=cu_seqlens, **flags)
+            return o[0], s
+    return run
+
+
+def candidates(op: str) -> dict:
+    full = DEFS[op]
+    here = kdispatch.arch.local_arch()
+    out = {"flashinfer": registry.baseline(full, here).fn}
+    fla = fla_call(op)
+    if fla is not None:
+        out["fla-core"] = fla
+    for v in registry.variants(full):
+        if v.name not in ("reference", "flashinfer") and v.why_not(here) is None:
+            out[v.name] = v.fn
+    out["routed"] = getattr(kdispatch.ops, op)
+    return out
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+
+
+def check(fn, args, ref_out) -> tuple[bool, str]:
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out, new_state = fn(*args)
+    torch.cuda.synchronize()
+    if not (torch.isfinite(out.float()).all() and torch.isfinite(new_state).all()):
+        return False, "NaN/Inf"
+    eo, es = rel_err(out, ref_out[0]), rel_err(new_state, ref_out[1])
+    ok = eo < 2e-2 and es < 1e-2
+    return ok, f"out {eo:.1e} state {es:.1e}"
+
+
+def graph_time_us(fn, sets, reps: int) -> float:
+    """Median per-call time of a CUDA graph that calls fn once per input set (state rotated)."""
+    for s in sets[:2]:
+        fn(*s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for s in sets:
+            fn(*s)
+    probe = sets[0][3]
+    before = probe.sum().item()
+    g.replay()
+    torch.cuda.synchronize()
+    if probe.sum().item() == before:
+        raise RuntimeError("captured graph did not update the state: the work was not captured")
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(sets))
+    del g
+    return statistics.median(times)
+
+
+def eager_time_us(fn, sets, reps: int) -> float:
+    times = []
+    for i in range(reps):
+        s = sets[i % len(sets)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*s)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def bench_op(op: str, limit: int | None, quick: bool) -> list[dict]:
+    full = DEFS[op]
+    ref = registry.get(full, "reference")
+    cands = candidates(op)
+    workloads = load_workloads(ROOT / "traces", full)[:limit]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    bw = peak_bandwidth()
+    rows = []
+    for w in workloads:
+        axes = dict(w.axes)
+        args = list(materialize(full, w, device="cuda", seed=0))
+        n = args[3].shape[0]
+        ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ref_out = [x.clone() for x in ref.fn(*ref_args)]
+        n_sets = max(2, min(256, math.ceil(4 * l2 / (n * STATE_BYTES))))
+        if quick:
+            n_sets = min(n_sets, 16)
+        states = [args[3].clone() for _ in range(n_sets)]
+        sets = [args[:3] + [s] + args[4:] for s in states]
+        row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_bytes(op, axes) / bw * 1e6, "state_sets": n_sets,
+               "results": {}}
+        for name, fn in cands.items():
+            r = {}
+            try:
+                r["correct"], r["error"] = check(fn, args, ref_out)
+                if r["correct"]:
+                    r["graph_us"] = graph_time_us(fn, sets, reps=5 if quick else 20)
+                    r["eager_us"] = eager_time_us(fn, sets, reps=20 if quick else 100)
+            except Exception as exc:  # a failing candidate is reported, the run goes on
+                r["correct"], r["error"] = False, f"{type(exc).__name__}: {exc}"[:300]
+            row["results"][name] = r
+        base = row["results"]["flashinfer"].get("graph_us")
+        for name, r in row["results"].items():
+            if base and r.get("graph_us"):
+                r["speedup_vs_flashinfer"] = base / r["graph_us"]
+                r["pct_of_floor"] = 100 * row["floor_us"] / r["graph_us"]
+        rows.append(row)
+        cells = "  ".join(f"{k}={v.get('graph_us', float('nan')):.2f}" if v["correct"] else f"{k}=FAIL"
+                          for k, v in row["results"].items())
+        print(f"{op} {axes} floor={row['floor_us']:.2f}us  {cells}", flush=True)
+    return rows
+
+
+def summarize(op: str, rows: list[dict]) -> list[str]:
+    lines = [f"\n== {op}: {len(rows)} workloads, graph time (state rotated), mean of per-workload speedups"]
+    names = list(rows[0]["results"]) if rows else []
+    lines.append(f"{'candidate':<28}{'ok':>6}{'mean x FI':>11}{'min x FI':>10}{'mean x fla':>12}{'mean %floor':>13}{'eager med us':>14}")
+    for name in names:
+        rs = [r["results"][name] for r in rows]
+        ok = sum(r["correct"] for r in rs)
+        sp = [r["speedup_vs_flashinfer"] for r in rs if "speedup_vs_flashinfer" in r]
+        vs_fla = [row["results"]["fla-core"]["graph_us"] / row["results"][name]["graph_us"] for row in rows
+                  if "fla-core" in row["results"] and row["results"]["fla-core"].get("graph_us")
+                  and row["results"][name].get("graph_us")]
+        fl = [r["pct_of_floor"] for r in rs if "pct_of_floor" in r]
+        ea = [r["eager_us"] for r in rs if "eager_us" in r]
+        f = lambda xs, fn=statistics.mean: f"{fn(xs):.2f}" if xs else "n/a"  # noqa: E731
+        lines.append(f"{name:<28}{ok:>3}/{len(rs):<2}{f(sp):>11}{f(sp, min):>10}{f(vs_fla):>12}{f(fl):>13}{f(ea, statistics.median):>14}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--definition", default="all", choices=["all", *DEFS])
+    ap.add_argument("--limit", type=int, default=None, help="first N workloads per definition")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and state buffers")
+    ap.add_argument("--out", type=Path, default=None)
+    opts = ap.parse_args()
+    ops = list(DEFS) if opts.definition == "all" else [opts.definition]
+    dev = torch.cuda.get_device_name()
+    result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+              "peak_bandwidth": peak_bandwidth(), "ops": {}}
+    for pkg in ("flashinfer", "fla", "triton"):
+        try:
+            result[pkg] = __import__(pkg).__version__
+        except Exception:
+            pass
+    summary = []
+    for op in ops:
+        rows = bench_op(op, opts.limit, opts.quick)
+        result["ops"][op] = rows
+        summary += summarize(op, rows)
+    out = opts.out or ROOT / "benchmarks" / "results" / f"gdn-{dev.replace(' ', '_')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{dev}, {result['date']}, written {out}")
+    print("\n".join(summary))
+
+
+if __name__ == "__main__":
+    main()
