@@ -57,3 +57,29 @@ def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     if isinstance(out, tuple):
         out = out[0]
     return out, state.copy_(new_state)
+
+
+# fla-core (what SGLang and vLLM run on Hopper): a peer variant where installed, never the baseline.
+# It returns a new final state, so honouring the in-place contract costs one extra state copy.
+_fla = dict(backend="library", archs=("sm90", "sm100"), requires=("fla",))
+_FLA_FLAGS = dict(output_final_state=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                  state_v_first=True)
+
+
+@variant("gdn_decode", "fla_fused_recurrent", **_fla)
+def gdn_decode_fla(q, k, v, state, A_log, a, dt_bias, b, scale):
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    out, final = fused_recurrent_gated_delta_rule(q, k, v, g=a, beta=b, scale=scale, initial_state=state,
+                                                  A_log=A_log, dt_bias=dt_bias, **_FLA_FLAGS)
+    return out, state.copy_(final)
+
+
+@variant("gdn_prefill", "fla_chunk", **_fla)
+def gdn_prefill_fla(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    out, final = chunk_gated_delta_rule(q[None], k[None], v[None], g=a[None], beta=b[None], scale=scale,
+                                        initial_state=state, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens,
+                                        **_FLA_FLAGS)
+    return out[0], state.copy_(final)

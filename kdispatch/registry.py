@@ -85,7 +85,7 @@ def variant(definition: str, name: str, *, backend: str, archs, supports=None, r
     full = definitions.resolve_name(definition)
 
     def deco(fn):
-        own = Path(inspect.getsourcefile(fn)).resolve()
+        own = Path(inspect.getsourcefile(inspect.unwrap(fn))).resolve()  # unwrap: @torch.no_grad() etc.
         register(Variant(full, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
                          (own, *(Path(s).resolve() for s in sources)), baseline, dict(meta or {})))
         return fn
