@@ -1,0 +1,74 @@
+"""GDN decode, CUDA: warps over V rows, lanes along K (decode_warp_rows.cu), compiled through NVRTC.
+
+    q, k     [B, 1, 4, 128] bf16          v        [B, 1, 8, 128] bf16
+    state    [B, 8, 128, 128] fp32 (k-last; updated in place and returned)
+    A_log    [8] fp32    a, b [B, 1, 8] bf16    dt_bias [8] fp32    scale: float (0 or None: 1/sqrt(128))
+    returns  (out [B, 1, 8, 128] bf16, state)
+
+One kernel launch, no host-device sync (CUDA-graph safe). A warp owns R consecutive V rows of
+one (batch, head), lane l owns K columns 4l..4l+3; `config(B)` picks R and whether the state is
+loaded/stored evict-first (measured on an H100).
+The kernel compiles on first call (cached on disk, see kdispatch.nvrtc); importing this module
+touches no GPU.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdispatch import nvrtc
+from kdispatch.registry import variant
+
+CU = Path(__file__).with_name("decode_warp_rows.cu")
+SIGNATURE = "p" * 9 + "f"  # q k v state A_log a dt_bias b out, scale
+HEADS, DIM = 8, 128
+DEFAULT_SCALE = DIM ** -0.5
+WARPS = 4  # per block, fixed in the .cu
+
+_kernels: dict[tuple[int, bool], nvrtc.Kernel] = {}
+
+
+def config(batch: int) -> tuple[int, bool]:
+    """(R rows per warp, evict-first state accesses) for batch size B, from CUDA-graph timings on
+    an H100 with rotated states (tests/gpu/test_gdn_cuda.py benchmark; R matters by 1-5%)."""
+    if batch <= 1:
+        return 4, False
+    if batch <= 32:
+        return 4, True
+    return 1, True
+
+
+def kernel(rows: int, cs: bool = False) -> nvrtc.Kernel:
+    """The kernel with R = `rows` (1, 2, 4, 8) V rows per warp; `cs`: state accesses evict-first."""
+    kern = _kernels.get((rows, cs))
+    if kern is None:
+        name = f"gdn_decode_warp_rows{'_cs' if cs else ''}_r{rows}"
+        kern = _kernels[(rows, cs)] = nvrtc.load_kernel(CU, name, signature=SIGNATURE)
+    return kern
+
+
+@variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+         sources=(CU,))
+def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int | None = None,
+                         cs: bool | None = None):
+    B = q.shape[0]
+    if state is None:
+        state = torch.zeros(B, HEADS, DIM, DIM, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, 1, HEADS, DIM, dtype=torch.bfloat16, device=q.device)
+    if B == 0:
+        return out, state
+    st = state if state.is_contiguous() else state.contiguous()
+    q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
+    pq, pk, pst = q.data_ptr(), k.data_ptr(), st.data_ptr()
+    if (pq | pk) & 7 or pst & 15:
+        raise ValueError("gdn_decode_warp_rows: q/k need 8-byte and state 16-byte aligned storage")
+    R, CS = config(B)
+    if rows is not None or cs is not None:  # explicit choice (benchmarks, tests)
+        R, CS = rows or R, CS if cs is None else cs
+    kernel(R, CS).launch(B * HEADS * DIM // (WARPS * R), 32 * WARPS,
+                         pq, pk, v, pst, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
+                         stream=nvrtc.current_stream(q.get_device()))
+    if st is not state:
+        state.copy_(st)
+    return out, state

@@ -1,0 +1,83 @@
+"""GDN prefill, CUDA: the recurrence token by token with the state in registers
+(prefill_thread_rows.cu), compiled through NVRTC.  For short sequences, where chunked kernels
+spend their time on launch latency and multi-kernel pipelines.
+
+    q, k        [T, 4, 128] bf16        v [T, 8, 128] bf16        a, b [T, 8] bf16
+    state       [N, 8, 128, 128] fp32 (k-last; updated in place and returned)
+    A_log, dt_bias [8] fp32             cu_seqlens [N + 1] int64 (read on the device)
+    scale       float (0 or None: 1/sqrt(128))
+    returns     (out [T, 8, 128] bf16, state)
+
+One kernel launch, no host-device sync (CUDA-graph safe).  A block owns ROWS V rows of one
+(sequence, v-head); KSPLIT adjacent threads share a row (KSPLIT = 1: one thread per row with its
+128 state values in registers).  Few sequences split each head's 128 rows over more blocks and
+threads, so that the sequential token loop runs on more SMs with shorter per-thread work.
+The cost grows linearly with the longest sequence: the router should pick this for short ones.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdispatch import nvrtc
+from kdispatch.registry import variant
+
+CU = Path(__file__).with_name("prefill_thread_rows.cu")
+SIGNATURE = "p" * 10 + "f"  # q k v state A_log a dt_bias b cu_seqlens out, scale
+HEADS, DIM = 8, 128
+DEFAULT_SCALE = DIM ** -0.5
+CONFIGS = ((1, 128), (2, 64), (4, 32), (8, 16), (16, 8))  # (KSPLIT, ROWS) compiled in the .cu; 128 threads
+
+_kernels: dict[tuple[int, int], nvrtc.Kernel] = {}
+
+
+def config(num_seqs: int, total_tokens: int = 0) -> tuple[int, int]:
+    """(KSPLIT, ROWS) for N sequences of T tokens in all: blocks = N * 8 * KSPLIT (ROWS = 128 /
+    KSPLIT, 128 threads).  From CUDA-graph timings on an H100 (tests/gpu/test_gdn_cuda.py benchmark):
+    few sequences want many small blocks (short per-token latency on many SMs); from 8 on, two
+    threads per row; one thread per row (occupancy-limited by its 255 registers) only won for
+    many long sequences (8192 tokens in 32)."""
+    if num_seqs <= 2:
+        return 16, 8
+    if num_seqs <= 4:
+        return 8, 16
+    if num_seqs < 8:
+        return 4, 32
+    if num_seqs >= 32 and total_tokens >= 128 * num_seqs:
+        return 1, 128
+    return 2, 64
+
+
+def kernel(ksplit: int, rows: int) -> nvrtc.Kernel:
+    kern = _kernels.get((ksplit, rows))
+    if kern is None:
+        kern = nvrtc.load_kernel(CU, f"gdn_prefill_thread_rows_k{ksplit}_r{rows}", signature=SIGNATURE)
+        _kernels[(ksplit, rows)] = kern
+    return kern
+
+
+@variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+         sources=(CU,))
+def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                            cfg: tuple[int, int] | None = None):
+    T, N = q.shape[0], cu_seqlens.shape[0] - 1
+    if state is None:
+        state = torch.zeros(N, HEADS, DIM, DIM, dtype=torch.float32, device=q.device)
+    out = torch.empty(T, HEADS, DIM, dtype=torch.bfloat16, device=q.device)
+    if N <= 0:
+        return out, state
+    st = state if state.is_contiguous() else state.contiguous()
+    q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
+    if cu_seqlens.dtype != torch.int64:
+        cu_seqlens = cu_seqlens.to(torch.int64)
+    pq, pk, pst = q.data_ptr(), k.data_ptr(), st.data_ptr()
+    if (pq | pk) & 7 or pst & 15:
+        raise ValueError("gdn_prefill_thread_rows: q/k need 8-byte and state 16-byte aligned storage")
+    ksplit, rows = cfg or config(N, T)
+    kernel(ksplit, rows).launch(N * HEADS * (DIM // rows), rows * ksplit,
+                                pq, pk, v, pst, A_log, a, dt_bias, b, cu_seqlens.contiguous(), out,
+                                scale or DEFAULT_SCALE, stream=nvrtc.current_stream(q.get_device()))
+    if st is not state:
+        state.copy_(st)
+    return out, state
