@@ -5,10 +5,11 @@ import sys
 CODE = """
 import sys, time
 import torch
+before = set(sys.modules)  # torch itself may load parts of cuda-python
 t0 = time.perf_counter()
 import kdispatch, kdispatch.ops
 dt = time.perf_counter() - t0
-heavy = sorted({m.split('.')[0] for m in sys.modules} & {'triton', 'flashinfer', 'flashinfer_bench', 'fla',
+heavy = sorted({m.split('.')[0] for m in set(sys.modules) - before} & {'triton', 'flashinfer', 'flashinfer_bench', 'fla',
                                                       'cuda', 'sklearn', 'pydantic', 'openai', 'cutlass'})
 print(dt, ','.join(heavy))
 """
