@@ -1,9 +1,9 @@
 """GDN decode and prefill on the contest workloads: FlashInfer (baseline), fla-core, every kdispatch
 variant that runs here, and the routed op, side by side in one run.
 
-Per workload and candidate: correctness against the project's reference (output and new state,
-fresh inputs, NaN/Inf fail), CUDA-graph time per call with the state rotated through enough
-buffers to exceed 4x the L2 (as in serving, where other layers evict a layer's state), eager
+Per workload and candidate: correctness through the tuner's gate (kdispatch.tuner.gate: output and
+new state against the project's reference, NaN/Inf fail), CUDA-graph time per call
+(kdispatch.tuner.timing) with the state rotated through enough buffers to exceed 4x the L2 (as in serving, where other layers evict a layer's state), eager
 host + device time per call, and the HBM floor (bytes that must move / peak bandwidth).
 Writes benchmarks/results/gdn-<device>.json; prints a per-workload table and a summary last.
 
@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import kdispatch
 from kdispatch import registry
+from kdispatch.tuner import gate, timing
 from kdispatch.workloads import load_workloads, materialize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,63 +79,28 @@ def candidates(op: str) -> dict:
     return out
 
 
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
-
-
-def check(fn, args, ref_out) -> tuple[bool, str]:
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    out, new_state = fn(*args)
-    torch.cuda.synchronize()
-    if not (torch.isfinite(out.float()).all() and torch.isfinite(new_state).all()):
-        return False, "NaN/Inf"
-    eo, es = rel_err(out, ref_out[0]), rel_err(new_state, ref_out[1])
-    ok = eo < 2e-2 and es < 1e-2
-    return ok, f"out {eo:.1e} state {es:.1e}"
+def check(op: str, name: str, fn, args, ref) -> tuple[bool, str]:
+    """The tuner's correctness gate (kdispatch.tuner.gate) on one input set; fla-core returns a new
+    state instead of updating `state` in place, so the in-place contract is not asked of it."""
+    v = gate.run_gate(DEFS[op], fn, [(args, ref)], check_in_place=name != "fla-core")
+    m = v.metrics
+    detail = f"out {m.get('output.rel_norm', float('nan')):.1e} state {m.get('new_state.rel_norm', float('nan')):.1e}"
+    return v.passed, detail if v.passed else f"{v.status}: {v.reason} ({detail})"
 
 
 def graph_time_us(fn, sets, reps: int) -> float:
-    """Median per-call time of a CUDA graph that calls fn once per input set (state rotated)."""
-    for s in sets[:2]:
-        fn(*s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for s in sets:
-            fn(*s)
-    probe = sets[0][3]
-    before = probe.sum().item()
-    g.replay()
-    torch.cuda.synchronize()
-    if probe.sum().item() == before:
-        raise RuntimeError("captured graph did not update the state: the work was not captured")
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(sets))
-    del g
+    """Median per-call time of a CUDA graph that calls fn once per input set (kdispatch.tuner.timing:
+    the captured work is checked, a replay must write the outputs)."""
+    times, _ = timing.graph_times_us(fn, sets, reps)
     return statistics.median(times)
 
 
 def eager_time_us(fn, sets, reps: int) -> float:
-    times = []
-    for i in range(reps):
-        s = sets[i % len(sets)]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(*s)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return statistics.median(timing.eager_times_us(fn, sets, reps))
 
 
 def bench_op(op: str, limit: int | None, quick: bool) -> list[dict]:
     full = DEFS[op]
-    ref = registry.get(full, "reference")
     cands = candidates(op)
     workloads = load_workloads(ROOT / "traces", full)[:limit]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -145,20 +109,16 @@ def bench_op(op: str, limit: int | None, quick: bool) -> list[dict]:
     for w in workloads:
         axes = dict(w.axes)
         args = list(materialize(full, w, device="cuda", seed=0))
-        n = args[3].shape[0]
-        ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        ref_out = [x.clone() for x in ref.fn(*ref_args)]
-        n_sets = max(2, min(256, math.ceil(4 * l2 / (n * STATE_BYTES))))
-        if quick:
-            n_sets = min(n_sets, 16)
-        states = [args[3].clone() for _ in range(n_sets)]
-        sets = [args[:3] + [s] + args[4:] for s in states]
+        ref_out = gate.reference(full, args)
+        # The state rotated through enough copies to exceed 4x the L2 (kdispatch.tuner.timing).
+        sets = timing.input_sets(full, args, l2, max_sets=16 if quick else timing.MAX_SETS)
+        n_sets = len(sets)
         row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_bytes(op, axes) / bw * 1e6, "state_sets": n_sets,
                "results": {}}
         for name, fn in cands.items():
             r = {}
             try:
-                r["correct"], r["error"] = check(fn, args, ref_out)
+                r["correct"], r["error"] = check(op, name, fn, args, ref_out)
                 if r["correct"]:
                     r["graph_us"] = graph_time_us(fn, sets, reps=5 if quick else 20)
                     r["eager_us"] = eager_time_us(fn, sets, reps=20 if quick else 100)

@@ -1,0 +1,349 @@
+"""The router compiler on synthetic result tables (CPU, no timing): known policies are recovered,
+unseen shapes go to their region, output is byte-deterministic, failures exclude a variant from
+their region, generated routers drive kdispatch dispatch, and the store makes re-tuning incremental."""
+import ast
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import kdispatch
+from kdispatch import registry
+from kdispatch.registry import Variant
+from kdispatch.tuner import codegen, features, runner
+from kdispatch.tuner import fit as fitting
+from kdispatch.tuner.store import Result, Store
+from kdispatch.workloads import materialize
+
+DECODE = "gdn_decode_qk4_v8_d128_k_last"
+PREFILL = "gdn_prefill_qk4_v8_d128_k_last"
+ENV = {"device": "Fake GPU 80GB", "arch": "sm90", "driver": "1.0", "torch": "2.x", "triton": "3.x", "cuda": "13.0",
+       "flashinfer": "0.x"}
+
+
+def build_store(definition, workloads, latency, failures=(), order_seed=None, spread=0.01, env=ENV):
+    """workloads: [(uuid, axes)]; latency(variant, axes) -> µs or None (not measured);
+    failures: {(variant, uuid)} that fail correctness. The first variant name is the baseline."""
+    store = Store(":memory:")
+    eid = store.add_env(env)
+    rows = []
+    for uuid, axes in workloads:
+        for name in ("flashinfer", "A", "B"):
+            t = latency(name, axes)
+            if t is None:
+                continue
+            failed = (name, uuid) in failures
+            rows.append(Result(env=eid, definition=definition, variant=name, variant_hash="h-" + name, uuid=uuid,
+                               axes=axes, status="INCORRECT_NUMERICAL" if failed else "PASSED",
+                               measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
+                               method="graph", median_us=None if failed else t,
+                               p10_us=None if failed else t * (1 - spread), p90_us=None if failed else t * (1 + spread),
+                               reason="output wrong" if failed else ""))
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(rows)
+    store.put_many(rows)
+    return store
+
+
+def decode_workloads():
+    return [(f"d{b}-{k}", {"batch_size": b}) for b in (1, 2, 4, 8, 16, 32, 64, 128) for k in range(2)]
+
+
+def decode_latency(name, axes):
+    b = axes["batch_size"]
+    base = 10.0 + b
+    if name == "A":
+        return base * (0.5 if b < 16 else 2.0)
+    if name == "B":
+        return base * (2.0 if b < 16 else 0.6)
+    return base
+
+
+def decode_policy(**kw):
+    store = build_store(DECODE, decode_workloads(), decode_latency, **kw)
+    return fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+
+
+def test_recovers_a_one_feature_policy():
+    pol = decode_policy()
+    assert [(r.variant, r.bounds) for r in pol.regions] == [
+        ("A", {"batch_size": (None, 12)}),  # midway between the tuned 8 and 16
+        ("B", {"batch_size": (12, None)}),
+    ]
+    assert pol.regions[0].stats["speedup"] == (2.0, 2.0, 2.0)
+    # Held out: a fold without both batch-16 workloads puts the threshold at 20 and misroutes 16.
+    assert pol.heldout["workloads"] == 16 and pol.heldout["unsafe"] == 0 and pol.heldout["regret_mean_pct"] > 0
+
+
+def test_unseen_shapes_route_to_their_region(tmp_path):
+    pol = decode_policy()
+    path = codegen.write(pol, tmp_path)
+    route, regions = codegen.load_route(path)
+    assert [route(batch_size=b) for b in (1, 3, 12, 13, 100, 100000)] == ["A", "A", "A", "B", "B", "B"]
+    for b in (0, 5, 11, 12, 13, 500):
+        assert route(batch_size=b) == pol.route({"batch_size": b})
+    assert len(regions) == 2
+
+
+def test_recovers_a_two_feature_prefill_policy():
+    # A wins on short sequences (mean <= 64 tokens), B on long ones once the batch has >= 1024 tokens.
+    wl = []
+    for total in (16, 64, 256, 1024, 4096):
+        for n in (1, 4, 16):
+            for k in range(2):  # each shape twice: a region holds at least 2 workloads
+                wl.append((f"p{total}-{n}-{k}", {"total_seq_len": total, "num_seqs": n, "len_cu_seqlens": n + 1}))
+
+    def truth(axes):
+        mean = axes["total_seq_len"] // axes["num_seqs"]
+        if mean <= 64:
+            return "A"
+        return "B" if axes["total_seq_len"] >= 1024 else "flashinfer"
+
+    def lat(name, axes):
+        base = 20.0 + axes["total_seq_len"] / 10
+        return base * (0.5 if name == truth(axes) else 1.5) if name != "flashinfer" else base
+
+    pol = fitting.fit(fitting.load_table(build_store(PREFILL, wl, lat), PREFILL, "sm90"))
+    table = pol.table
+    for u in table.uuids:
+        assert pol.route(table.features[u]) == truth(table.axes[u]), table.axes[u]
+    assert len(pol.regions) <= 4
+    # Unseen shapes go to the region their features fall in.
+    unseen = [{"total_seq_len": 2000, "num_seqs": 1}, {"total_seq_len": 100, "num_seqs": 8},
+              {"total_seq_len": 500, "num_seqs": 2}, {"total_seq_len": 60000, "num_seqs": 3}]
+    for axes in unseen:
+        axes["len_cu_seqlens"] = axes["num_seqs"] + 1
+        assert pol.route(features.compute(PREFILL, axes)) == truth(axes), axes
+
+
+def test_determinism_byte_identical(tmp_path):
+    a = codegen.render(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), decode_latency), DECODE, "sm90")))
+    b = codegen.render(fitting.fit(fitting.load_table(
+        build_store(DECODE, decode_workloads(), decode_latency, order_seed=7), DECODE, "sm90")))
+    assert a == b
+    p1 = codegen.write(decode_policy(), tmp_path / "one")
+    p2 = codegen.write(decode_policy(order_seed=3), tmp_path / "two")
+    assert p1.read_bytes() == p2.read_bytes()
+    tree = ast.parse(a)
+    assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree)), "routers import nothing"
+    assert "workload-set digest" in a and "h-A" in a and "2.00x" in a
+
+
+def test_a_failure_excludes_the_variant_from_its_region():
+    pol = decode_policy(failures={("A", "d4-1")})
+    route = lambda b: pol.route({"batch_size": b})  # noqa: E731
+    assert route(4) == "flashinfer", "A failed correctness on a batch-4 workload"
+    assert route(1) == "A" and route(2) == "A" and route(8) == "A"
+    assert route(16) == "B" and route(128) == "B"
+    for r in pol.regions:
+        if r.variant == "A":
+            assert "d4-1" not in r.uuids and "d4-0" not in r.uuids
+    # Held out, d4-1 may land in a fold whose training set lacks batch 4: that is reported as unsafe.
+    assert pol.heldout["unsafe"] <= 1
+
+
+def test_not_faster_than_the_spread_keeps_the_baseline():
+    def lat(name, axes):
+        base = 10.0 + axes["batch_size"]
+        return {"flashinfer": base, "A": base * 0.98, "B": None}[name]  # 2%: under the 3% floor
+
+    pol = fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90"))
+    assert [r.variant for r in pol.regions] == ["flashinfer"]
+
+    def lat2(name, axes):
+        base = 10.0 + axes["batch_size"]
+        return {"flashinfer": base, "A": base * 0.8, "B": None}[name]  # 20% faster, but spread +-15%
+
+    pol = fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat2, spread=0.15), DECODE, "sm90"))
+    assert [r.variant for r in pol.regions] == ["flashinfer"]
+    pol = fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat2, spread=0.01), DECODE, "sm90"))
+    assert [r.variant for r in pol.regions] == ["A"]
+
+
+def test_not_graph_safe_variants_are_not_routed():
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    for r in store.results(DECODE):
+        if r.variant == "A" and r.axes["batch_size"] == 2:
+            r.method = "events:work-escaped"
+            store.put(r)
+    pol = fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+    assert pol.route({"batch_size": 2}) == "flashinfer"
+
+
+def test_latest_environment_and_hash_are_used():
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    eid = store.envs()[0]["id"]
+    # A newer measurement of a changed A (new hash) that is slow everywhere replaces the old one.
+    for uuid, axes in decode_workloads():
+        t = decode_latency("flashinfer", axes) * 3
+        store.put(Result(env=eid, definition=DECODE, variant="A", variant_hash="h-A2", uuid=uuid, axes=axes,
+                         status="PASSED", measured_at="2026-02-01T00:00:00Z", method="graph", median_us=t,
+                         p10_us=t, p90_us=t))
+    table = fitting.load_table(store, DECODE, "sm90")
+    assert table.hashes["A"] == "h-A2"
+    assert [r.variant for r in fitting.fit(table).regions] == ["flashinfer", "B"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Generated routers drive dispatch
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_cpu_variant():
+    calls = []
+
+    def fn(q, k, v, state, A_log, a, dt_bias, b, scale):
+        calls.append(q.shape[0])
+        return torch.full((q.shape[0], 1, 8, 128), 7.0, dtype=torch.bfloat16), state
+
+    registry.discover()
+    registry.register(Variant(DECODE, "fake_tuned", fn, "torch", ("cpu",)))
+    yield calls
+    kdispatch.ops.DISPATCHERS["gdn_decode"].set_router("cpu", None)
+    registry.unregister(DECODE, "fake_tuned")
+
+
+def test_generated_router_is_used_by_dispatch(tmp_path, fake_cpu_variant):
+    def lat(name, axes):
+        b = axes["batch_size"]
+        return {"reference": 100.0 + b, "fake_tuned": (10.0 if b <= 8 else 1000.0), "B": None}.get(name)
+
+    store = Store(":memory:")
+    eid = store.add_env({**ENV, "arch": "cpu"})
+    for uuid, axes in decode_workloads():
+        for name in ("reference", "fake_tuned"):
+            t = lat(name, axes)
+            store.put(Result(env=eid, definition=DECODE, variant=name, variant_hash="h", uuid=uuid, axes=axes,
+                             status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "reference",
+                             method="cpu", median_us=t, p10_us=t, p90_us=t))
+    pol = fitting.fit(fitting.load_table(store, DECODE, "cpu"))
+    assert [r.variant for r in pol.regions] == ["fake_tuned", "reference"]
+    # Written into a temporary routers package and imported from there.
+    path = codegen.write(pol, tmp_path / "routers")
+    (tmp_path / "routers" / "__init__.py").write_text("")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tmp_routers_cpu_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", mod.route)
+
+    def args(b):
+        return materialize(DECODE, {"axes": {"batch_size": b}, "inputs": {}, "uuid": f"r{b}"}, device="cpu")
+
+    out, _ = kdispatch.ops.gdn_decode(*args(3))
+    assert fake_cpu_variant == [3] and torch.all(out == 7)
+    out, _ = kdispatch.ops.gdn_decode(*args(20))
+    assert fake_cpu_variant == [3] and not torch.all(out == 7), "batch 20 is the reference's region"
+
+
+# ----------------------------------------------------------------------------------------------
+# Incremental tuning through the store (fake executor: no timing)
+# ----------------------------------------------------------------------------------------------
+
+MEASURED: list = []
+
+
+def fake_executor(job, emit):
+    """Synthetic measurements; records what it was asked to measure."""
+    for w in job.workloads:
+        for name in job.pending.get(w["uuid"], []):
+            MEASURED.append((name, w["uuid"]))
+            emit("start", name, w["uuid"])
+            b = w["axes"]["batch_size"]
+            t = {"reference": 100.0 + b, "cand_a": 50.0 + b, "cand_b": 200.0}.get(name, 100.0)
+            emit("result", {"variant": name, "uuid": w["uuid"], "axes": w["axes"], "status": "PASSED", "reason": "",
+                            "metrics": {}, "measured_at": "2026-01-01T00:00:00Z", "method": "cpu", "median_us": t,
+                            "p10_us": t, "p90_us": t, "eager_us": t, "sets": 1, "reps": 1})
+
+
+def crashing_executor(job, emit):
+    """Like fake_executor, but the process dies when cand_b meets batch size 4."""
+    for w in job.workloads:
+        for name in job.pending.get(w["uuid"], []):
+            emit("start", name, w["uuid"])
+            if name == "cand_b" and w["axes"]["batch_size"] == 4:
+                os._exit(7)
+            t = 100.0
+            emit("result", {"variant": name, "uuid": w["uuid"], "axes": w["axes"], "status": "PASSED", "reason": "",
+                            "metrics": {}, "measured_at": "2026-01-01T00:00:00Z", "method": "cpu", "median_us": t,
+                            "p10_us": t, "p90_us": t, "eager_us": t, "sets": 1, "reps": 1})
+
+
+def write_traces(root: Path, batch_sizes):
+    lines = []
+    for b in batch_sizes:
+        lines.append(json.dumps({"definition": DECODE, "workload": {"axes": {"batch_size": b}, "inputs": {
+            "scale": {"type": "scalar", "value": 0.08838834764831843}}, "uuid": f"w{b}"}, "solution": None,
+            "evaluation": None}))
+    p = root / "workloads" / "gdn" / f"{DECODE}.jsonl"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def candidates(tmp_path):
+    """Two fake CPU variants whose provenance is the hash of a file the test can edit."""
+    registry.discover()
+    files = {}
+    for name in ("cand_a", "cand_b"):
+        f = tmp_path / f"{name}.py"
+        f.write_text(f"# {name} v1\n")
+        files[name] = f
+        registry.register(Variant(DECODE, name, lambda *a: None, "torch", ("cpu",), sources=(f,)))
+    yield files
+    for name in files:
+        registry.unregister(DECODE, name)
+
+
+def _tune(tmp_path, **kw):
+    MEASURED.clear()
+    return runner.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
+                       store=tmp_path / "store" / "fake.sqlite", out=tmp_path / "routers", executor=fake_executor,
+                       stream=open(os.devnull, "w"), **kw)
+
+
+def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
+    write_traces(tmp_path / "traces", (1, 4, 16))
+    _tune(tmp_path)
+    assert sorted(MEASURED) == sorted((n, f"w{b}") for n in ("reference", "cand_a", "cand_b") for b in (1, 4, 16))
+    router = (tmp_path / "routers" / "cpu" / f"{DECODE}.py").read_bytes()
+    assert b"return 'cand_a'" in router
+
+    _tune(tmp_path)
+    assert MEASURED == [], "nothing changed: nothing measured"
+    assert (tmp_path / "routers" / "cpu" / f"{DECODE}.py").read_bytes() == router, "same store, same bytes"
+
+    candidates["cand_a"].write_text("# cand_a v2\n")  # a changed variant is a new variant
+    registry.register(Variant(DECODE, "cand_a", lambda *a: None, "torch", ("cpu",), sources=(candidates["cand_a"],)))
+    _tune(tmp_path)
+    assert sorted(MEASURED) == [("cand_a", "w1"), ("cand_a", "w16"), ("cand_a", "w4")]
+
+    write_traces(tmp_path / "traces", (1, 4, 16, 64))  # a new workload
+    _tune(tmp_path)
+    assert sorted(MEASURED) == [("cand_a", "w64"), ("cand_b", "w64"), ("reference", "w64")]
+
+    # The committed text twin rebuilds the store on a fresh clone: nothing is re-measured.
+    (tmp_path / "store" / "fake.sqlite").unlink()
+    _tune(tmp_path)
+    assert MEASURED == []
+    assert (tmp_path / "store" / "fake.jsonl").exists()
+
+
+def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):
+    write_traces(tmp_path / "traces", (1, 4, 16, 64))
+    r = runner.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
+                    store=tmp_path / "s.sqlite", out=tmp_path / "routers", executor="test_tuner_fit:crashing_executor",
+                    in_process=False, stream=open(os.devnull, "w"), timeout=120)
+    store = Store.open(tmp_path / "s.sqlite")
+    rows = {(x.variant, x.uuid): x for x in store.results(DECODE)}
+    assert len(rows) == 12, "every pair has a row"
+    assert rows[("cand_b", "w4")].status == "RUNTIME_ERROR" and "exit code 7" in rows[("cand_b", "w4")].reason
+    later_b = [rows[("cand_b", u)] for u in ("w16", "w64") if ("cand_b", u) in rows]
+    assert all(x.status == "PASSED" or "not measured" in x.reason for x in later_b)
+    assert all(rows[(n, u)].status == "PASSED" for n in ("reference", "cand_a") for u in ("w1", "w4", "w16", "w64"))
+    assert r.routers, "routers compiled after the crash"

@@ -1,0 +1,91 @@
+"""Timing plumbing on CPU: input rotation keeps inputs valid and spreads the working set, the
+number of sets follows the L2 rule, and a real job (materialise -> gate -> time) runs end to end."""
+import torch
+
+from kdispatch.tuner import gate, timing
+from kdispatch.workloads import materialize
+
+DECODE, INDEXER, SPARSE = gate.GDN_DECODE, gate.DSA_INDEXER, gate.DSA_SPARSE
+
+
+def args_of(definition, axes, uuid="rot"):
+    return list(materialize(definition, {"uuid": uuid, "axes": axes, "inputs": {}}, device="cpu", seed=0))
+
+
+def test_state_rotation_copies_only_the_state():
+    args = args_of(DECODE, {"batch_size": 2})
+    n = timing.num_sets(DECODE, args, l2_bytes=50 << 20)
+    assert n == min(256, -(-4 * (50 << 20) // (2 * 8 * 128 * 128 * 4)))
+    sets = timing.input_sets(DECODE, args, 50 << 20, max_sets=8)
+    assert len(sets) == 8
+    assert all(s[3] is not args[3] and torch.equal(s[3], args[3]) for s in sets), "never the caller's state"
+    assert all(s[0] is args[0] for s in sets), "other inputs are shared"
+
+
+def test_indexer_rotation_moves_pages_and_keeps_them_distinct():
+    args = args_of(INDEXER, {"batch_size": 3, "max_num_pages": 10, "num_pages": 100})
+    sets = timing.input_sets(INDEXER, args, 1 << 20, max_sets=4)
+    assert len(sets) == 4
+    for s in sets[1:]:
+        bt = s[4]
+        assert bt.dtype == torch.int32 and bt.shape == args[4].shape
+        assert not torch.equal(bt, args[4])
+        assert bt.unique().numel() == bt.numel(), "a shift mod num_pages keeps pages distinct"
+        assert int(bt.min()) >= 0 and int(bt.max()) < 100
+
+
+def test_sparse_rotation_keeps_padding_and_slots():
+    args = args_of(SPARSE, {"num_tokens": 2, "num_pages": 40})
+    s = timing.rotate(SPARSE, args, 1, 4)
+    old, new = args[4], s[4]
+    assert torch.equal(old == -1, new == -1)
+    valid = old >= 0
+    assert torch.equal(old[valid] % 64, new[valid] % 64)
+    assert not torch.equal(old, new) and int(new.max()) < 40 * 64
+
+
+def test_moe_rotation_keeps_routing_inside_groups():
+    x = torch.randn(5, 256)
+    y = timing.rotate(gate.MOE_FP8, [x, None], 3, 8)[0]
+    assert torch.equal(y.view(5, 8, 32).sort(dim=2).values, x.view(5, 8, 32).sort(dim=2).values)
+    assert not torch.equal(x, y)
+
+
+def test_percentile():
+    assert timing.percentile([1, 2, 3, 4, 5], 0.5) == 3
+    assert abs(timing.percentile([0, 10], 0.1) - 1.0) < 1e-12
+
+
+def test_run_job_end_to_end_on_cpu():
+    rows, starts = [], []
+
+    def emit(kind, *payload):
+        (rows if kind == "result" else starts).append(payload[0] if kind == "result" else payload)
+
+    job = timing.Job(DECODE, [{"uuid": "job-1", "axes": {"batch_size": 2}, "inputs": {}}],
+                     {"job-1": ["reference", "no_such_variant"]}, device="cpu", quick=True)
+    timing.run_job(job, emit)
+    by = {r["variant"]: r for r in rows}
+    assert by["reference"]["status"] == "PASSED" and by["reference"]["method"] == "cpu"
+    assert by["reference"]["median_us"] > 0 and by["reference"]["sets"] >= 1
+    assert by["no_such_variant"]["status"] == "RUNTIME_ERROR"
+    assert (None, "job-1") in starts and ("reference", "job-1") in starts
+
+
+def test_every_variant_of_a_workload_is_gated_against_untouched_inputs():
+    """Timing one variant must not change the inputs the next one is checked on (in-place state)."""
+    from kdispatch import registry
+    from kdispatch.registry import Variant
+
+    ref = registry.get(DECODE, "reference").fn
+    registry.register(Variant(DECODE, "ref_twin", lambda *a: ref(*a), "torch", ("cpu",)))
+    rows = []
+    try:
+        job = timing.Job(DECODE, [{"uuid": "job-2", "axes": {"batch_size": 2}, "inputs": {}}],
+                         {"job-2": ["reference", "ref_twin", "routed"]}, device="cpu", quick=True)
+        timing.run_job(job, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
+    finally:
+        registry.unregister(DECODE, "ref_twin")
+    assert [(r["variant"], r["status"]) for r in rows] == [("reference", "PASSED"), ("ref_twin", "PASSED"),
+                                                           ("routed", "PASSED")], [r["reason"] for r in rows]
+    assert rows[2]["metrics"]["routed_to"] == "reference"

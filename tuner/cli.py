@@ -1,0 +1,288 @@
+"""The tuning commands of `kdispatch` (added to its parser by kdispatch/cli.py):
+
+    kdispatch tune --workloads traces/ [--definitions D ...] [--variants V ...] [--device cuda|cuda:N[,M]]
+                   [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
+    kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR]
+    kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
+    kdispatch bench --workloads DIR [--definitions D ...] [--device ...] [--quick] [--json PATH]
+    kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
+    kdispatch add <variant.py | solution.json> [--author A] [--parent V] [--archs sm90 ...] [--force]
+    kdispatch export-traces [--store PATH ...] [--out DIR] [--definitions D ...]
+
+Stores: `tune` writes `tuner/results/<device-slug>.sqlite` (git-ignored) and its committed text
+twin `tuner/results/<device-slug>.jsonl`; `route`, `explain`, `report` and `export-traces` read
+every store under tuner/results/ by default (no GPU needed). `--quick` (a smoke run: 6 workloads
+per definition, 1 trial, few repetitions) uses `tuner/results/quick/` for both its store and its
+routers unless --store / --out say otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _defs_arg(p):
+    p.add_argument("--definitions", nargs="+", metavar="D", help="definitions (short or full names); default: all")
+
+
+def _store_arg(p, many=True):
+    p.add_argument("--store", nargs="+" if many else None, metavar="PATH",
+                   help="results store(s) (.sqlite or its .jsonl twin); default: every store under tuner/results/")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("tune", help="measure every variant on every workload, then compile the routers")
+    p.add_argument("--workloads", default="traces", help="FlashInfer-Bench trace set folder (default: traces)")
+    _defs_arg(p)
+    p.add_argument("--variants", nargs="+", metavar="V", help="only these variants (the baseline is always measured)")
+    p.add_argument("--device", default="cuda", help="cuda (every visible GPU, one worker each), cuda:N[,M], or cpu")
+    p.add_argument("--out", help="routers folder (default: routers/, or tuner/results/quick/routers with --quick)")
+    p.add_argument("--store", help="results store (default: tuner/results/<device>.sqlite)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 6 workloads per definition, 1 trial, few reps")
+    p.add_argument("--force", action="store_true", help="re-measure what the store already has")
+    p.add_argument("--trials", type=int, help="correctness trials per workload (default 3; --quick 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a worker is "
+                                                                "killed as hung (default 300)")
+    p.add_argument("--no-route", action="store_true", help="measure only; do not compile routers")
+    p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
+                                                     "written; re-running resumes)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("route", help="compile the routers from the results store (no GPU needed)")
+    _store_arg(p)
+    p.add_argument("--out", help="routers folder (default: routers/)")
+    p.add_argument("--arch", help="only this architecture (default: every one in the store)")
+    _defs_arg(p)
+    p.add_argument("--workloads", help="fit on the workloads of this trace set only (default: all in the store)")
+    p.set_defaults(func=cmd_route)
+
+    p = sub.add_parser("explain", help="which variant the router picks for a shape, and why")
+    p.add_argument("definition")
+    p.add_argument("axes", nargs="*", metavar="key=value", help="variable axes, e.g. total_seq_len=100 num_seqs=2")
+    p.add_argument("--arch", help="architecture (default: this machine's GPU, else sm90)")
+    p.add_argument("--routers", help="routers folder (default: routers/)")
+    _store_arg(p)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("bench", help="measure every variant and the routed op on a workload set (a table)")
+    p.add_argument("--workloads", default="traces", help="FlashInfer-Bench trace set folder")
+    _defs_arg(p)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--trials", type=int)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--json", help="also write every measurement and the summary here")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="Markdown report (regions, speedups, regret) with a plot per definition")
+    _store_arg(p)
+    p.add_argument("--out", default=None, help="folder (default: tuner/results/report)")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("add", help="land a candidate variant (kdispatch module or FlashInfer-Bench solution.json)")
+    p.add_argument("path")
+    p.add_argument("--author", help="author or agent (default: git user.name; a solution's own author)")
+    p.add_argument("--parent", help="the variant this one was derived from")
+    p.add_argument("--archs", nargs="+", help="architectures of a solution.json variant (default: sm90 sm100)")
+    p.add_argument("--force", action="store_true", help="replace an earlier landed candidate of the same file")
+    p.set_defaults(func=cmd_add)
+
+    p = sub.add_parser("export-traces", help="write the store as FlashInfer-Bench trace JSONL")
+    _store_arg(p)
+    p.add_argument("--out", default="build/fib-traceset", help="trace-set folder (traces/ written under it)")
+    _defs_arg(p)
+    p.set_defaults(func=cmd_export)
+
+
+def _stores(args):
+    from .runner import open_stores
+
+    return open_stores(getattr(args, "store", None))
+
+
+def cmd_tune(args) -> int:
+    from .runner import tune
+
+    r = tune(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
+             store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
+             timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes)
+    print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
+          f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
+    return 0 if r.complete else 3
+
+
+def cmd_route(args) -> int:
+    from .runner import ROUTERS_DIR, compile_all, workload_dicts
+
+    store = _stores(args)
+    uuids = None
+    if args.workloads:
+        from kdispatch import definitions as defs
+
+        uuids = {d: [w["uuid"] for w in workload_dicts(args.workloads, d)] for d in defs.names()}
+    done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout)
+    if not done:
+        print("the store has no measurements: run `kdispatch tune` on a GPU machine first", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _parse_axes(items) -> dict:
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise SystemExit(f"expected key=value, got {it!r}")
+        k, v = it.split("=", 1)
+        out[k.strip()] = int(v)
+    return out
+
+
+def cmd_explain(args) -> int:
+    from kdispatch import arch as _arch
+    from kdispatch import definitions as defs
+
+    from . import codegen, features
+    from . import fit as fitting
+    from .runner import ROUTERS_DIR
+
+    d = defs.resolve_name(args.definition)
+    axes = _parse_axes(args.axes)
+    var = features.var_axes(d)
+    if "len_cu_seqlens" in var and "len_cu_seqlens" not in axes and "num_seqs" in axes:
+        axes["len_cu_seqlens"] = axes["num_seqs"] + 1
+    missing = [a for a in var if a not in axes]
+    if missing:
+        raise SystemExit(f"{d}: give every variable axis: missing {missing} (axes: {var})")
+    arch = args.arch or (_arch.local_arch() if _arch.local_arch().startswith("sm") else "sm90")
+    path = Path(args.routers or ROUTERS_DIR) / arch / f"{d}.py"
+    f = features.compute(d, axes)
+    print(f"{defs.FULL_TO_SHORT[d]} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
+    if not path.exists():
+        print(f"no router {path}: the dispatcher serves the baseline")
+        return 0
+    route, regions = codegen.load_route(path)
+    name = route(**{a: axes[a] for a in var})
+    print(f"router {path} -> {name}")
+    region = None
+    for r in regions:
+        box = fitting.Region(r["bounds"], r["variant"], [])
+        if box.contains(f):
+            region = r
+            break
+    if region is not None:
+        cond = codegen._cond(d, region["bounds"]) or "every shape"
+        sp = region["speedup"]
+        print(f"region {region['region']}: {cond} -> {region['variant']} (tuned on {region['workloads']} workloads"
+              + (f"; speedup over the baseline {sp[1]:.2f}x geomean, {sp[0]:.2f}x .. {sp[2]:.2f}x" if sp else "")
+              + ")")
+        if region["variant"] != name:
+            print(f"warning: route() returned {name!r} but the region table says {region['variant']!r}")
+    try:
+        store = _stores(args)
+        table = fitting.load_table(store, d, arch)
+    except Exception:
+        table = None
+    if table is None:
+        return 0
+    same = [u for u in table.uuids if all(table.axes[u].get(a) == axes[a] for a in var)]
+    near = same or [u for u in table.uuids if region is not None and
+                    fitting.Region(region["bounds"], "", []).contains(table.features[u])]
+    label = "measured on this exact shape" if same else "measured on the region's workloads"
+    if not near:
+        return 0
+    print(f"{label} ({table.env['device']}, {len(near)} workloads), median µs per call:")
+    names = table.variants
+    print("  " + "  ".join(f"{a:>13}" for a in var) + "  " + "  ".join(f"{n[:22]:>22}" for n in names))
+    for u in near[:40]:
+        cells = []
+        for n in names:
+            r = table.rows.get((n, u))
+            cells.append(f"{'-' if r is None else (f'{r.median_us:.2f}' if r.passed else r.status[:22]):>22}")
+        print("  " + "  ".join(f"{table.axes[u][a]:>13}" for a in var) + "  " + "  ".join(cells))
+    if len(near) > 40:
+        print(f"  ... and {len(near) - 40} more")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from kdispatch import definitions as defs
+
+    from .runner import bench, bench_table
+
+    store, info = bench(args.workloads, definitions=args.definitions, device=args.device, quick=args.quick,
+                        trials=args.trials, timeout=args.timeout)
+    env = info["env"]
+    print(f"{env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
+          f"flashinfer {env['flashinfer']}: median µs per call (CUDA graph, rotated inputs)")
+    summaries = {}
+    for d in info["definitions"]:
+        lines, summ = bench_table(store, info["env_id"], d)
+        if not lines:
+            continue
+        summaries[d] = summ
+        print(f"\n== {defs.FULL_TO_SHORT[d]}")
+        print("\n".join(lines))
+    print("\n== summary: routed op vs baseline")
+    bad = 0
+    for d, s in summaries.items():
+        bad += s["routed_slower_than_baseline"] + s["routed_failures"]
+        sp = f"{s['routed_geomean_speedup']:.3f}x" if s["routed_geomean_speedup"] else "n/a"
+        print(f"{defs.FULL_TO_SHORT[d]:<22} {s['workloads']:>4} workloads  baseline {s['baseline']:<24} routed {sp} "
+              f"geomean; slower than baseline beyond the spread: {s['routed_slower_than_baseline']}; "
+              f"routed failures: {s['routed_failures']}")
+    if args.json:
+        out = {"env": env, "summary": summaries,
+               "results": [dict(vars(r)) for d in info["definitions"] for r in store.results(d)]}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+        print(f"written {args.json}")
+    return 1 if bad else 0
+
+
+def cmd_report(args) -> int:
+    from .report import write_report
+    from .store import RESULTS_DIR
+
+    path = write_report(_stores(args), args.out or RESULTS_DIR / "report", args.arch)
+    print(f"written {path}")
+    return 0
+
+
+def cmd_add(args) -> int:
+    from .landing import LandingError, add
+
+    try:
+        prov = add(args.path, author=args.author, parent=args.parent, archs=args.archs, force=args.force)
+    except (LandingError, KeyError) as exc:
+        print(f"kdispatch add: {exc}", file=sys.stderr)
+        return 2
+    for v in prov["variants"]:
+        print(f"landed {v['name']} ({v['backend']}, {'/'.join(v['archs'])}) for {v['definition']}")
+    for f in prov["files"]:
+        print(f"  {f}")
+    print(f"author {prov['author']}, parent {prov['parent']}, {prov['date']}; "
+          "`kdispatch tune` measures it and regenerates the routers")
+    return 0
+
+
+def cmd_export(args) -> int:
+    store = _stores(args)
+    paths = store.export_traces(args.out, args.definitions)
+    for p in paths:
+        print(f"written {p}")
+    return 0 if paths else 1
+
+
+def main(argv=None) -> int:  # `python -m kdispatch.tuner.cli ...` without the rest of kdispatch's CLI
+    parser = argparse.ArgumentParser(prog="kdispatch-tuner", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

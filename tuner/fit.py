@@ -1,0 +1,434 @@
+"""Region fitting: from the results store to a per-(definition, architecture) routing policy.
+
+Input (`load_table`): for one definition and architecture, the store's rows of the most recently
+measured environment (device + versions) of that architecture, and per variant its most recently
+measured source hash. Each workload is a point in feature space (`tuner/features.py`), with a
+weight (1 per workload: shapes that occur more often in the trace set count more).
+
+Admissibility. The baseline is always admissible (it is what the dispatcher falls back to). A
+variant v is admissible on workload w only if it passed the correctness gate there, was timed with
+a graph-safe method, and beats the baseline by more than the measured spread:
+
+    t_v + margin < t_base,   margin = max(s_v + s_base, min_gain * t_base)
+
+where s = (p90 - p10) / 2 of the repetitions and min_gain = 3% (CUDA-graph replays have tiny
+spreads; the floor absorbs run-to-run drift so that a re-measurement does not find the routed op
+slower than the baseline). A variant is admissible in a region only if admissible on EVERY
+workload of the region; a variant that failed (or was not measured) on any workload of a region
+is never chosen for it.
+
+Regions (`fit`). A region's choice is the admissible variant of least total weighted latency (ties:
+the baseline, then by name). Regions are grown as a binary tree of threshold splits
+`feature <= t` over the features in `FeatureSpec.fit`: at each node every threshold between two
+adjacent distinct feature values of the node's workloads is scored by the total latency of its
+two children, each child valued at the better of staying one region or its own best split
+(one level of lookahead, so a variant winning only in a middle interval is found); the best is
+kept if it lowers the node's latency by more than `min_split_gain` (1%) of it, each side keeps at
+least `min_leaf` workloads (2), and depth <= `max_depth` (3, so at most 8 regions). Sibling leaves
+with the same choice are merged, then adjacent boxes with the same choice. Ties between splits go
+to the earlier feature and the lower threshold, so the result is deterministic. Thresholds sit
+midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
+them go to the nearer side and shapes beyond the tuned range get the outermost region's choice.
+
+Generalisation (`heldout_regret`): k-fold over workloads (k = 5, folds by uuid hash): fit on the
+other folds, route the held-out workloads, and compare the chosen variant's latency with the best
+correct one measured there and with the baseline.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdispatch import definitions as defs
+
+from . import features as feats
+from .store import Result, Store
+
+
+@dataclass
+class FitParams:
+    max_depth: int = 3
+    min_leaf: float = 2.0  # workload weight per region
+    min_split_gain: float = 0.01  # fraction of the node's latency a split must save
+    min_gain: float = 0.03  # a variant must beat the baseline by this fraction (or the spread)
+    folds: int = 5
+
+
+@dataclass
+class Table:
+    """Everything the fitter knows about one (definition, arch): all from the store."""
+
+    definition: str
+    arch: str
+    env: dict
+    baseline: str
+    hashes: dict[str, str]  # variant -> source hash used
+    uuids: list[str]  # sorted by (features, uuid)
+    axes: dict[str, dict]
+    features: dict[str, dict[str, int]]
+    rows: dict[tuple[str, str], Result]  # (variant, uuid) -> row
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def variants(self) -> list[str]:
+        """Baseline first, then the others by name."""
+        return [self.baseline] + sorted(v for v in self.hashes if v != self.baseline)
+
+    @property
+    def measured_at(self) -> str:
+        return max((r.measured_at for r in self.rows.values()), default="")
+
+    def workload_digest(self) -> str:
+        h = hashlib.sha256()
+        for u in sorted(self.uuids):
+            h.update(f"{u}:{json.dumps(self.axes[u], sort_keys=True)}\n".encode())
+        return h.hexdigest()[:16]
+
+    def subset(self, uuids) -> "Table":
+        keep = set(uuids)
+        return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,
+                     [u for u in self.uuids if u in keep], self.axes, self.features,
+                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights)
+
+
+def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | None:
+    """The store's view of (definition, arch); None when nothing was measured for it."""
+    definition = defs.resolve_name(definition)
+    envs = {e["id"]: e for e in store.envs() if e["arch"] == arch}
+    rows = [r for r in store.results(definition) if r.env in envs]
+    if uuids is not None:
+        keep = set(uuids)
+        rows = [r for r in rows if r.uuid in keep]
+    if not rows:
+        return None
+    latest: dict[str, str] = {}
+    for r in rows:
+        latest[r.env] = max(latest.get(r.env, ""), r.measured_at)
+    env = max(latest, key=lambda e: (latest[e], e))
+    rows = [r for r in rows if r.env == env]
+    newest: dict[tuple[str, str], str] = {}
+    for r in rows:
+        k = (r.variant, r.variant_hash)
+        newest[k] = max(newest.get(k, ""), r.measured_at)
+    hashes: dict[str, str] = {}
+    for (name, h), t in sorted(newest.items()):
+        if name not in hashes or (t, h) > (newest[(name, hashes[name])], hashes[name]):
+            hashes[name] = h
+    rows = [r for r in rows if hashes.get(r.variant) == r.variant_hash and r.variant != "routed"]
+    hashes.pop("routed", None)
+    base_rows = [r for r in rows if r.baseline]
+    if not base_rows:
+        raise ValueError(f"{definition} on {arch}: the store has no baseline measurements (env {env})")
+    baseline = max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant
+    by_key = {(r.variant, r.uuid): r for r in rows}
+    axes = {}
+    for r in rows:
+        axes.setdefault(r.uuid, r.axes)
+    fts = {u: feats.compute(definition, a) for u, a in axes.items()}
+    fit_names = feats.spec(definition).fit
+    order = sorted(axes, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
+    return Table(definition, arch, envs[env], baseline, hashes, order, axes, fts, by_key,
+                 {u: 1.0 for u in order})
+
+
+# ----------------------------------------------------------------------------------------------
+# The policy
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Region:
+    bounds: dict[str, tuple]  # feature -> (lo exclusive or None, hi inclusive or None)
+    variant: str
+    uuids: list[str]
+    stats: dict = field(default_factory=dict)
+
+    def contains(self, f: dict) -> bool:
+        for name, (lo, hi) in self.bounds.items():
+            x = f[name]
+            if (lo is not None and x <= lo) or (hi is not None and x > hi):
+                return False
+        return True
+
+
+@dataclass
+class Policy:
+    definition: str
+    arch: str
+    baseline: str
+    regions: list[Region]
+    table: Table | None = None
+    heldout: dict | None = None
+
+    def route(self, features: dict) -> str:
+        for r in self.regions:
+            if r.contains(features):
+                return r.variant
+        return self.baseline
+
+    def region_of(self, features: dict) -> int | None:
+        for i, r in enumerate(self.regions):
+            if r.contains(features):
+                return i
+        return None
+
+
+class _Matrix:
+    """Dense arrays over (variant, workload) for one table."""
+
+    def __init__(self, t: Table, params: FitParams):
+        self.t = t
+        self.names = t.variants
+        self.fit = list(feats.spec(t.definition).fit)
+        n, V = len(t.uuids), len(self.names)
+        self.X = np.array([[t.features[u][f] for f in self.fit] for u in t.uuids], dtype=np.int64).reshape(n, len(self.fit))
+        self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
+        self.lat = np.full((V, n), np.nan)
+        self.ok = np.zeros((V, n), dtype=bool)
+        for i, u in enumerate(t.uuids):
+            b = t.rows.get((t.baseline, u))
+            b_ok = b is not None and b.passed
+            for j, name in enumerate(self.names):
+                r = t.rows.get((name, u))
+                if r is not None and r.passed:
+                    self.lat[j, i] = r.median_us
+                if j == 0:
+                    self.ok[j, i] = True
+                elif r is not None and r.routable and b_ok:
+                    self.ok[j, i] = beats(r, b, params.min_gain)
+        # The baseline's cost where it has no timing: the worst measured latency there (only the
+        # baseline is admissible on such a workload anyway).
+        worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)
+        self.lat[0] = np.where(np.isnan(self.lat[0]), np.where(np.isfinite(worst), worst, 0.0), self.lat[0])
+        self.cost = np.where(np.isnan(self.lat), 0.0, self.lat) * self.w[None, :]
+
+    def leaf(self, idx: np.ndarray) -> tuple[int, float]:
+        """(variant index, weighted latency) of the best admissible variant over workloads idx."""
+        good = self.ok[:, idx].all(axis=1)
+        costs = np.where(good, self.cost[:, idx].sum(axis=1), np.inf)
+        j = int(np.argmin(costs))  # first minimum: baseline, then by name
+        return j, float(costs[j])
+
+    def splits(self, idx: np.ndarray, min_leaf: float):
+        """Yields (feature index, threshold, left idx, right idx, left cost, right cost) for every
+        admissible split of idx, in (feature, threshold) order."""
+        for fi in range(len(self.fit)):
+            order = idx[np.argsort(self.X[idx, fi], kind="stable")]
+            vals = self.X[order, fi]
+            cuts = np.nonzero(vals[1:] != vals[:-1])[0] + 1
+            if len(cuts) == 0:
+                continue
+            c = np.cumsum(self.cost[:, order], axis=1)
+            bad = np.cumsum(~self.ok[:, order], axis=1)
+            wc = np.cumsum(self.w[order])
+            tot_c, tot_bad, tot_w = c[:, -1:], bad[:, -1:], wc[-1]
+            lc = np.where(bad[:, cuts - 1] == 0, c[:, cuts - 1], np.inf).min(axis=0)
+            rc = np.where(tot_bad - bad[:, cuts - 1] == 0, tot_c - c[:, cuts - 1], np.inf).min(axis=0)
+            for k, cut in enumerate(cuts):
+                wl = wc[cut - 1]
+                if wl < min_leaf or tot_w - wl < min_leaf:
+                    continue
+                a, b = int(vals[cut - 1]), int(vals[cut])
+                yield fi, (a + b) // 2, order[:cut], order[cut:], float(lc[k]), float(rc[k])
+
+    def best_split_cost(self, idx, min_leaf) -> float:
+        best = math.inf
+        for *_, lc, rc in self.splits(idx, min_leaf):
+            best = min(best, lc + rc)
+        return best
+
+
+def beats(r: Result, b: Result, min_gain: float) -> bool:
+    """Is row r faster than baseline row b by more than the measured spread (and min_gain)?"""
+    spread = _half_width(r) + _half_width(b)
+    margin = max(spread, min_gain * b.median_us)
+    return r.median_us + margin < b.median_us
+
+
+def _half_width(r: Result) -> float:
+    if r.p10_us is None or r.p90_us is None:
+        return 0.0
+    return max(0.0, (r.p90_us - r.p10_us) / 2)
+
+
+def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True) -> Policy:
+    params = params or FitParams()
+    m = _Matrix(table, params)
+    n = len(table.uuids)
+    regions: list[Region] = []
+    if n:
+        tree = _grow(m, np.arange(n), 0, params)
+        boxes = _leaves(tree, {})
+        boxes = _merge_boxes(boxes, m.fit)
+        for bounds, vj, idx in boxes:
+            regions.append(Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)]))
+    else:
+        regions.append(Region({}, table.baseline, []))
+    regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
+    for r in regions:
+        r.stats = region_stats(table, r)
+    pol = Policy(table.definition, table.arch, table.baseline, regions, table)
+    if with_heldout:
+        pol.heldout = heldout_regret(table, params)
+    return pol
+
+
+def _grow(m: _Matrix, idx: np.ndarray, depth: int, p: FitParams):
+    vj, cost = m.leaf(idx)
+    leaf = ("leaf", vj, idx)
+    if depth >= p.max_depth or m.w[idx].sum() < 2 * p.min_leaf:
+        return leaf
+    look = depth + 1 < p.max_depth
+    best, best_key = None, None
+    scale = max(cost, 1e-30)
+    for fi, thr, li, ri, lc, rc in m.splits(idx, p.min_leaf):
+        now = lc + rc
+        if look:
+            lc = min(lc, m.best_split_cost(li, p.min_leaf))
+            rc = min(rc, m.best_split_cost(ri, p.min_leaf))
+        value = lc + rc
+        # Lowest value after lookahead; among equal ones (to 1e-9) the larger immediate gain, then
+        # the earlier feature and lower threshold (the iteration order).
+        key = (round(value / scale, 9), round(now / scale, 9))
+        if best is None or key < best_key:
+            best, best_key = (value, fi, thr, li, ri), key
+    if best is None or best[0] >= cost - max(p.min_split_gain * cost, 1e-12 * max(cost, 1.0)):
+        return leaf
+    _, fi, thr, li, ri = best
+    left, right = _grow(m, li, depth + 1, p), _grow(m, ri, depth + 1, p)
+    if left[0] == "leaf" and right[0] == "leaf" and left[1] == right[1]:
+        return ("leaf", left[1], idx)
+    return ("split", fi, thr, left, right)
+
+
+def _leaves(node, bounds: dict):
+    if node[0] == "leaf":
+        return [(dict(bounds), node[1], list(node[2]))]
+    _, fi, thr, left, right = node
+    lo, hi = bounds.get(fi, (None, None))
+    lb = {**bounds, fi: (lo, thr if hi is None else min(hi, thr))}
+    rb = {**bounds, fi: (thr if lo is None else max(lo, thr), hi)}
+    return _leaves(left, lb) + _leaves(right, rb)
+
+
+def _merge_boxes(boxes, fit_names):
+    """Merges two boxes with the same choice that differ in one feature's adjacent intervals."""
+    boxes = [(b, v, idx) for b, v, idx in boxes]
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(boxes)):
+            for j in range(len(boxes)):
+                if i == j or boxes[i][1] != boxes[j][1]:
+                    continue
+                bi, bj = boxes[i][0], boxes[j][0]
+                keys = set(bi) | set(bj)
+                diff = [k for k in keys if bi.get(k, (None, None)) != bj.get(k, (None, None))]
+                if len(diff) != 1:
+                    continue
+                k = diff[0]
+                (lo_i, hi_i), (lo_j, hi_j) = bi.get(k, (None, None)), bj.get(k, (None, None))
+                if hi_i is not None and hi_i == lo_j:
+                    nb = {**bi, k: (lo_i, hi_j)}
+                    if nb[k] == (None, None):
+                        del nb[k]
+                    boxes[i] = (nb, boxes[i][1], boxes[i][2] + boxes[j][2])
+                    del boxes[j]
+                    changed = True
+                    break
+            if changed:
+                break
+    return [({fit_names[k]: v for k, v in sorted(b.items())}, vj, idx) for b, vj, idx in boxes]
+
+
+def _box_key(bounds: dict, fit_names):
+    key = []
+    for f in fit_names:
+        lo, hi = bounds.get(f, (None, None))
+        key.append((-math.inf if lo is None else lo, math.inf if hi is None else hi))
+    return tuple(key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Numbers for the header and the report
+# ----------------------------------------------------------------------------------------------
+
+def region_stats(t: Table, r: Region) -> dict:
+    """Speedup of the region's choice over the baseline on its workloads (min, geomean, max)."""
+    sp = []
+    for u in r.uuids:
+        b, v = t.rows.get((t.baseline, u)), t.rows.get((r.variant, u))
+        if b is not None and v is not None and b.passed and v.passed and v.median_us > 0:
+            sp.append(b.median_us / v.median_us)
+    if not sp:
+        return {"workloads": len(r.uuids), "speedup": None}
+    return {"workloads": len(r.uuids),
+            "speedup": (round(min(sp), 2), round(math.exp(sum(map(math.log, sp)) / len(sp)), 2), round(max(sp), 2))}
+
+
+def variant_summary(t: Table) -> dict[str, dict]:
+    """Per variant: workloads passed / measured, the first failure reason, geomean speedup over baseline."""
+    out = {}
+    for name in t.variants:
+        rows = [t.rows[(name, u)] for u in t.uuids if (name, u) in t.rows]
+        passed = [r for r in rows if r.passed]
+        failed = [r for r in rows if not r.passed]
+        sp = []
+        for r in passed:
+            b = t.rows.get((t.baseline, r.uuid))
+            if b is not None and b.passed and r.median_us > 0:
+                sp.append(b.median_us / r.median_us)
+        out[name] = {"hash": t.hashes.get(name, ""), "measured": len(rows), "passed": len(passed),
+                     "failed": len(failed), "first_failure": (f"{failed[0].status}: {failed[0].reason}"[:120]
+                                                              if failed else ""),
+                     "not_graph_safe": sum(1 for r in passed if not r.routable),
+                     "geomean_speedup": (round(math.exp(sum(map(math.log, sp)) / len(sp)), 3) if sp else None)}
+    return out
+
+
+def _fold_of(uuid: str, k: int) -> int:
+    return int(hashlib.sha256(uuid.encode()).hexdigest()[:8], 16) % k
+
+
+def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
+    """k-fold regret: fit without each fold, route its workloads, compare with the best measured."""
+    params = params or FitParams()
+    k = min(params.folds, len(t.uuids))
+    if k < 2:
+        return {"folds": k, "workloads": 0}
+    regrets, chosen_sum, best_sum, base_sum = [], 0.0, 0.0, 0.0
+    slower, unsafe = [], []
+    for fold in range(k):
+        held = [u for u in t.uuids if _fold_of(u, k) == fold]
+        train = [u for u in t.uuids if _fold_of(u, k) != fold]
+        if not held or not train:
+            continue
+        pol = fit(t.subset(train), params, with_heldout=False)
+        for u in held:
+            b = t.rows.get((t.baseline, u))
+            if b is None or not b.passed:
+                continue
+            name = pol.route(t.features[u])
+            r = t.rows.get((name, u))
+            if name != t.baseline and (r is None or not r.routable):
+                unsafe.append(u)  # routed to a variant that failed (or was not measured) here
+                r = b
+            best = min(x.median_us for (v, uu), x in t.rows.items() if uu == u and (x.routable or v == t.baseline)
+                       and x.passed)
+            regrets.append(r.median_us / best - 1.0)
+            chosen_sum += r.median_us
+            best_sum += best
+            base_sum += b.median_us
+            if name != t.baseline and r is not b and r.median_us > b.median_us + _half_width(r) + _half_width(b):
+                slower.append(u)
+    if not regrets:
+        return {"folds": k, "workloads": 0}
+    return {"folds": k, "workloads": len(regrets),
+            "regret_mean_pct": round(100 * sum(regrets) / len(regrets), 2),
+            "regret_max_pct": round(100 * max(regrets), 2),
+            "regret_total_pct": round(100 * (chosen_sum / best_sum - 1.0), 2),
+            "speedup_vs_baseline": round(base_sum / chosen_sum, 3),
+            "slower_than_baseline": len(slower), "unsafe": len(unsafe)}

@@ -1,0 +1,110 @@
+"""`kdispatch report`: a Markdown report of the store, per (architecture, definition), with plots.
+
+Per definition: the environment, the regions of the fitted router with their measured speedups,
+the held-out regret, a table per variant (passed / measured, geomean speedup over the baseline,
+first failure), and a PNG of latency against the definition's main feature (tuner/features.py)
+for every variant, with the router's choice on each workload circled. The PNG needs matplotlib;
+without it the report says so and has no plots.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kdispatch import definitions as defs
+
+from . import codegen, features
+from . import fit as fitting
+from .store import Store
+
+
+def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
+                 params: fitting.FitParams | None = None) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
+    archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
+    md = ["# kdispatch tuning report", ""]
+    if plt is None:
+        md += ["(matplotlib is not installed: no plots. `pip install matplotlib` and re-run `kdispatch report`.)", ""]
+    for a in archs:
+        for d in defs.names():
+            table = fitting.load_table(store, d, a)
+            if table is None:
+                continue
+            policy = fitting.fit(table, params)
+            md += _section(policy, table)
+            if plt is not None:
+                png = out_dir / f"{a}-{defs.FULL_TO_SHORT[d]}.png"
+                _plot(plt, policy, table, png)
+                md += [f"![{defs.FULL_TO_SHORT[d]} on {a}]({png.name})", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path
+
+
+def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
+    d = t.definition
+    e = t.env
+    out = [f"## {defs.FULL_TO_SHORT[d]} on {t.arch}", "",
+           f"`{d}`: {len(t.uuids)} workloads; {e['device']}, driver {e['driver']}; torch {e['torch']}, "
+           f"triton {e['triton']}, CUDA {e['cuda']}, flashinfer {e['flashinfer']}; measured up to {t.measured_at}. "
+           f"Baseline: `{t.baseline}`.", "",
+           "| region | shapes | variant | workloads | speedup over baseline (geomean, min .. max) |",
+           "| ---: | --- | --- | ---: | --- |"]
+    for i, r in enumerate(policy.regions, 1):
+        cond = codegen._cond(d, r.bounds) or "every shape"
+        sp = "1.00x (baseline)" if r.variant == t.baseline else codegen._speedup(r.stats)
+        out.append(f"| {i} | `{cond}` | `{r.variant}` | {len(r.uuids)} | {sp} |")
+    h = policy.heldout or {}
+    out.append("")
+    if h.get("workloads"):
+        out.append(f"Held out ({h['folds']}-fold over workloads): regret against the best measured variant "
+                   f"{h['regret_mean_pct']:.2f}% mean, {h['regret_max_pct']:.2f}% max, {h['regret_total_pct']:.2f}% "
+                   f"of total time; {h['speedup_vs_baseline']:.3f}x over the baseline in total; "
+                   f"{h['slower_than_baseline']} workloads slower than the baseline beyond the spread; "
+                   f"{h['unsafe']} routed to a variant that failed there.")
+        out.append("")
+    out += ["| variant | source hash | passed / measured | geomean speedup over baseline | first failure |",
+            "| --- | --- | ---: | ---: | --- |"]
+    for name, s in fitting.variant_summary(t).items():
+        sp = f"{s['geomean_speedup']:.2f}x" if s["geomean_speedup"] else "-"
+        fail = " ".join(s["first_failure"].split()).replace("|", "/")
+        out.append(f"| `{name}` | `{s['hash']}` | {s['passed']} / {s['measured']} | {sp} | {fail} |")
+    out.append("")
+    return out
+
+
+def _plot(plt, policy: fitting.Policy, t: fitting.Table, png: Path) -> None:
+    main = features.spec(t.definition).main
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in t.variants:
+        pts = sorted((t.features[u][main], r.median_us) for u in t.uuids
+                     if (r := t.rows.get((name, u))) is not None and r.passed)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if len(pts) < 40 else ".", ms=3, lw=0.8,
+                    label=name + (" (baseline)" if name == t.baseline else ""))
+    chosen = []
+    for u in t.uuids:
+        name = policy.route(t.features[u])
+        r = t.rows.get((name, u))
+        if r is not None and r.passed:
+            chosen.append((t.features[u][main], r.median_us))
+    if chosen:
+        ax.scatter([c[0] for c in chosen], [c[1] for c in chosen], s=60, facecolors="none", edgecolors="black",
+                   label="router's choice")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(main)
+    ax.set_ylabel("latency per call (µs)")
+    ax.set_title(f"{defs.FULL_TO_SHORT[t.definition]} on {t.env['device']} ({t.arch})")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
