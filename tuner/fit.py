@@ -7,7 +7,9 @@ weight (1 per workload: shapes that occur more often in the trace set count more
 
 Admissibility. The baseline is always admissible (it is what the dispatcher falls back to). A
 variant v is admissible on workload w only if it passed the correctness gate there, was timed with
-a graph-safe method, and beats the baseline by more than the measured spread:
+a graph-safe method (on every workload: one capture failure anywhere marks the variant unsafe
+everywhere, since it is a property of its code), and beats the baseline by more than the measured
+spread:
 
     t_v + margin < t_base,   margin = max(s_v + s_base, min_gain * t_base)
 
@@ -188,6 +190,9 @@ class _Matrix:
         self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
         self.lat = np.full((V, n), np.nan)
         self.ok = np.zeros((V, n), dtype=bool)
+        # Graph safety is a property of a variant's code, not of a shape: one that could not be
+        # captured on any workload (a host sync, say) is never routed to, anywhere.
+        unsafe = {v for (v, _u), r in t.rows.items() if r.passed and not r.routable}
         for i, u in enumerate(t.uuids):
             b = t.rows.get((t.baseline, u))
             b_ok = b is not None and b.passed
@@ -197,8 +202,10 @@ class _Matrix:
                     self.lat[j, i] = r.median_us
                 if j == 0:
                     self.ok[j, i] = True
-                elif r is not None and r.routable and b_ok:
-                    self.ok[j, i] = beats(r, b, params.min_gain)
+                elif r is not None and r.routable and name not in unsafe and b_ok:
+                    # only like with like: a graph time against a graph time, events against events
+                    same_method = r.method.split(":")[0] == b.method.split(":")[0]
+                    self.ok[j, i] = same_method and beats(r, b, params.min_gain)
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)

@@ -698,8 +698,12 @@ def bench(trace_root, *, definitions=None, device: str = "cuda", quick: bool = F
     return store, {"env": env, "definitions": names, "env_id": eid}
 
 
-def bench_table(store: Store, env_id: str, definition: str, min_gain: float = 0.0) -> tuple[list[str], dict]:
-    """Text table (one row per workload) and a summary for one definition of a bench store."""
+def bench_table(store: Store, env_id: str, definition: str,
+                min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:
+    """Text table (one row per workload) and a summary for one definition of a bench store.
+
+    "Slower than the baseline" uses the fitter's noise margin (spread, at least min_gain): the routed
+    op calling the baseline's own kernel differs from it by run-to-run drift only."""
     rows = store.results(definition, env_id)
     if not rows:
         return [], {}
