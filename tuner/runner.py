@@ -552,13 +552,7 @@ def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", s
     def on_row(definition: str, row: dict) -> None:
         p = info[definition]
         v = p.variants[row["variant"]]
-        store.put(Result(env=eid, definition=definition, variant=row["variant"], variant_hash=v["hash"],
-                         uuid=row["uuid"], axes=row["axes"], status=row["status"], measured_at=row["measured_at"],
-                         baseline=v["baseline"], backend=v["backend"], reason=row.get("reason", ""),
-                         max_abs_err=row.get("max_abs_err"), max_rel_err=row.get("max_rel_err"),
-                         metrics=row.get("metrics", {}), method=row.get("method", ""),
-                         median_us=row.get("median_us"), p10_us=row.get("p10_us"), p90_us=row.get("p90_us"),
-                         eager_us=row.get("eager_us"), sets=row.get("sets"), reps=row.get("reps")))
+        store.put(_result(eid, definition, v, row))
         result.measured.append((definition, row["variant"], row["uuid"]))
 
     result.complete = True
@@ -684,19 +678,24 @@ def bench(trace_root, *, definitions=None, device: str = "cuda", quick: bool = F
 
     def on_row(definition: str, row: dict) -> None:
         v = info[definition].variants[row["variant"]]
-        store.put(Result(env=eid, definition=definition, variant=row["variant"], variant_hash=v["hash"],
-                         uuid=row["uuid"], axes=row["axes"], status=row["status"], measured_at=row["measured_at"],
-                         baseline=v["baseline"], backend=v["backend"], reason=row.get("reason", ""),
-                         max_abs_err=row.get("max_abs_err"), max_rel_err=row.get("max_rel_err"),
-                         metrics=row.get("metrics", {}), method=row.get("method", ""),
-                         median_us=row.get("median_us"), p10_us=row.get("p10_us"), p90_us=row.get("p90_us"),
-                         eager_us=row.get("eager_us"), sets=row.get("sets"), reps=row.get("reps")))
+        store.put(_result(eid, definition, v, row))
 
     total = sum(len(p.pending) for p in plans)
     jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", trace_root, quick, trials)
     execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process, timeout=timeout)
     return store, {"env": env, "definitions": names, "env_id": eid}
 
+
+
+def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
+    """A worker's measurement row as a store Result (v: the planned variant's hash, role, backend)."""
+    return Result(env=env_id, definition=definition, variant=row["variant"], variant_hash=v["hash"],
+                  uuid=row["uuid"], axes=row["axes"], status=row["status"], measured_at=row["measured_at"],
+                  baseline=v["baseline"], backend=v["backend"], reason=row.get("reason", ""),
+                  max_abs_err=row.get("max_abs_err"), max_rel_err=row.get("max_rel_err"),
+                  metrics=row.get("metrics", {}), method=row.get("method", ""),
+                  median_us=row.get("median_us"), p10_us=row.get("p10_us"), p90_us=row.get("p90_us"),
+                  eager_us=row.get("eager_us"), sets=row.get("sets"), reps=row.get("reps"))
 
 def bench_table(store: Store, env_id: str, definition: str,
                 min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:
