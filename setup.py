@@ -34,7 +34,7 @@ setup(
     extras_require={
         "triton": ["triton"],
         "cuda": ["cuda-python", "nvidia-cuda-nvrtc"],
-        "tune": ["scikit-learn", "flashinfer-bench"],
+        "tune": ["scikit-learn", "flashinfer-bench", "matplotlib"],
         "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "scikit-learn", "safetensors"],
     },
     entry_points={"console_scripts": ["kdispatch = kdispatch.cli:main"]},
