@@ -25,6 +25,7 @@ import torch
 import kdispatch
 from kdispatch import definitions, registry
 from kdispatch.registry import Variant
+from kdispatch.workloads import meta_arguments
 
 SMALL = {
     "moe_fp8": {"seq_len": 4},
@@ -33,19 +34,6 @@ SMALL = {
     "gdn_decode": {"batch_size": 8},
     "gdn_prefill": {"total_seq_len": 128, "num_seqs": 2, "len_cu_seqlens": 3},
 }
-
-
-def meta_args(op: str) -> list:
-    d = definitions.load(op)
-    axes = {**{k: a["value"] for k, a in d["axes"].items() if a["type"] == "const"}, **SMALL[op]}
-    args = []
-    for spec in d["inputs"].values():
-        if spec["shape"] is None:
-            args.append(1 if spec["dtype"].startswith("int") else 0.5)
-        else:
-            args.append(torch.empty([axes[a] for a in spec["shape"]], dtype=getattr(torch, spec["dtype"]),
-                                    device="meta"))
-    return args
 
 
 def per_call_us(fn, args, calls: int, rounds: int) -> float:
@@ -82,7 +70,7 @@ def main() -> None:
     print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
     for op in SMALL:
         d = kdispatch.ops.DISPATCHERS[op]
-        args = meta_args(op)
+        args = meta_arguments(op, SMALL[op])
         noop = lambda *a: a[0]  # noqa: E731 - the cheapest possible "kernel"
         registry.register(Variant(d.definition, "noop", noop, "torch", ("meta",)))
         d.set_router("meta", lambda **axes: "noop")

@@ -294,6 +294,20 @@ def materialize(definition, workload, device="cpu", seed: int = 0, *, trace_root
     return tuple(out)
 
 
+def meta_arguments(definition, axes: dict) -> list:
+    """Arguments with the definition's shapes and dtypes as meta tensors (no data, no memory: the
+    MoE weights cost nothing), for dispatch tests and overhead benchmarks. Scalars: 1 or 0.5."""
+    defn = _definition(definition)
+    axes = _resolve_axes(defn, axes)
+    args = []
+    for spec in defn["inputs"].values():
+        if spec["shape"] is None:
+            args.append(1 if spec["dtype"].startswith("int") else 0.5)
+        else:
+            args.append(torch.empty(_shape(spec, axes), dtype=getattr(torch, spec["dtype"]), device="meta"))
+    return args
+
+
 def materialize_all(definition, workloads, device="cpu", seed: int = 0, *, trace_root=None
                     ) -> Iterator[tuple[str, tuple]]:
     """Yields (uuid, args) for each workload in turn (one argument set alive at a time).

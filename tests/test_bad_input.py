@@ -5,7 +5,7 @@ import torch
 
 import kdispatch
 from kdispatch import registry
-from kdispatch.workloads import materialize
+from kdispatch.workloads import materialize, meta_arguments
 
 SMALL = {
     "gdn_decode": {"batch_size": 2},
@@ -26,19 +26,7 @@ NAMES = {
 
 
 def meta_args(op):
-    """Valid arguments as meta tensors (shapes and dtypes only: MoE weights cost nothing here)."""
-    from kdispatch import definitions
-
-    d = definitions.load(op)
-    axes = {**{k: a["value"] for k, a in d["axes"].items() if a["type"] == "const"}, **SMALL[op]}
-    out = []
-    for name, spec in d["inputs"].items():
-        if spec["shape"] is None:
-            out.append(1 if spec["dtype"].startswith("int") else 0.5)
-        else:
-            out.append(torch.empty([axes[a] for a in spec["shape"]], dtype=getattr(torch, spec["dtype"]),
-                                   device="meta"))
-    return out
+    return meta_arguments(op, SMALL[op])
 
 
 @pytest.fixture(autouse=True)
