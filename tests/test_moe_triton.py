@@ -1,0 +1,126 @@
+"""CPU tests of the Triton grouped FP8 MoE (kernels/triton/moe/fp8_grouped.py) under the interpreter.
+
+The kernels take their sizes from the tensors, so the tests shrink hidden (7168 -> 256) and
+intermediate (2048 -> 128) sizes and keep the routing (256 experts, 8 groups, top 8) and the 32 local
+experts; a float64 dense computation of the reference's formula is the expected value. Also the
+expert-sorted layout on its own (every local pair exactly once, in its expert's blocks).
+"""
+import importlib
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU in CI)
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kdispatch import registry  # noqa: E402
+from kdispatch.references import moe_fp8 as ref  # noqa: E402
+
+_MOD = "kdispatch.kernels.triton.moe.fp8_grouped"
+
+
+def _load(name):
+    mod = importlib.import_module(name)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        if type(mod._gemm1_swiglu_kernel).__name__ != "InterpretedFunction":
+            mod = importlib.reload(mod)
+    return mod
+
+
+M = _load(_MOD)
+HIDDEN, INTER, LOCAL = 256, 128, 32
+FP8 = torch.float8_e4m3fn
+
+
+def _blockq(x, rows_block, cols_block):
+    """FP8 quantisation with one scale per block; returns (fp8, scale[R/rb, C/cb])."""
+    r, c = x.shape[-2:]
+    xb = x.view(*x.shape[:-2], r // rows_block, rows_block, c // cols_block, cols_block)
+    amax = xb.abs().amax(dim=(-3, -1)).clamp_min(1e-6)
+    scale = amax / 448.0
+    q = (xb / scale[..., :, None, :, None]).to(FP8).view(x.shape)
+    return q, scale.float()
+
+
+def _inputs(T, seed, offset=64):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, 256, generator=g)
+    bias = (0.02 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    x, xs = _blockq(torch.randn(T, HIDDEN, generator=g), 1, 128)  # xs [T, H/128]
+    w1, w1s = _blockq(torch.randn(LOCAL, 2 * INTER, HIDDEN, generator=g) * HIDDEN ** -0.5, 128, 128)
+    w2, w2s = _blockq(torch.randn(LOCAL, HIDDEN, INTER, generator=g) * INTER ** -0.5, 128, 128)
+    return [logits, bias, x, xs.t().contiguous(), w1, w1s, w2, w2s, offset, 2.5]
+
+
+def _expected(logits, bias, x, xs, w1, w1s, w2, w2s, offset, scaling):
+    """The reference's formula, dense over all local experts, in float64."""
+    experts, weights = ref._route(logits, bias, scaling)
+    xd = (x.double().view(-1, HIDDEN // 128, 128) * xs.t().double()[:, :, None]).view(-1, HIDDEN)
+    out = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float64)
+    for e in range(LOCAL):
+        w_tok = (weights.double() * (experts == offset + e)).sum(dim=1)  # [T]
+        if not w_tok.any():
+            continue
+        a = (w1[e].double().view(2 * INTER // 128, 128, HIDDEN // 128, 128)
+             * w1s[e].double()[:, None, :, None]).view(2 * INTER, HIDDEN)
+        b = (w2[e].double().view(HIDDEN // 128, 128, INTER // 128, 128)
+             * w2s[e].double()[:, None, :, None]).view(HIDDEN, INTER)
+        h = xd @ a.t()
+        y = torch.nn.functional.silu(h[:, INTER:]) * h[:, :INTER]
+        out += w_tok[:, None] * (y @ b.t())
+    return out
+
+
+def _check(out, want):
+    assert out.dtype == torch.bfloat16 and out.shape == want.shape
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16"), (6, 1, "triton_grouped_m16"),
+                                         (5, 2, "triton_grouped_m64")])
+def test_grouped_matches_dense_formula(T, seed, name):
+    args = _inputs(T, seed)
+    want = _expected(*args)
+    assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
+    _check(M.moe_fp8_grouped(*args, **M.CONFIGS[name]), want)
+
+
+def test_no_local_expert_gives_zeros_and_perturbation_fails():
+    args = _inputs(4, 3, offset=64)
+    args[8] = 1000  # no global expert id lands on this rank
+    out = M.moe_fp8_grouped(*args, **M.CONFIGS["triton_grouped_m16"])
+    assert (out == 0).all()
+    args = _inputs(4, 4)
+    want = _expected(*args)
+    out = M.moe_fp8_grouped(*args, **M.CONFIGS["triton_grouped_m16"])
+    _check(out, want)
+    bad = out.clone()
+    row, col = divmod(int(want.abs().argmax()), HIDDEN)
+    bad[row, col] += 0.5
+    with pytest.raises(AssertionError):
+        _check(bad, want)
+
+
+def test_sorted_layout_places_every_local_pair_once():
+    g = torch.Generator().manual_seed(9)
+    local = torch.randint(0, LOCAL + 1, (37, 8), generator=g)  # LOCAL = not on this rank
+    for block_m in (16, 64):
+        row_pair, block_expert = M._sorted_layout(local, LOCAL, block_m)
+        assert row_pair.numel() % block_m == 0 and block_expert.numel() == row_pair.numel() // block_m
+        placed = row_pair[row_pair >= 0].long()
+        want = torch.nonzero(local.reshape(-1) < LOCAL).flatten()
+        assert torch.equal(placed.sort().values, want)
+        row_expert = block_expert.long().repeat_interleave(block_m)
+        assert torch.equal(row_expert[row_pair >= 0], local.reshape(-1)[placed])
+        # blocks in expert order, each expert's run starts a fresh block
+        assert torch.all(block_expert[1:] >= block_expert[:-1])
+
+
+def test_registered_variants():
+    registry.discover()
+    for name in M.CONFIGS:
+        v = registry.get("moe_fp8", name)
+        assert v.backend == "triton" and v.archs == ("sm90",)
