@@ -1,0 +1,102 @@
+"""FP8 block-scale MoE on the contest workloads: the project's reference (the baseline on sm_90; it
+syncs with the host, so it is timed with events around eager calls), every kdispatch variant that
+runs here (CUDA-graph time, routing logits rotated so that different experts' weights are read),
+and the routed op, side by side in one run, each checked by the tuner's gate first.
+
+The floor is the FP8 weight bytes of the experts the batch touches (each read once) at peak HBM
+bandwidth, and the FP8 tensor-core time of the two GEMMs at the dense peak (989 TFLOP/s on H100
+SXM); the larger of the two is reported.
+Writes benchmarks/results/moe-<device>.json; prints a table and a summary last.
+
+    python benchmarks/moe.py [--limit N] [--quick] [--variants NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import kdispatch
+from kdispatch import registry
+from kdispatch.references import moe_fp8 as ref
+from kdispatch.tuner import gate, timing
+from kdispatch.workloads import load_workloads, materialize
+
+ROOT = Path(__file__).resolve().parents[1]
+DEF = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
+PEAK = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "B200": (8.0e12, 2250e12)}  # HBM B/s, FP8 FLOP/s
+EXPERT_BYTES = (4096 * 7168 + 7168 * 2048)  # FP8 weights of one expert
+
+
+def floor_us(args) -> float:
+    bw, flops = next((v for k, v in PEAK.items() if k in torch.cuda.get_device_name()), PEAK["H100"])
+    experts, _ = ref._route(args[0], args[1], args[9])
+    off = int(args[8])
+    local = experts[(experts >= off) & (experts < off + 32)]
+    mem = int(torch.unique(local).numel()) * EXPERT_BYTES / bw
+    compute = local.numel() * 2 * (7168 * 4096 + 2048 * 7168) / flops
+    return max(mem, compute) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", nargs="*", default=None, help="only these variants (reference always)")
+    ap.add_argument("--out", type=Path, default=None)
+    opts = ap.parse_args()
+    registry.discover()
+    here = kdispatch.arch.local_arch()
+    cands = {v.name: v.fn for v in registry.variants(DEF) if v.why_not(here) is None
+             and (v.name == "reference" or opts.variants is None or v.name in opts.variants)}
+    cands["routed"] = kdispatch.ops.moe_fp8
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    dev = torch.cuda.get_device_name()
+    rows = []
+    for w in sorted(load_workloads(ROOT / "traces", DEF), key=lambda w: w.axes["seq_len"])[:opts.limit]:
+        args = list(materialize(DEF, w, device="cuda", seed=0))
+        want = gate.reference(DEF, args)
+        sets = timing.input_sets(DEF, args, l2, max_sets=2 if opts.quick else 8)
+        row = {"uuid": w.uuid, "seq_len": w.axes["seq_len"], "floor_us": floor_us(args), "results": {}}
+        for name, fn in cands.items():
+            r = {}
+            try:
+                v = gate.run_gate(DEF, fn, [(args, want)])
+                r["correct"], r["error"] = v.passed, "" if v.passed else f"{v.status}: {v.reason}"[:300]
+                r["matched_ratio"] = v.metrics.get("output.matched_ratio")
+                if v.passed and name == "reference":
+                    r["event_us"] = statistics.median(timing.event_times_us(fn, sets, 3 if opts.quick else 5))
+                elif v.passed:
+                    r["graph_us"] = statistics.median(timing.graph_times_us(fn, sets, 3 if opts.quick else None)[0])
+            except Exception as exc:
+                r["correct"], r["error"] = False, f"{type(exc).__name__}: {exc}"[:300]
+            row["results"][name] = r
+        base = row["results"]["reference"].get("event_us")
+        for r in row["results"].values():
+            if r.get("graph_us"):
+                r["speedup_vs_reference"] = base / r["graph_us"] if base else None
+                r["pct_of_floor"] = 100 * row["floor_us"] / r["graph_us"]
+        rows.append(row)
+        cells = "  ".join(f"{k}={v.get('graph_us', v.get('event_us', float('nan'))):.0f}" if v["correct"]
+                          else f"{k}=FAIL({v['error'][:60]})" for k, v in row["results"].items())
+        print(f"seq_len={row['seq_len']:>6} floor={row['floor_us']:.0f}us  {cells}", flush=True)
+    out = opts.out or ROOT / "benchmarks" / "results" / f"moe-{dev.replace(' ', '_')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": dev, "date": datetime.date.today().isoformat(),
+                               "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+    print(f"\n{dev}, {datetime.date.today()}, written {out}")
+    print(f"{'candidate':<22}{'ok':>6}{'mean x ref':>12}{'min x ref':>11}{'mean %floor':>13}")
+    for name in cands:
+        rs = [r["results"][name] for r in rows]
+        sp = [r["speedup_vs_reference"] for r in rs if r.get("speedup_vs_reference")]
+        fl = [r["pct_of_floor"] for r in rs if r.get("pct_of_floor")]
+        f = lambda xs, fn=statistics.mean: f"{fn(xs):.2f}" if xs else "n/a"  # noqa: E731
+        print(f"{name:<22}{sum(r['correct'] for r in rs):>3}/{len(rs):<2}{f(sp):>12}{f(sp, min):>11}{f(fl):>13}")
+
+
+if __name__ == "__main__":
+    main()
