@@ -14,6 +14,7 @@ around eager calls (its graph column stays empty).
 Writes benchmarks/results/dsa-<device>.json; prints a per-workload table and a summary last.
 
     python benchmarks/dsa.py [--definition dsa_topk_indexer|dsa_sparse_attention|all] [--limit N] [--quick]
+    python benchmarks/dsa.py --sweep    # launch configurations of the split-K sparse attention
 """
 from __future__ import annotations
 
@@ -167,6 +168,40 @@ def summarize(op: str, rows: list[dict]) -> list[str]:
     return lines
 
 
+def sweep_splitk(quick: bool) -> None:
+    """Graph time of every (BLOCK_N, NSPLIT, num_warps) of the split-K sparse attention on one
+    contest workload per num_tokens, against the launch heuristic's choice."""
+    from kdispatch.kernels.triton.dsa import sparse_attention_splitk as S
+
+    full = DEFS["dsa_sparse_attention"]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    seen = {}
+    for w in load_workloads(ROOT / "traces", full):
+        seen.setdefault(w.axes["num_tokens"], w)
+    for t, w in sorted(seen.items()):
+        args = list(materialize(full, w, device="cuda", seed=0))
+        sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
+        floor = floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+        res = []
+        for bn in (16, 32, 64):
+            for ns in (8, 16, 32, 64, 128):
+                if 2048 % (bn * ns):
+                    continue
+                for nw in (4, 8):
+                    fn = lambda *a, c=(bn, ns, nw): S.dsa_sparse_attention_splitk(  # noqa: E731
+                        *a, BLOCK_N=c[0], NSPLIT=c[1], num_warps=c[2])
+                    try:
+                        us = statistics.median(timing.graph_times_us(fn, sets, 5 if quick else None)[0])
+                    except Exception as exc:
+                        print(f"T={t} {bn}/{ns}/{nw}: {type(exc).__name__}")
+                        continue
+                    res.append((us, bn, ns, nw))
+        res.sort()
+        default = S.splitk_config(t)
+        print(f"T={t} floor={floor:.2f}us default {default}: " +
+              ", ".join(f"{bn}/{ns}/{nw}={us:.2f}" for us, bn, ns, nw in res[:6]), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--definition", default="all", choices=["all", *DEFS])
@@ -175,7 +210,10 @@ def main() -> None:
     ap.add_argument("--official-dir", type=Path, default=None,
                     help="FlashInfer-Bench definitions folder (default: ../shared/fib/definitions)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sweep", action="store_true", help="sweep the split-K launch configurations")
     opts = ap.parse_args()
+    if opts.sweep:
+        return sweep_splitk(opts.quick)
     ops = list(DEFS) if opts.definition == "all" else [opts.definition]
     registry.discover()
     dev = torch.cuda.get_device_name()

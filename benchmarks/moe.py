@@ -9,6 +9,7 @@ SXM); the larger of the two is reported.
 Writes benchmarks/results/moe-<device>.json; prints a table and a summary last.
 
     python benchmarks/moe.py [--limit N] [--quick] [--variants NAME ...]
+    python benchmarks/moe.py --sweep     # tile configurations of the grouped Triton kernels
 """
 from __future__ import annotations
 
@@ -42,13 +43,41 @@ def floor_us(args) -> float:
     return max(mem, compute) * 1e6
 
 
+def sweep(quick: bool) -> None:
+    """Graph time of tile configurations of kernels/triton/moe/fp8_grouped.py on a spread of batch sizes."""
+    from kdispatch.kernels.triton.moe import fp8_grouped as G
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    configs = [dict(block_m=bm, block_n1=bn, block_n2=bn, num_warps=nw, num_stages=st)
+               for bm in (16, 32, 64, 128) for bn in (64, 128) for nw in (4, 8) for st in (3, 4)
+               if not (bm == 128 and bn == 128 and nw == 4)]
+    by_len = {w.axes["seq_len"]: w for w in load_workloads(ROOT / "traces", DEF)}
+    for seq_len in (1, 16, 80, 901, 14107):
+        args = list(materialize(DEF, by_len[seq_len], device="cuda", seed=0))
+        sets = timing.input_sets(DEF, args, l2, max_sets=2 if quick else 8)
+        res = []
+        for c in configs:
+            fn = lambda *a, c=c: G.moe_fp8_grouped(*a, **c)  # noqa: E731
+            try:
+                res.append((statistics.median(timing.graph_times_us(fn, sets, 3)[0]), c))
+            except Exception as exc:
+                print(f"seq_len={seq_len} {c}: {type(exc).__name__}: {str(exc)[:80]}")
+        res.sort(key=lambda r: r[0])
+        print(f"seq_len={seq_len} floor={floor_us(args):.0f}us " + ", ".join(
+            f"{c['block_m']}/{c['block_n1']}/{c['num_warps']}/{c['num_stages']}={us:.0f}" for us, c in res[:8]),
+            flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", nargs="*", default=None, help="only these variants (reference always)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sweep", action="store_true", help="sweep the Triton kernels' tile configurations")
     opts = ap.parse_args()
+    if opts.sweep:
+        return sweep(opts.quick)
     registry.discover()
     here = kdispatch.arch.local_arch()
     cands = {v.name: v.fn for v in registry.variants(DEF) if v.why_not(here) is None

@@ -139,20 +139,22 @@ def _sorted_layout(local: torch.Tensor, num_local: int, block_m: int):
 
     counts = torch.zeros(num_local + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
+    counts = counts[:num_local]  # the last bin counted the pairs of other ranks
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_local] = 0
     pad_end = padded.cumsum(0)
     pad_start = pad_end - padded
     start = counts.cumsum(0) - counts
 
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, non-local ones last
     expert_of = flat[order]
-    rank = torch.arange(num_pairs, device=device) - start[expert_of]
-    dest = torch.where(expert_of < num_local, pad_start[expert_of] + rank, rows)  # rows = discard slot
+    is_local = expert_of < num_local
+    e = expert_of.clamp(max=num_local - 1)
+    rank = torch.arange(num_pairs, device=device) - start[e]
+    dest = torch.where(is_local, pad_start[e] + rank, rows)  # rows = the discard slot
     row_pair = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
     row_pair.scatter_(0, dest, order.to(torch.int32))
     block_start = torch.arange(0, rows, block_m, device=device)
-    block_expert = torch.searchsorted(pad_end[:num_local], block_start, right=True).to(torch.int32)
+    block_expert = torch.searchsorted(pad_end, block_start, right=True).to(torch.int32)
     return row_pair[:rows], block_expert
 
 
