@@ -48,14 +48,21 @@ def sweep(quick: bool) -> None:
     from kdispatch.kernels.triton.moe import fp8_grouped as G
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    configs = [dict(block_m=bm, block_n1=bn, block_n2=bn, num_warps=nw, num_stages=st)
-               for bm in (16, 32, 64, 128) for bn in (64, 128) for nw in (4, 8) for st in (3, 4)
-               if not (bm == 128 and bn == 128 and nw == 4)]
     by_len = {w.axes["seq_len"]: w for w in load_workloads(ROOT / "traces", DEF)}
     for seq_len in (1, 16, 80, 901, 14107):
+        small = seq_len <= 80
+        configs = [dict(block_m=bm, block_n1=bn, block_n2=bn, num_warps=nw, num_stages=st)
+                   for bm in ((16, 32) if small else (32, 64, 128)) for bn in ((16, 32, 64) if small else (64, 128))
+                   for nw in (4, 8) for st in ((4,) if small else (3,)) if not (bm == 128 and bn == 128 and nw == 4)]
         args = list(materialize(DEF, by_len[seq_len], device="cuda", seed=0))
         sets = timing.input_sets(DEF, args, l2, max_sets=2 if quick else 8)
-        res = []
+
+        def layout_only(*a):  # routing + expert-sorted layout, no GEMM
+            experts, _ = ref._route(a[0], a[1], a[9])
+            local = experts - int(a[8])
+            return G._sorted_layout(torch.where((local >= 0) & (local < 32), local, 32), 32, 16)[0]
+
+        res = [(statistics.median(timing.graph_times_us(layout_only, sets, 3)[0]), "layout only")]
         for c in configs:
             fn = lambda *a, c=c: G.moe_fp8_grouped(*a, **c)  # noqa: E731
             try:
@@ -63,9 +70,10 @@ def sweep(quick: bool) -> None:
             except Exception as exc:
                 print(f"seq_len={seq_len} {c}: {type(exc).__name__}: {str(exc)[:80]}")
         res.sort(key=lambda r: r[0])
+        name = lambda c: c if isinstance(c, str) else "/".join(str(c[k]) for k in  # noqa: E731
+                                                               ("block_m", "block_n1", "num_warps", "num_stages"))
         print(f"seq_len={seq_len} floor={floor_us(args):.0f}us " + ", ".join(
-            f"{c['block_m']}/{c['block_n1']}/{c['num_warps']}/{c['num_stages']}={us:.0f}" for us, c in res[:8]),
-            flush=True)
+            f"{name(c)}={us:.0f}" for us, c in res[:8] + [r for r in res[8:] if r[1] == "layout only"]), flush=True)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ T is small in the contest (1..8), so parallelism comes from the keys, not the to
    keeps a base-2 online softmax (running max m, running sum l) and an fp32 accumulator [16, 512]
    (the gathered ckv tile is reused as V). It writes the split's normalized output acc / l and its
    lse m + log2(l) (-inf for a split without a valid index) to fp32 workspaces.
-2. `_dsa_splitk_merge_kernel`, grid (T, H): lse-weighted merge of the NSPLIT partials:
+2. `_dsa_splitk_merge_kernel`, grid (T, H, DC / 128): lse-weighted merge of the NSPLIT partials:
    M = max_s lse_s, w_s = 2^(lse_s - M), out = sum_s w_s out_s / sum_s w_s, lse = M + log2(sum_s w_s),
    written as bf16 output and fp32 lse; a row whose splits are all empty gets zeros and -inf.
 
@@ -35,8 +35,8 @@ No host sync anywhere (no .item(), workspaces sized from shapes only): safe unde
 DOT_FP32: Triton 3.9's interpreter (TRITON_INTERPRET=1, the CPU tests) computes bf16 x bf16 tl.dot
 wrongly (it multiplies the raw bits), so the operands are cast to fp32 before every tl.dot when the
 flag is set. The wrapper sets it only when the tensors are not on a CUDA device; on the GPU the
-operands stay bf16 (tensor cores, fp32 accumulate). The GPU path with bf16 operands has NOT been run
-yet (no device in the session that wrote this file): check it on the GPU before trusting a timing.
+operands stay bf16 (tensor cores, fp32 accumulate); tests/gpu/test_triton_dsa_moe.py checks that
+path on contest workloads.
 """
 from __future__ import annotations
 
@@ -114,39 +114,37 @@ def _dsa_splitk_partial_kernel(
 def _dsa_splitk_merge_kernel(
     ws_o_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     s_o_t, s_o_h,  # output strides of token and head axes (last axis contiguous)
-    H: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
+    H: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
+    i_d = tl.program_id(2)
     offs_s = tl.arange(0, NSPLIT)
-    offs_dc = tl.arange(0, DC)
+    offs_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
     lse_s = tl.load(ws_lse_ptr + (i_t * NSPLIT + offs_s) * H + i_h)  # [NSPLIT]
     m = tl.max(lse_s, axis=0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse_s - m_use)  # 0 for empty splits
     w_sum = tl.sum(w, axis=0)
-    o_s = tl.load(ws_o_ptr + ((i_t * NSPLIT + offs_s[:, None]) * H + i_h) * DC + offs_dc[None, :])
+    o_s = tl.load(ws_o_ptr + ((i_t * NSPLIT + offs_s[:, None]) * H + i_h) * DC + offs_d[None, :])
     has = w_sum > 0.0
-    o = tl.sum(o_s * w[:, None], axis=0) / tl.where(has, w_sum, 1.0)  # [DC]; zeros if no valid key
-    lse = tl.where(has, m_use + tl.log2(tl.where(has, w_sum, 1.0)), float("-inf"))
+    o = tl.sum(o_s * w[:, None], axis=0) / tl.where(has, w_sum, 1.0)  # [BLOCK_D]; zeros if no valid key
+    tl.store(out_ptr + i_t * s_o_t + i_h * s_o_h + offs_d, o.to(out_ptr.dtype.element_ty))
+    if i_d == 0:
+        lse = tl.where(has, m_use + tl.log2(tl.where(has, w_sum, 1.0)), float("-inf"))
+        tl.store(lse_ptr + i_t * H + i_h, lse)
 
-    tl.store(out_ptr + i_t * s_o_t + i_h * s_o_h + offs_dc, o.to(out_ptr.dtype.element_ty))
-    tl.store(lse_ptr + i_t * H + i_h, lse)
 
-
-# ---------------------------------------------------------------------------------------------
-# Launch heuristic: NOT measured yet (written without a GPU). The idea: enough programs to fill the
-# 132 SMs of an H100 at T = 1..8 (NSPLIT = 32 -> 32..256 programs), fewer, longer splits when the
-# tokens alone give parallelism (less workspace traffic and merge work). BLOCK_N = 32 with 8 warps
-# keeps the gathered [BLOCK_N, 512] bf16 tile (32 KB) and the [16, 512] fp32 accumulator (32 KB) at
-# ~64 + ~32 registers per thread; BLOCK_N = 64 / 4 warps would likely spill. Sweep both on the GPU.
-# ---------------------------------------------------------------------------------------------
+# Launch heuristic, from `python benchmarks/dsa.py --sweep` (H100, 2026-11-22, contest workloads):
+# at 1-2 query tokens 64 splits of one 32-key block each (64-128 programs) were fastest
+# (10.2-10.7 us before the merge was split over DC); at 6-8 tokens 16 splits of 64-key blocks
+# (96-128 programs) or 32 splits of 32 keys, within 1% of each other. 4 warps beat 8 throughout.
 def splitk_config(num_tokens: int, topk: int = 2048) -> tuple[int, int, int]:
     """(BLOCK_N, NSPLIT, num_warps) for `num_tokens` query tokens."""
-    block_n = 32
-    nsplit = 32 if num_tokens <= 8 else 16 if num_tokens <= 32 else 8
-    return block_n, min(nsplit, topk // block_n), 8
+    if num_tokens <= 4:
+        return 32, min(64, topk // 32), 4
+    return 64, min(16, topk // 64), 4
 
 
 def _lastdim_contig(t: torch.Tensor) -> torch.Tensor:
@@ -193,14 +191,15 @@ def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indic
         H=H, DC=DC, DP=DP, SPLIT_LEN=TOPK // NSPLIT, BLOCK_N=BLOCK_N, NSPLIT=NSPLIT,
         DOT_FP32=bool(dot_fp32), num_warps=num_warps,
     )
-    _dsa_splitk_merge_kernel[(T, H)](
+    block_d = min(DC, 128)  # the merge is split over DC too: T * H * DC / 128 programs
+    _dsa_splitk_merge_kernel[(T, H, DC // block_d)](
         ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
-        H=H, DC=DC, NSPLIT=NSPLIT, num_warps=4,
+        H=H, DC=DC, NSPLIT=NSPLIT, BLOCK_D=block_d, num_warps=4,
     )
     return output, lse
 
 
-@variant("dsa_sparse_attention", "triton_splitk", backend="triton", archs=("sm90",),  # not yet run on a GPU
+@variant("dsa_sparse_attention", "triton_splitk", backend="triton", archs=("sm90",),
          requires=("triton",))
 def dsa_sparse_attention_triton_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
     return dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
