@@ -14,7 +14,7 @@ around eager calls (its graph column stays empty).
 Writes benchmarks/results/dsa-<device>.json; prints a per-workload table and a summary last.
 
     python benchmarks/dsa.py [--definition dsa_topk_indexer|dsa_sparse_attention|all] [--limit N] [--quick]
-    python benchmarks/dsa.py --sweep    # launch configurations of the split-K sparse attention
+    python benchmarks/dsa.py --sweep    # indexer time breakdown; split-K attention launch configurations
 """
 from __future__ import annotations
 
@@ -202,6 +202,29 @@ def sweep_splitk(quick: bool) -> None:
               ", ".join(f"{bn}/{ns}/{nw}={us:.2f}" for us, bn, ns, nw in res[:6]), flush=True)
 
 
+def indexer_breakdown(quick: bool) -> None:
+    """Graph time of the FP8 scoring kernel alone against scoring + each selection, on the scored
+    regime's shapes (one workload per (batch, pages) band)."""
+    from kdispatch.kernels.triton.dsa import indexer_fp8 as X
+
+    full = DEFS["dsa_topk_indexer"]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    picked = {}
+    for w in load_workloads(ROOT / "traces", full):
+        a = w.axes
+        if a["max_num_pages"] * 64 > 2048:
+            picked.setdefault((a["batch_size"] // 8, a["max_num_pages"] // 40), w)
+    for _, w in sorted(picked.items()):
+        args = list(materialize(full, w, device="cuda", seed=0))
+        sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
+        floor = floor_bytes("dsa_topk_indexer", args) / peak_bandwidth() * 1e6
+        fns = {"score": lambda *a: X.score_pages(*a, skip_short=True), "radix": X.indexer_radix,
+               "torch_topk": X.indexer_torch_topk}
+        us = {k: statistics.median(timing.graph_times_us(f, sets, 5 if quick else None)[0]) for k, f in fns.items()}
+        print(f"indexer {dict(w.axes)} floor={floor:.2f}us " + " ".join(f"{k}={v:.2f}" for k, v in us.items()),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--definition", default="all", choices=["all", *DEFS])
@@ -213,6 +236,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="sweep the split-K launch configurations")
     opts = ap.parse_args()
     if opts.sweep:
+        indexer_breakdown(opts.quick)
         return sweep_splitk(opts.quick)
     ops = list(DEFS) if opts.definition == "all" else [opts.definition]
     registry.discover()

@@ -110,3 +110,23 @@ def test_registration_and_supports():
     assert registry.get(DEF, "triton_fp8_torch_topk").backend == "triton"
     with pytest.raises(ValueError):
         X.indexer_radix(*_inputs(1, 129, seed=6, num_pages=200))
+
+
+P = importlib.import_module("kdispatch.kernels.triton.dsa.indexer_passthrough")
+if os.environ.get("TRITON_INTERPRET") == "1" and type(P._passthrough_kernel).__name__ != "InterpretedFunction":
+    P = importlib.reload(P)
+
+
+@pytest.mark.parametrize("batch,max_pages", [(1, 1), (3, 5), (4, 32)])
+def test_triton_passthrough_passes_the_gate(batch, max_pages):
+    args = _inputs(batch, max_pages, seed=7)
+    args[3][0] = 0  # an empty sequence: an all -1 row
+    out = P.indexer_passthrough_triton(*args)
+    v = _verdict(args, out)
+    assert v.passed, v.message
+    assert (out[0] == -1).all()
+    if batch > 1:
+        out[-1, 0] = -1  # one token dropped: must fail
+        assert not _verdict(args, out).passed
+    with pytest.raises(ValueError):
+        P.indexer_passthrough_triton(*_inputs(1, 33, seed=8))

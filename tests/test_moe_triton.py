@@ -80,7 +80,7 @@ def _check(out, want):
 
 
 @pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16"), (6, 1, "triton_grouped_m16"),
-                                         (5, 2, "triton_grouped_m64")])
+                                         (5, 2, "triton_grouped_m64"), (9, 5, "triton_grouped_m32")])
 def test_grouped_matches_dense_formula(T, seed, name):
     args = _inputs(T, seed)
     want = _expected(*args)

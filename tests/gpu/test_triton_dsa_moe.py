@@ -64,7 +64,7 @@ def test_indexer_scored_regime(name, workload):
 _SHORT = _spread(_workloads(INDEXER, lambda a: a["max_num_pages"] * 64 <= 2048), 3) if TRACES.is_dir() else []
 
 
-@pytest.mark.parametrize("name", ["triton_fp8_radix", "torch_passthrough"])
+@pytest.mark.parametrize("name", ["triton_fp8_radix", "torch_passthrough", "triton_passthrough"])
 @pytest.mark.parametrize("workload", _SHORT, ids=lambda w: f"{w.axes['batch_size']}x{w.axes['max_num_pages']}")
 def test_indexer_short_regime(name, workload):
     _gate_and_graph(INDEXER, name, workload)
@@ -76,7 +76,7 @@ def test_sparse_attention_splitk(workload):
     _gate_and_graph(SPARSE, "triton_splitk", workload)
 
 
-@pytest.mark.parametrize("name", ["triton_grouped_m16", "triton_grouped_m64"])
+@pytest.mark.parametrize("name", ["triton_grouped_m16", "triton_grouped_m32", "triton_grouped_m64"])
 @pytest.mark.parametrize("seq_len", [1, 80, 901])
 def test_moe_grouped(name, seq_len):
     ws = _workloads(MOE, lambda a: a["seq_len"] == seq_len)

@@ -11,7 +11,8 @@ dsa_topk_indexer.py). Two kernels, no host sync (CUDA-graph safe):
    skipped. Writes fp32 scores [B, max_num_pages * 64] (slots past seq_len hold garbage and are
    never selected).
 2. Selection, one of:
-   - `_radix_select_kernel`, one program per sequence with the whole row in registers: maps each
+   - `_radix_select_kernel`, one program per sequence with the whole row in registers. A row of at
+     most 2048 tokens takes all of them (its pages are not even scored). Otherwise it maps each
      score to an order-preserving 32-bit key, finds the k-th largest key (k = min(seq_len, 2048))
      with four 8-bit radix passes (tl.histogram of the digit among keys matching the prefix found so
      far), then writes every key above it plus as many keys equal to it as are still needed
@@ -46,12 +47,15 @@ RADIX_MAX_WIDTH = 8192  # tokens per row the register-resident radix select hand
 def _score_pages_kernel(
     q_ptr, k_fp8_ptr, k_f32_ptr, w_ptr, seq_lens_ptr, block_table_ptr, scores_ptr,
     max_pages, num_pages, s_bt,
-    H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, PAGES: tl.constexpr, DOT_FP32: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, PAGES: tl.constexpr, SKIP_SHORT: tl.constexpr,
+    TOPK: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     p0 = tl.program_id(1) * PAGES
     seq_len = tl.load(seq_lens_ptr + b)
     if p0 * PS >= seq_len:
+        return
+    if SKIP_SHORT and seq_len <= TOPK:  # the selection takes every token of this row unscored
         return
     offs_h = tl.arange(0, H)
     offs_d = tl.arange(0, D)
@@ -85,37 +89,40 @@ def _radix_select_kernel(
     PS: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + b)
     width = max_pages * PS
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width)  # a seq_len past the table counts its pages
     offs = tl.arange(0, BLOCK)
-    seq_len = tl.minimum(seq_len, width)  # a seq_len past the table's pages counts only its pages
     valid = offs < seq_len
-    s = tl.load(scores_ptr + b * width + offs, mask=valid, other=0.0)
-    # Order-preserving key in [0, 2^32): flip all bits of negatives, set the sign bit of positives.
-    bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    key = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-
-    need = tl.minimum(seq_len, TOPK)  # keys still to take among those matching the prefix
-    prefix = tl.zeros([], dtype=tl.int64)
-    prefix_mask = tl.zeros([], dtype=tl.int64)
-    digits = tl.arange(0, 256)
-    for shift in tl.static_range(24, -1, -8):
-        match = valid & ((key & prefix_mask) == prefix)
-        digit = ((key >> shift) & 255).to(tl.int32)
-        hist = tl.histogram(tl.where(match, digit, 0), 256)
-        hist -= tl.where(digits == 0, tl.sum((~match).to(tl.int32), axis=0), 0)  # drop non-matching
-        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matching keys with digit >= d
-        chosen = tl.sum((at_least >= need).to(tl.int32), axis=0) - 1  # largest d with at_least[d] >= need
-        chosen = tl.maximum(chosen, 0)
-        above = tl.sum(tl.where(digits == chosen, at_least - hist, 0), axis=0)
-        need -= above
-        prefix |= chosen.to(tl.int64) << shift
-        prefix_mask |= 255 << shift
-
-    take_equal = valid & (key == prefix)
-    equal_rank = tl.cumsum(take_equal.to(tl.int32), axis=0)  # 1-based among equal keys
-    selected = (valid & (key > prefix)) | (take_equal & (equal_rank <= need))
-    slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
+    if seq_len <= TOPK:  # every token is selected: no scores needed
+        selected = valid
+        slot = offs
+    else:
+        s = tl.load(scores_ptr + b * width + offs, mask=valid, other=0.0)
+        # Order-preserving int32 key (flip the magnitude bits of negatives); `ukey` = key with the
+        # sign bit flipped orders the same as unsigned, so its bytes are radix digits, MSB first.
+        sign = tl.full([], -2147483648, tl.int32)
+        bits = s.to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        ukey = key ^ sign
+        need = tl.minimum(seq_len, TOPK)  # keys still to take among those matching the prefix
+        prefix = tl.zeros([], dtype=tl.int32)
+        prefix_mask = tl.zeros([], dtype=tl.int32)
+        digits = tl.arange(0, 256)
+        for shift in tl.static_range(24, -1, -8):
+            match = valid & ((ukey & prefix_mask) == prefix)
+            digit = (ukey >> shift) & 255
+            hist = tl.histogram(tl.where(match, digit, 0), 256)
+            hist -= tl.where(digits == 0, tl.sum((~match).to(tl.int32), axis=0), 0)  # drop non-matching
+            at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matching, digit >= d
+            chosen = tl.maximum(tl.sum((at_least >= need).to(tl.int32), axis=0) - 1, 0)  # largest such d
+            need -= tl.sum(tl.where(digits == chosen, at_least - hist, 0), axis=0)  # taken above it
+            prefix |= chosen << shift
+            prefix_mask |= tl.full([], 255, tl.int32) << shift
+        threshold = prefix ^ sign  # the k-th largest key
+        take_equal = valid & (key == threshold)
+        equal_rank = tl.cumsum(take_equal.to(tl.int32), axis=0)  # 1-based among equal keys
+        selected = (valid & (key > threshold)) | (take_equal & (equal_rank <= need))
+        slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
     page = tl.load(block_table_ptr + b * s_bt + offs // PS, mask=selected, other=0)
     tl.store(out_ptr + b * TOPK + slot, page * PS + offs % PS, mask=selected & (slot < TOPK))
     n_out = tl.minimum(seq_len, TOPK)
@@ -131,8 +138,10 @@ def _pages_per_program(batch: int, max_pages: int) -> int:
     return pages
 
 
-def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, dot_fp32=None):
-    """fp32 scores [B, max_num_pages * 64]; slots at or past seq_len are unspecified."""
+def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, skip_short=False,
+                dot_fp32=None):
+    """fp32 scores [B, max_num_pages * 64]; slots at or past seq_len are unspecified, and so are all
+    of a row with seq_len <= 2048 when skip_short is set."""
     batch, heads, dim = q_index_fp8.shape
     num_pages = k_index_cache_fp8.shape[0]
     max_pages = block_table.shape[1]
@@ -148,7 +157,8 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
     _score_pages_kernel[(batch, triton.cdiv(max_pages, pages))](
         q_index_fp8.contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         weights.contiguous(), seq_lens, block_table, scores, max_pages, num_pages, block_table.stride(0),
-        H=HEADS, D=HEAD_DIM, PS=PAGE_SIZE, PAGES=pages, DOT_FP32=bool(dot_fp32), num_warps=4,
+        H=HEADS, D=HEAD_DIM, PS=PAGE_SIZE, PAGES=pages, SKIP_SHORT=skip_short, TOPK=TOPK,
+        DOT_FP32=bool(dot_fp32), num_warps=4,
     )
     return scores
 
@@ -157,7 +167,8 @@ def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table
     batch, max_pages = block_table.shape
     if max_pages * PAGE_SIZE > RADIX_MAX_WIDTH:
         raise ValueError(f"radix select holds rows of at most {RADIX_MAX_WIDTH} tokens")
-    scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, dot_fp32=dot_fp32)
+    scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, skip_short=True,
+                         dot_fp32=dot_fp32)
     out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
     if batch == 0:
         return out

@@ -25,7 +25,10 @@ GEMMs, and the FP8 products are exact in fp32 accumulation. The contest toleranc
 definition (matched ratio 0.95 at atol 1, rtol 0.3) is far looser than that difference.
 
 BLOCK_M is the variant's choice: 16-row blocks waste little padding when each expert sees a few
-tokens (decode-like batches); 64-row blocks reuse each weight tile over more tokens (prefill).
+tokens (decode-like batches); 32- and 64-row blocks reuse each weight tile over more tokens (prefill).
+
+Known cost at small batches: routing and the sorted layout are ~20 small torch kernels, 109 us of
+the 198 us at one token (H100, graph); a fused Triton routing kernel is the next step there.
 
 DOT_FP32: the Triton interpreter (CPU tests) has no FP8 or bf16 tensor-core dot; the operands are
 cast to fp32 before tl.dot when the flag is set (set only off CUDA).
@@ -197,10 +200,13 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
     return out.to(torch.bfloat16)
 
 
-# Tile configurations (NOT yet swept on a GPU): 16-row blocks for few tokens per expert, 64-row
-# blocks for many. The tuner measures both on every workload and routes by seq_len.
+# Tile configurations, from `python benchmarks/moe.py --sweep` (H100, 2026-11-22): 16-row blocks with
+# 32-wide N tiles were fastest up to 80 tokens (198 / 293 / 618 us at 1 / 16 / 80 tokens), 32 x 128
+# at 901 tokens (882 us), 64 x 128 with 8 warps at 14107 tokens (4773 us). The tuner measures all
+# three on every workload and routes by seq_len.
 CONFIGS = {
-    "triton_grouped_m16": dict(block_m=16, block_n1=64, block_n2=64, num_warps=4, num_stages=4),
+    "triton_grouped_m16": dict(block_m=16, block_n1=32, block_n2=32, num_warps=4, num_stages=4),
+    "triton_grouped_m32": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
     "triton_grouped_m64": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
 }
 
