@@ -219,8 +219,10 @@ def indexer_breakdown(quick: bool) -> None:
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
         floor = floor_bytes("dsa_topk_indexer", args) / peak_bandwidth() * 1e6
         # scores of short rows stay unwritten by design: return nothing for the replay check to inspect
-        fns = {"score": lambda *a: [X.score_pages(*a, skip_short=True), None][1], "radix": X.indexer_radix,
+        fns = {"score": lambda *a: [X.score_pages(*a, skip_short=True), None][1],
                "torch_topk": X.indexer_torch_topk}
+        for nw in (4, 8, 16, 32):
+            fns[f"radix/{nw}w"] = lambda *a, nw=nw: X.indexer_radix(*a, select_warps=nw)
         us = {k: statistics.median(timing.graph_times_us(f, sets, 5 if quick else None)[0]) for k, f in fns.items()}
         print(f"indexer {dict(w.axes)} floor={floor:.2f}us " + " ".join(f"{k}={v:.2f}" for k, v in us.items()),
               flush=True)

@@ -105,24 +105,31 @@ def _radix_select_kernel(
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
         ukey = key ^ sign
         need = tl.minimum(seq_len, TOPK)  # keys still to take among those matching the prefix
+        n_match = seq_len  # keys matching the prefix (all valid ones before the first pass)
         prefix = tl.zeros([], dtype=tl.int32)
         prefix_mask = tl.zeros([], dtype=tl.int32)
         digits = tl.arange(0, 256)
         for shift in tl.static_range(24, -1, -8):
             match = valid & ((ukey & prefix_mask) == prefix)
-            digit = (ukey >> shift) & 255
-            hist = tl.histogram(tl.where(match, digit, 0), 256)
-            hist -= tl.where(digits == 0, tl.sum((~match).to(tl.int32), axis=0), 0)  # drop non-matching
-            at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matching, digit >= d
+            hist = tl.histogram(tl.where(match, (ukey >> shift) & 255, 0), 256)
+            hist -= tl.where(digits == 0, BLOCK - n_match, 0)  # the non-matching keys went to bin 0
+            at_least = n_match - tl.cumsum(hist, axis=0) + hist  # matching keys with digit >= d
             chosen = tl.maximum(tl.sum((at_least >= need).to(tl.int32), axis=0) - 1, 0)  # largest such d
-            need -= tl.sum(tl.where(digits == chosen, at_least - hist, 0), axis=0)  # taken above it
+            in_chosen = tl.where(digits == chosen, hist, 0)
+            need -= tl.sum(tl.where(digits == chosen, at_least, 0) - in_chosen, axis=0)  # taken above it
+            n_match = tl.sum(in_chosen, axis=0)
             prefix |= chosen << shift
             prefix_mask |= tl.full([], 255, tl.int32) << shift
         threshold = prefix ^ sign  # the k-th largest key
-        take_equal = valid & (key == threshold)
-        equal_rank = tl.cumsum(take_equal.to(tl.int32), axis=0)  # 1-based among equal keys
-        selected = (valid & (key > threshold)) | (take_equal & (equal_rank <= need))
-        slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
+        # One scan ranks both kinds: keys above the threshold in the low 16 bits, equal keys in
+        # the high 16 (rows hold at most RADIX_MAX_WIDTH < 2^16 keys).
+        above = (valid & (key > threshold)).to(tl.int32)
+        equal = (valid & (key == threshold)).to(tl.int32)
+        ranks = tl.cumsum(above | (equal << 16), axis=0)  # inclusive
+        above_before = (ranks & 0xFFFF) - above
+        equal_before = (ranks >> 16) - equal
+        selected = (above == 1) | ((equal == 1) & (equal_before < need))
+        slot = above_before + tl.minimum(equal_before, need)
     page = tl.load(block_table_ptr + b * s_bt + offs // PS, mask=selected, other=0)
     tl.store(out_ptr + b * TOPK + slot, page * PS + offs % PS, mask=selected & (slot < TOPK))
     n_out = tl.minimum(seq_len, TOPK)
@@ -163,7 +170,8 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
     return scores
 
 
-def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, dot_fp32=None):
+def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, select_warps=None,
+                  dot_fp32=None):
     batch, max_pages = block_table.shape
     if max_pages * PAGE_SIZE > RADIX_MAX_WIDTH:
         raise ValueError(f"radix select holds rows of at most {RADIX_MAX_WIDTH} tokens")
@@ -176,7 +184,8 @@ def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table
         return out.fill_(-1)
     block = max(triton.next_power_of_2(max_pages * PAGE_SIZE), TOPK)
     _radix_select_kernel[(batch,)](scores, seq_lens, block_table, out, max_pages, block_table.stride(0),
-                                   PS=PAGE_SIZE, TOPK=TOPK, BLOCK=block, num_warps=8 if block <= 4096 else 16)
+                                   PS=PAGE_SIZE, TOPK=TOPK, BLOCK=block,
+                                   num_warps=select_warps or (8 if block <= 4096 else 16))
     return out
 
 
