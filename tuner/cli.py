@@ -73,6 +73,9 @@ def add_commands(sub) -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--trials", type=int)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--variants", nargs="+", metavar="V",
+                   help="only these variants besides the baseline and the routed op ('--variants routed': "
+                        "just the baseline against the routed op)")
     p.add_argument("--json", help="also write every measurement and the summary here")
     p.set_defaults(func=cmd_bench)
 
@@ -212,7 +215,8 @@ def cmd_bench(args) -> int:
 
     from .runner import bench, bench_table
 
-    store, info = bench(args.workloads, definitions=args.definitions, device=args.device, quick=args.quick,
+    store, info = bench(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
+                        quick=args.quick,
                         trials=args.trials, timeout=args.timeout)
     env = info["env"]
     print(f"{env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "

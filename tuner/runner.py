@@ -664,16 +664,18 @@ def open_stores(paths=None) -> Store:
     return merged
 
 
-def bench(trace_root, *, definitions=None, device: str = "cuda", quick: bool = False, trials: int | None = None,
-          timeout: float = 300.0, stream=None, in_process: bool | None = None) -> tuple[Store, dict]:
-    """Measures every variant that runs here and the routed op on a workload set (in memory)."""
+def bench(trace_root, *, definitions=None, variants=None, device: str = "cuda", quick: bool = False,
+          trials: int | None = None, timeout: float = 300.0, stream=None, in_process: bool | None = None
+          ) -> tuple[Store, dict]:
+    """Measures every variant that runs here (or only `variants`; the baseline always) and the routed
+    op on a workload set (in memory)."""
     stream = stream or sys.stderr
     devices = parse_devices(device)
     env = detect_environment(devices)
     store = Store(":memory:")
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
-    plans = [plan(store, eid, env["arch"], trace_root, d, None, quick, True, include_routed=True) for d in names]
+    plans = [plan(store, eid, env["arch"], trace_root, d, variants, quick, True, include_routed=True) for d in names]
     info = {p.definition: p for p in plans}
 
     def on_row(definition: str, row: dict) -> None:
