@@ -173,6 +173,26 @@ def test_not_graph_safe_variants_are_not_routed():
     assert pol.route({"batch_size": 2}) == "flashinfer"
 
 
+def test_host_synchronising_baseline_is_compared_like_with_like():
+    """A baseline that can only be events-timed (the MoE reference syncs with the host) is beaten by a
+    graph-timed variant only if the variant also wins on eager host + device time."""
+    def with_methods(eager_of_a):
+        store = build_store(DECODE, decode_workloads(), decode_latency)
+        for r in store.results(DECODE):
+            if r.variant == "flashinfer":
+                r.method, r.eager_us = "events", r.median_us * 4
+                store.put(r)
+            elif r.variant in ("A", "B"):
+                r.eager_us = eager_of_a(r) if r.variant == "A" else r.median_us * 100
+                store.put(r)
+        return fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+
+    pol = with_methods(lambda r: r.median_us * 2)  # A wins on both times where it is faster
+    assert pol.route({"batch_size": 2}) == "A" and pol.route({"batch_size": 64}) == "flashinfer"
+    pol = with_methods(lambda r: r.median_us * 100)  # A's device time wins, its eager time loses
+    assert [r.variant for r in pol.regions] == ["flashinfer"]
+
+
 def test_latest_environment_and_hash_are_used():
     store = build_store(DECODE, decode_workloads(), decode_latency)
     eid = store.envs()[0]["id"]

@@ -5,19 +5,19 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-22T06:36:53Z
+# measured    up to 2026-11-23T03:15:42Z
 # workloads   54 (workload-set digest 5be536a29c485755)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer             c4b783c48bfad7f3  54/54  1.00x
 #   cuda_decode_warp_rows  d9dc5082666041ca  54/54  1.37x
 #   fla_fused_recurrent    c4b783c48bfad7f3  54/54  0.78x
-#   triton_decode_splitv   98080469b01528be  54/54  1.35x
+#   triton_decode_splitv   98080469b01528be  54/54  1.34x
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.16% mean, 1.07% max;
+# held out    5-fold over workloads: regret vs the best variant 0.16% mean, 1.06% max;
 #             1.208x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
 #   1. every shape: cuda_decode_warp_rows, 54 workloads, 1.37x (1.10x .. 1.85x) over flashinfer
