@@ -14,7 +14,7 @@ around eager calls (its graph column stays empty).
 Writes benchmarks/results/dsa-<device>.json; prints a per-workload table and a summary last.
 
     python benchmarks/dsa.py [--definition dsa_topk_indexer|dsa_sparse_attention|all] [--limit N] [--quick]
-    python benchmarks/dsa.py --sweep    # indexer time breakdown; split-K attention launch configurations
+    python benchmarks/dsa.py --sweep [indexer|attention]   # indexer time breakdown; split-K launch configurations
 """
 from __future__ import annotations
 
@@ -203,8 +203,10 @@ def sweep_splitk(quick: bool) -> None:
 
 
 def indexer_breakdown(quick: bool) -> None:
-    """Graph time of the FP8 scoring kernel alone against scoring + each selection, on the scored
-    regime's shapes (one workload per (batch, pages) band)."""
+    """Graph time of the FP8 scoring kernel alone (heuristic and fixed pages per program) against
+    scoring + each selection (Triton radix, CUDA radix), on the scored regime's shapes (one
+    workload per (batch, pages) band)."""
+    from kdispatch.kernels.cuda.dsa import indexer_select as C
     from kdispatch.kernels.triton.dsa import indexer_fp8 as X
 
     full = DEFS["dsa_topk_indexer"]
@@ -219,10 +221,13 @@ def indexer_breakdown(quick: bool) -> None:
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
         floor = floor_bytes("dsa_topk_indexer", args) / peak_bandwidth() * 1e6
         # scores of short rows stay unwritten by design: return nothing for the replay check to inspect
-        fns = {"score": lambda *a: [X.score_pages(*a, skip_short=True), None][1],
-               "torch_topk": X.indexer_torch_topk}
-        for nw in (4, 8, 16, 32):
+        fns = {"score": lambda *a: [X.score_pages(*a, skip_short=True), None][1]}
+        for pages in (1, 2, 4, 8):
+            fns[f"score/{pages}p"] = lambda *a, pages=pages: [X.score_pages(*a, skip_short=True, pages=pages), None][1]
+        for nw in (8, 16):
             fns[f"radix/{nw}w"] = lambda *a, nw=nw: X.indexer_radix(*a, select_warps=nw)
+        for threads in (512, 1024):
+            fns[f"cuda/{threads}t"] = lambda *a, t=threads: C.dsa_indexer_cuda_radix_select(*a, threads=t)
         us = {k: statistics.median(timing.graph_times_us(f, sets, 5 if quick else None)[0]) for k, f in fns.items()}
         print(f"indexer {dict(w.axes)} floor={floor:.2f}us " + " ".join(f"{k}={v:.2f}" for k, v in us.items()),
               flush=True)
@@ -236,11 +241,15 @@ def main() -> None:
     ap.add_argument("--official-dir", type=Path, default=None,
                     help="FlashInfer-Bench definitions folder (default: ../shared/fib/definitions)")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--sweep", action="store_true", help="sweep the split-K launch configurations")
+    ap.add_argument("--sweep", nargs="?", const="all", choices=["all", "indexer", "attention"],
+                    help="indexer time breakdown and/or split-K attention launch configurations")
     opts = ap.parse_args()
     if opts.sweep:
-        indexer_breakdown(opts.quick)
-        return sweep_splitk(opts.quick)
+        if opts.sweep in ("all", "indexer"):
+            indexer_breakdown(opts.quick)
+        if opts.sweep in ("all", "attention"):
+            sweep_splitk(opts.quick)
+        return
     ops = list(DEFS) if opts.definition == "all" else [opts.definition]
     registry.discover()
     dev = torch.cuda.get_device_name()

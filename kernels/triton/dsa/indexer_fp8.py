@@ -146,9 +146,10 @@ def _pages_per_program(batch: int, max_pages: int) -> int:
 
 
 def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, skip_short=False,
-                dot_fp32=None):
+                dot_fp32=None, pages=None):
     """fp32 scores [B, max_num_pages * 64]; slots at or past seq_len are unspecified, and so are all
-    of a row with seq_len <= 2048 when skip_short is set."""
+    of a row with seq_len <= 2048 when skip_short is set. `pages` (pages per program) overrides
+    `_pages_per_program` (benchmarks)."""
     batch, heads, dim = q_index_fp8.shape
     num_pages = k_index_cache_fp8.shape[0]
     max_pages = block_table.shape[1]
@@ -160,7 +161,7 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
     if batch == 0 or max_pages == 0:
         return scores
     cache = k_index_cache_fp8.contiguous().view(num_pages, PAGE_BYTES)
-    pages = _pages_per_program(batch, max_pages)
+    pages = pages or _pages_per_program(batch, max_pages)
     _score_pages_kernel[(batch, triton.cdiv(max_pages, pages))](
         q_index_fp8.contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         weights.contiguous(), seq_lens, block_table, scores, max_pages, num_pages, block_table.stride(0),

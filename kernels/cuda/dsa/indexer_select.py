@@ -1,0 +1,59 @@
+"""DSA top-k indexer: the Triton FP8 scoring kernel, then an exact radix top-k select in CUDA.
+
+    q_index_fp8        [B, 64, 128] float8_e4m3fn      k_index_cache_fp8  [num_pages, 64, 1, 132] int8
+    weights            [B, 64] fp32                    seq_lens           [B] int32
+    block_table        [B, max_num_pages] int32        -> topk_indices    [B, 2048] int32
+
+Scoring is kernels/triton/dsa/indexer_fp8.py `score_pages` (rows of at most 2048 tokens are not
+scored); selection is topk_select.cu, one 1024-thread CTA per row with the row's scores in
+registers and three 11/11/10-bit radix passes (the Triton select needs four 8-bit ones, and was
+measured at ~15 us of the ~18 us call on an H100). Two launches, no host sync (CUDA-graph safe).
+Rows of up to 8192 tokens (max_num_pages <= 128); the kernel compiles on first call through NVRTC
+(cached on disk, see kdispatch.nvrtc).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdispatch import nvrtc
+from kdispatch.kernels.triton.dsa import indexer_fp8
+from kdispatch.registry import variant
+
+CU = Path(__file__).with_name("topk_select.cu")
+SIGNATURE = "ppppii"  # scores seq_lens block_table out, width s_bt
+TOPK, PAGE_SIZE = 2048, 64
+MAX_WIDTH = 8192  # scores per row the CTA holds in registers (1024 threads x 8)
+
+_kernels: dict[int, nvrtc.Kernel] = {}
+
+
+def kernel(threads: int) -> nvrtc.Kernel:
+    """The select kernel with 1024 threads x 8 keys or 512 threads x 16 keys per row."""
+    kern = _kernels.get(threads)
+    if kern is None:
+        kern = _kernels[threads] = nvrtc.load_kernel(CU, f"dsa_topk_select_t{threads}", signature=SIGNATURE)
+    return kern
+
+
+@variant("dsa_topk_indexer", "cuda_radix_select", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
+         sources=(CU, Path(indexer_fp8.__file__)), supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH)
+def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *,
+                                  threads: int = 1024, pages: int | None = None):
+    batch, max_pages = block_table.shape
+    width = max_pages * PAGE_SIZE
+    if width > MAX_WIDTH:
+        raise ValueError(f"cuda_radix_select holds rows of at most {MAX_WIDTH} tokens (max_num_pages <= 128)")
+    out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
+    if batch == 0:
+        return out
+    if max_pages == 0:
+        return out.fill_(-1)
+    scores = indexer_fp8.score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
+                                     skip_short=True, pages=pages)
+    seq_lens = seq_lens.contiguous()
+    block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    kernel(threads).launch(batch, threads, scores, seq_lens, block_table, out, width, block_table.stride(0),
+                           stream=nvrtc.current_stream(block_table.get_device()))
+    return out
