@@ -18,11 +18,11 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
-def _fn(threads):
+def _fn(threads, aggregate=False):
     registry.discover()
     from kdispatch.kernels.cuda.dsa import indexer_select
 
-    return lambda *a: indexer_select.dsa_indexer_cuda_radix_select(*a, threads=threads)
+    return lambda *a: indexer_select.dsa_indexer_cuda_radix_select(*a, threads=threads, aggregate=aggregate)
 
 
 def _workloads(scored: bool, n: int):
@@ -36,30 +36,32 @@ def _check(fn, args, what):
     assert v.passed, f"{what}: {v.status}: {v.reason}"
 
 
-@pytest.mark.parametrize("threads", [1024, 512])
+@pytest.mark.parametrize("threads,aggregate", [(1024, False), (1024, True), (512, False), (512, True)])
 @pytest.mark.parametrize("workload", _workloads(True, 5) + _workloads(False, 2),
                          ids=lambda w: f"{w.axes['batch_size']}x{w.axes['max_num_pages']}")
-def test_contest_workloads(threads, workload):
+def test_contest_workloads(threads, aggregate, workload):
     for seed in (1, 2):
         args = list(materialize(INDEXER, workload, device="cuda", seed=seed))
-        _check(_fn(threads), args, f"{threads} threads, {dict(workload.axes)}, seed {seed}")
+        _check(_fn(threads, aggregate), args, f"{threads} threads, aggregate {aggregate}, {dict(workload.axes)}, "
+                                              f"seed {seed}")
 
 
 @pytest.mark.parametrize("threads", [1024, 512])
-def test_ties(threads):
+@pytest.mark.parametrize("aggregate", [False, True])
+def test_ties(threads, aggregate):
     """All-zero queries score every token 0: any 2048 distinct tokens of the row are right; half the
     heads zeroed leaves many exact ties at the threshold."""
     w = _workloads(True, 1)[0]
     args = list(materialize(INDEXER, w, device="cuda", seed=3))
     tied = list(args)
     tied[0] = torch.zeros_like(args[0])
-    _check(_fn(threads), tied, "all scores tied")
+    _check(_fn(threads, aggregate), tied, "all scores tied")
     coarse = list(args)
     q = args[0].view(torch.uint8).clone()
     q[:, 32:] = 0  # fp8 zero bits
     q[:, :32] = q[:, :1]  # every live head identical: scores collapse onto fewer values
     coarse[0] = q.view(torch.float8_e4m3fn)
-    _check(_fn(threads), coarse, "coarse scores")
+    _check(_fn(threads, aggregate), coarse, "coarse scores")
 
 
 def test_graph_capture_and_seq_len_edges():

@@ -26,21 +26,23 @@ SIGNATURE = "ppppii"  # scores seq_lens block_table out, width s_bt
 TOPK, PAGE_SIZE = 2048, 64
 MAX_WIDTH = 8192  # scores per row the CTA holds in registers (1024 threads x 8)
 
-_kernels: dict[int, nvrtc.Kernel] = {}
+_kernels: dict[tuple[int, bool], nvrtc.Kernel] = {}
 
 
-def kernel(threads: int) -> nvrtc.Kernel:
-    """The select kernel with 1024 threads x 8 keys or 512 threads x 16 keys per row."""
-    kern = _kernels.get(threads)
+def kernel(threads: int, aggregate: bool) -> nvrtc.Kernel:
+    """The select kernel with 1024 threads x 8 keys or 512 threads x 16 keys per row; `aggregate`:
+    warp-aggregated histogram atomics."""
+    kern = _kernels.get((threads, aggregate))
     if kern is None:
-        kern = _kernels[threads] = nvrtc.load_kernel(CU, f"dsa_topk_select_t{threads}", signature=SIGNATURE)
+        name = f"dsa_topk_select_t{threads}{'_agg' if aggregate else ''}"
+        kern = _kernels[(threads, aggregate)] = nvrtc.load_kernel(CU, name, signature=SIGNATURE)
     return kern
 
 
 @variant("dsa_topk_indexer", "cuda_radix_select", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
          sources=(CU, Path(indexer_fp8.__file__)), supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH)
 def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *,
-                                  threads: int = 1024, pages: int | None = None):
+                                  threads: int = 1024, aggregate: bool = False, pages: int | None = None):
     batch, max_pages = block_table.shape
     width = max_pages * PAGE_SIZE
     if width > MAX_WIDTH:
@@ -54,6 +56,6 @@ def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_l
                                      skip_short=True, pages=pages)
     seq_lens = seq_lens.contiguous()
     block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-    kernel(threads).launch(batch, threads, scores, seq_lens, block_table, out, width, block_table.stride(0),
+    kernel(threads, aggregate).launch(batch, threads, scores, seq_lens, block_table, out, width, block_table.stride(0),
                            stream=nvrtc.current_stream(block_table.get_device()))
     return out

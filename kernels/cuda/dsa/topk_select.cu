@@ -13,7 +13,7 @@
 // registers (ITEMS per thread, strided by THREADS so the loads coalesce) as order-preserving 32-bit
 // keys, and three radix passes over 11, 11 and 10 bits find the k-th largest key: per pass a
 // 2048-bin shared-memory histogram of the digit among keys matching the prefix found so far
-// (warp-aggregated atomics: the top digits of one row crowd into a few bins), then one block-wide
+// (plain or warp-aggregated atomics), then one block-wide
 // scan over the bins in descending order finds the digit where the count of larger keys crosses
 // the number still needed. Three passes instead of the Triton kernel's four 8-bit ones, and each is
 // a handful of barriers. The output slots come from one more block scan over a packed count
@@ -25,6 +25,7 @@
 #define TOPK 2048
 #define PAGE 64
 #define BINS 2048
+#define MAX_PAGES 128  // 8192 tokens
 
 __device__ __forceinline__ unsigned int order_key(float s) {  // unsigned order == float order
     unsigned int u = __float_as_uint(s);
@@ -64,7 +65,7 @@ __device__ __forceinline__ unsigned int block_exclusive_scan(unsigned int x, uns
     return res;
 }
 
-template <int THREADS, int ITEMS>
+template <int THREADS, int ITEMS, bool AGGREGATE>
 __device__ __forceinline__ void topk_select(const float* __restrict__ scores, const int* __restrict__ seq_lens,
                                             const int* __restrict__ block_table, int* __restrict__ out,
                                             int width, int s_bt) {
@@ -73,6 +74,7 @@ __device__ __forceinline__ void topk_select(const float* __restrict__ scores, co
     __shared__ unsigned int hist[BINS];
     __shared__ unsigned int sums[WARPS + 1];
     __shared__ unsigned int chosen[2];  // digit, keys still needed among those matching the prefix
+    __shared__ int pages[MAX_PAGES];  // the row's block table, read once
 
     const int b = blockIdx.x, t = threadIdx.x, lane = t & 31;
     int seq_len = seq_lens[b];
@@ -92,6 +94,7 @@ __device__ __forceinline__ void topk_select(const float* __restrict__ scores, co
         const int i = j * THREADS + t;
         key[j] = i < seq_len ? order_key(row[i]) : 0u;
     }
+    if (t < (seq_len + PAGE - 1) / PAGE) pages[t] = bt[t];  // seen after the passes' barriers
 
     unsigned int prefix = 0u, mask = 0u, need = TOPK;
 #pragma unroll
@@ -105,8 +108,12 @@ __device__ __forceinline__ void topk_select(const float* __restrict__ scores, co
         for (int j = 0; j < ITEMS; ++j) {
             const bool match = j * THREADS + t < seq_len && (key[j] & mask) == prefix;
             const unsigned int d = match ? (key[j] >> shift) & digit_mask : 0xffffffffu;
-            const unsigned int peers = __match_any_sync(0xffffffffu, d);
-            if (match && lane == __ffs(peers) - 1) atomicAdd(&hist[d], (unsigned int)__popc(peers));
+            if (AGGREGATE) {
+                const unsigned int peers = __match_any_sync(0xffffffffu, d);
+                if (match && lane == __ffs(peers) - 1) atomicAdd(&hist[d], (unsigned int)__popc(peers));
+            } else if (match) {
+                atomicAdd(&hist[d], 1u);
+            }
         }
         __syncthreads();
         // Thread t holds bins BINS-1-BPT*t-k (k = 0..BPT-1): descending digits along the block.
@@ -150,22 +157,22 @@ __device__ __forceinline__ void topk_select(const float* __restrict__ scores, co
         const bool above = valid && key[j] > prefix, equal = valid && key[j] == prefix;
         if (above || (equal && equal_before < need)) {
             const unsigned int slot = above_before + (equal_before < need ? equal_before : need);
-            o[slot] = bt[i / PAGE] * PAGE + i % PAGE;
+            o[slot] = pages[i / PAGE] * PAGE + i % PAGE;
         }
         above_before += above ? 1u : 0u;
         equal_before += equal ? 1u : 0u;
     }
 }
 
-// Rows of up to 8192 scores: 1024 threads x 8 keys, or 512 threads x 16 keys.
-extern "C" __global__ void __launch_bounds__(1024, 1)
-dsa_topk_select_t1024(const float* __restrict__ scores, const int* __restrict__ seq_lens,
-                      const int* __restrict__ block_table, int* __restrict__ out, int width, int s_bt) {
-    topk_select<1024, 8>(scores, seq_lens, block_table, out, width, s_bt);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1)
-dsa_topk_select_t512(const float* __restrict__ scores, const int* __restrict__ seq_lens,
-                     const int* __restrict__ block_table, int* __restrict__ out, int width, int s_bt) {
-    topk_select<512, 16>(scores, seq_lens, block_table, out, width, s_bt);
-}
+// Rows of up to 8192 scores: 1024 threads x 8 keys or 512 threads x 16 keys; histogram updates as
+// plain shared-memory atomics or warp-aggregated (__match_any_sync) ones.
+#define SELECT_KERNEL(NAME, THREADS, ITEMS, AGGREGATE)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                              \
+    NAME(const float* __restrict__ scores, const int* __restrict__ seq_lens,                              \
+         const int* __restrict__ block_table, int* __restrict__ out, int width, int s_bt) {               \
+        topk_select<THREADS, ITEMS, AGGREGATE>(scores, seq_lens, block_table, out, width, s_bt);          \
+    }
+SELECT_KERNEL(dsa_topk_select_t1024, 1024, 8, false)
+SELECT_KERNEL(dsa_topk_select_t1024_agg, 1024, 8, true)
+SELECT_KERNEL(dsa_topk_select_t512, 512, 16, false)
+SELECT_KERNEL(dsa_topk_select_t512_agg, 512, 16, true)

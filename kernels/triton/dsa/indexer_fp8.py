@@ -137,19 +137,11 @@ def _radix_select_kernel(
     tl.store(out_ptr + b * TOPK + pad, tl.full([TOPK], -1, tl.int32), mask=pad >= n_out)
 
 
-def _pages_per_program(batch: int, max_pages: int) -> int:
-    """Enough programs to cover the 132 SMs about twice, each loading its queries once."""
-    pages = 1
-    while pages < 8 and batch * triton.cdiv(max_pages, pages * 2) >= 264:
-        pages *= 2
-    return pages
-
-
 def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, skip_short=False,
                 dot_fp32=None, pages=None):
     """fp32 scores [B, max_num_pages * 64]; slots at or past seq_len are unspecified, and so are all
     of a row with seq_len <= 2048 when skip_short is set. `pages` (pages per program) overrides
-    `_pages_per_program` (benchmarks)."""
+    the default of one page per program (benchmarks)."""
     batch, heads, dim = q_index_fp8.shape
     num_pages = k_index_cache_fp8.shape[0]
     max_pages = block_table.shape[1]
@@ -161,7 +153,10 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
     if batch == 0 or max_pages == 0:
         return scores
     cache = k_index_cache_fp8.contiguous().view(num_pages, PAGE_BYTES)
-    pages = pages or _pages_per_program(batch, max_pages)
+    # One page per program: on an H100 (benchmarks/dsa.py --sweep indexer, 2026-11-23) 1 page beat 2, 4
+    # and 8 on every scored contest shape (B=27 x 82 pages: 7.3 us against 14.8 for 8), the queries
+    # being re-read from L2 by each program costs less than the serial pages.
+    pages = pages or 1
     _score_pages_kernel[(batch, triton.cdiv(max_pages, pages))](
         q_index_fp8.contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         weights.contiguous(), seq_lens, block_table, scores, max_pages, num_pages, block_table.stride(0),
