@@ -226,10 +226,7 @@ def indexer_breakdown(quick: bool) -> None:
             fns[f"score/{pages}p"] = lambda *a, pages=pages: [X.score_pages(*a, skip_short=True, pages=pages), None][1]
         for nw in (8, 16):
             fns[f"radix/{nw}w"] = lambda *a, nw=nw: X.indexer_radix(*a, select_warps=nw)
-        for threads in (512, 1024):
-            for agg in (False, True):
-                fns[f"cuda/{threads}t{'/agg' if agg else ''}"] = lambda *a, t=threads, g=agg: \
-                    C.dsa_indexer_cuda_radix_select(*a, threads=t, aggregate=g)
+        fns["cuda_select"] = C.dsa_indexer_cuda_radix_select
         us = {k: statistics.median(timing.graph_times_us(f, sets, 5 if quick else None)[0]) for k, f in fns.items()}
         print(f"indexer {dict(w.axes)} floor={floor:.2f}us " + " ".join(f"{k}={v:.2f}" for k, v in us.items()),
               flush=True)

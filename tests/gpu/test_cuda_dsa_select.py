@@ -1,7 +1,7 @@
 """GPU tests of the CUDA radix top-k select (kernels/cuda/dsa/topk_select.cu) behind the Triton FP8
 scoring: the tuner's correctness gate (indexer set semantics: reachable, distinct, sorted scores
-equal; outputs poisoned first) on contest workloads of both regimes, both CTA shapes, heavy ties,
-and a CUDA-graph capture. Skipped without CUDA."""
+equal; outputs poisoned first) on contest workloads of both regimes, heavy ties (the radix search
+running all three passes and stopping early), seq_len edges, and a CUDA-graph capture. Skipped without CUDA."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,11 +18,9 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
-def _fn(threads, aggregate=False):
+def _fn():
     registry.discover()
-    from kdispatch.kernels.cuda.dsa import indexer_select
-
-    return lambda *a: indexer_select.dsa_indexer_cuda_radix_select(*a, threads=threads, aggregate=aggregate)
+    return registry.get(INDEXER, "cuda_radix_select").fn
 
 
 def _workloads(scored: bool, n: int):
@@ -36,32 +34,28 @@ def _check(fn, args, what):
     assert v.passed, f"{what}: {v.status}: {v.reason}"
 
 
-@pytest.mark.parametrize("threads,aggregate", [(1024, False), (1024, True), (512, False), (512, True)])
 @pytest.mark.parametrize("workload", _workloads(True, 5) + _workloads(False, 2),
                          ids=lambda w: f"{w.axes['batch_size']}x{w.axes['max_num_pages']}")
-def test_contest_workloads(threads, aggregate, workload):
+def test_contest_workloads(workload):
     for seed in (1, 2):
         args = list(materialize(INDEXER, workload, device="cuda", seed=seed))
-        _check(_fn(threads, aggregate), args, f"{threads} threads, aggregate {aggregate}, {dict(workload.axes)}, "
-                                              f"seed {seed}")
+        _check(_fn(), args, f"{dict(workload.axes)}, seed {seed}")
 
 
-@pytest.mark.parametrize("threads", [1024, 512])
-@pytest.mark.parametrize("aggregate", [False, True])
-def test_ties(threads, aggregate):
+def test_ties():
     """All-zero queries score every token 0: any 2048 distinct tokens of the row are right; half the
     heads zeroed leaves many exact ties at the threshold."""
     w = _workloads(True, 1)[0]
     args = list(materialize(INDEXER, w, device="cuda", seed=3))
     tied = list(args)
     tied[0] = torch.zeros_like(args[0])
-    _check(_fn(threads, aggregate), tied, "all scores tied")
+    _check(_fn(), tied, "all scores tied")
     coarse = list(args)
     q = args[0].view(torch.uint8).clone()
     q[:, 32:] = 0  # fp8 zero bits
     q[:, :32] = q[:, :1]  # every live head identical: scores collapse onto fewer values
     coarse[0] = q.view(torch.float8_e4m3fn)
-    _check(_fn(threads, aggregate), coarse, "coarse scores")
+    _check(_fn(), coarse, "coarse scores")
 
 
 def test_graph_capture_and_seq_len_edges():
@@ -71,7 +65,7 @@ def test_graph_capture_and_seq_len_edges():
     width = args[4].shape[1] * 64
     lens[0], lens[-1] = 2049, width  # one past the pass-through bound, and a full table
     args[3] = lens
-    fn = _fn(1024)
+    fn = _fn()
     _check(fn, args, "seq_len edges")
     with torch.no_grad():
         fn(*args)

@@ -6,8 +6,8 @@
 
 Scoring is kernels/triton/dsa/indexer_fp8.py `score_pages` (rows of at most 2048 tokens are not
 scored); selection is topk_select.cu, one 1024-thread CTA per row with the row's scores in
-registers and three 11/11/10-bit radix passes (the Triton select needs four 8-bit ones, and was
-measured at ~15 us of the ~18 us call on an H100). Two launches, no host sync (CUDA-graph safe).
+registers and up to three 11/11/10-bit radix passes (the Triton select needs four 8-bit ones, and
+was measured at ~15 us of the ~18 us call on an H100). Two launches, no host sync (CUDA-graph safe).
 Rows of up to 8192 tokens (max_num_pages <= 128); the kernel compiles on first call through NVRTC
 (cached on disk, see kdispatch.nvrtc).
 """
@@ -26,23 +26,20 @@ SIGNATURE = "ppppii"  # scores seq_lens block_table out, width s_bt
 TOPK, PAGE_SIZE = 2048, 64
 MAX_WIDTH = 8192  # scores per row the CTA holds in registers (1024 threads x 8)
 
-_kernels: dict[tuple[int, bool], nvrtc.Kernel] = {}
+_kernel: nvrtc.Kernel | None = None
 
 
-def kernel(threads: int, aggregate: bool) -> nvrtc.Kernel:
-    """The select kernel with 1024 threads x 8 keys or 512 threads x 16 keys per row; `aggregate`:
-    warp-aggregated histogram atomics."""
-    kern = _kernels.get((threads, aggregate))
-    if kern is None:
-        name = f"dsa_topk_select_t{threads}{'_agg' if aggregate else ''}"
-        kern = _kernels[(threads, aggregate)] = nvrtc.load_kernel(CU, name, signature=SIGNATURE)
-    return kern
+def kernel() -> nvrtc.Kernel:
+    global _kernel
+    if _kernel is None:
+        _kernel = nvrtc.load_kernel(CU, "dsa_topk_select", signature=SIGNATURE)
+    return _kernel
 
 
 @variant("dsa_topk_indexer", "cuda_radix_select", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
          sources=(CU, Path(indexer_fp8.__file__)), supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH)
 def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *,
-                                  threads: int = 1024, aggregate: bool = False, pages: int | None = None):
+                                  pages: int | None = None):
     batch, max_pages = block_table.shape
     width = max_pages * PAGE_SIZE
     if width > MAX_WIDTH:
@@ -56,6 +53,6 @@ def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_l
                                      skip_short=True, pages=pages)
     seq_lens = seq_lens.contiguous()
     block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-    kernel(threads, aggregate).launch(batch, threads, scores, seq_lens, block_table, out, width, block_table.stride(0),
+    kernel().launch(batch, 1024, scores, seq_lens, block_table, out, width, block_table.stride(0),
                            stream=nvrtc.current_stream(block_table.get_device()))
     return out
