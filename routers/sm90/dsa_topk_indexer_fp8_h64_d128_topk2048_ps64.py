@@ -5,36 +5,37 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T03:09:20Z
+# measured    up to 2026-11-23T03:46:13Z
 # workloads   128 (workload-set digest 27515d474006a0ae)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference              253ad155daf86574  128/128  1.00x
+#   cuda_radix_select      9f98938db8cf3000  128/128  31.65x
 #   torch_passthrough      e106ac661bae534b  69/69  8.27x
-#   triton_fp8_radix       38a913133ebe71a8  128/128  20.57x
-#   triton_fp8_torch_topk  38a913133ebe71a8  128/128  2.18x
+#   triton_fp8_radix       e0f05219ddb0e37f  128/128  21.46x
+#   triton_fp8_torch_topk  e0f05219ddb0e37f  128/128  2.20x
 #   triton_passthrough     a9b271213741d515  69/69  82.56x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
 # held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             14.435x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             31.916x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. not kv_fits_topk: triton_fp8_radix, 59 workloads, 9.22x (6.80x .. 11.97x) over reference
+#   1. not kv_fits_topk: cuda_radix_select, 59 workloads, 21.54x (14.35x .. 33.55x) over reference
 #   2. kv_fits_topk: triton_passthrough, 69 workloads, 82.56x (48.53x .. 139.32x) over reference
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_fp8_radix', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (6.8, 9.22, 11.97)},
+    {'region': 1, 'variant': 'cuda_radix_select', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (14.35, 21.54, 33.55)},
     {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 69, 'speedup': (48.53, 82.56, 139.32)},
 )
 
 
 def route(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * 64 <= 2048  # every cached token is selected (no top-k needed, -1 padding)
-    # region 1: 59 workloads, 9.22x (6.80x .. 11.97x) over reference
+    # region 1: 59 workloads, 21.54x (14.35x .. 33.55x) over reference
     if not kv_fits_topk:
-        return 'triton_fp8_radix'
+        return 'cuda_radix_select'
     # region 2: 69 workloads, 82.56x (48.53x .. 139.32x) over reference
     if kv_fits_topk:
         return 'triton_passthrough'
