@@ -193,6 +193,19 @@ def test_host_synchronising_baseline_is_compared_like_with_like():
     assert [r.variant for r in pol.regions] == ["flashinfer"]
 
 
+def test_run_to_run_variation_raises_the_margin():
+    """A variant whose time varies between processes must win by that variation: 10% faster is
+    routed with the default 3% margin, not with a declared 20% run-to-run variation."""
+    def lat(name, axes):
+        base = 10.0 + axes["batch_size"]
+        return {"flashinfer": base, "A": base * 0.9, "B": None}[name]
+
+    table = fitting.load_table(build_store(DECODE, decode_workloads(), lat, spread=0.001), DECODE, "sm90")
+    assert [r.variant for r in fitting.fit(table).regions] == ["A"]
+    noisy = fitting.FitParams(run_to_run={(DECODE, "A"): 0.2})
+    assert [r.variant for r in fitting.fit(table, noisy).regions] == ["flashinfer"]
+
+
 def test_latest_environment_and_hash_are_used():
     store = build_store(DECODE, decode_workloads(), decode_latency)
     eid = store.envs()[0]["id"]

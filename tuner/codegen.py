@@ -19,7 +19,7 @@ from pathlib import Path
 from kdispatch import definitions as defs
 
 from . import features as feats
-from .fit import Policy, variant_summary
+from .fit import RUN_TO_RUN, Policy, variant_summary
 
 HEADER_WIDTH = 100
 
@@ -99,6 +99,10 @@ def render(policy: Policy) -> str:
         "#             the measured spread (and 3%); the dispatcher still checks the variant's `supports`",
         "#             and availability and falls back to the baseline",
     ]
+    noisy = sorted((v, f) for (dd, v), f in RUN_TO_RUN.items() if dd == d and v in t.variants)
+    if noisy:
+        lines.append("#             (by " + ", ".join(f"{f:.0%} for {v}" for v, f in noisy) +
+                     ": its time varies between processes)")
     h = policy.heldout
     if h and h.get("workloads"):
         lines += [
