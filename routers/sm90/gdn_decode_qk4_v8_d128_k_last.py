@@ -17,7 +17,6 @@
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
-#             (by 20% for fla_fused_recurrent: its time varies between processes)
 # held out    5-fold over workloads: regret vs the best variant 0.16% mean, 1.06% max;
 #             1.208x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
