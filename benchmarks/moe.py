@@ -106,8 +106,8 @@ def main() -> None:
                 r["correct"], r["error"] = v.passed, "" if v.passed else f"{v.status}: {v.reason}"[:300]
                 r["matched_ratio"] = v.metrics.get("output.matched_ratio")
                 # The reference syncs with the host (no graph capture): events, also when routed to it.
-                host_sync = name == "reference" or (
-                    name == "routed" and kdispatch.ops.DISPATCHERS["moe_fp8"].choose(here, dict(w.axes)).name == "reference")
+                routed_to = kdispatch.ops.DISPATCHERS["moe_fp8"].choose(here, dict(w.axes)).name
+                host_sync = name == "reference" or (name == "routed" and routed_to == "reference")
                 if v.passed and host_sync:
                     r["event_us"] = statistics.median(timing.event_times_us(fn, sets, 3 if opts.quick else 5))
                 elif v.passed:
