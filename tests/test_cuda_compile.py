@@ -77,14 +77,19 @@ def test_gdn_kernels_are_the_expected_ones(cache):
         name = f"gdn_decode_warp_rows{'_cs' if cs else ''}_r{rows}"
         assert name.encode() + b"\x00" in dcubin, name
     pc = nvrtc.compile(P.CU.read_text(), arch=ARCH)
-    for ks, rows in P.CONFIGS:
-        assert f"gdn_prefill_thread_rows_k{ks}_r{rows}".encode() + b"\x00" in pc.cubin
-    for n in (1, 2, 3, 4, 8, 16, 64, 1000):
-        for t in (1, 8, 100, 10000):
-            assert P.config(n, t) in P.CONFIGS
+    compiled = [(ks, rows, c) for c, layouts in P.CHUNKS.items() for ks, rows in layouts]
+    for ks, rows, c in compiled:
+        assert f"gdn_prefill_thread_rows_k{ks}_r{rows}_c{c}".encode() + b"\x00" in pc.cubin
+    for n in (1, 2, 3, 4, 8, 15, 16, 31, 32, 64, 1000):
+        for t in (1, 8, 15 * n, 16 * n, 100, 10000):
+            assert P.config(n, t) in compiled
+    assert P.config(1, 15)[2] == 8 and P.config(1, 16)[2] == 16  # 16-token chunks from 16 tokens per sequence
+    with pytest.raises(ValueError, match="no kernel"):
+        P.kernel(1, 128, 16)  # not compiled: 255 registers already at 8
     pinfo = nvrtc.ptxas_info(pc.log)
-    if pinfo:  # one thread per V row holds its 128 fp32 state values in registers
-        assert pinfo["gdn_prefill_thread_rows_k1_r128"]["registers"] >= 128
+    if pinfo:  # one thread per V row holds its 128 fp32 state values in registers; nothing spills
+        assert pinfo["gdn_prefill_thread_rows_k1_r128_c8"]["registers"] >= 128
+        assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in pinfo.values()), pinfo
 
 
 @needs_nvrtc

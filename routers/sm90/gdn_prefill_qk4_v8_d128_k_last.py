@@ -5,12 +5,12 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T03:14:36Z
+# measured    up to 2026-11-23T04:47:22Z
 # workloads   100 (workload-set digest 99065d99a46fc4b3)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer                c4b783c48bfad7f3  100/100  1.00x
-#   cuda_prefill_thread_rows  2c42c491853d0477  100/100  1.15x
+#   cuda_prefill_thread_rows  d34ad87a84fc10bf  100/100  1.32x
 #   fla_chunk                 c4b783c48bfad7f3  100/100  1.19x
 #   triton_prefill_recurrent  01bc31b5114e2a23  100/100  0.94x
 # fit         threshold splits over total_seq_len, mean_seq_len, num_seqs; a variant replaces the baseline
@@ -18,33 +18,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    5-fold over workloads: regret vs the best variant 1.05% mean, 26.21% max;
-#             1.522x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    5-fold over workloads: regret vs the best variant 1.21% mean, 40.07% max;
+#             1.564x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. total_seq_len <= 251 and mean_seq_len <= 138: cuda_prefill_thread_rows, 55 workloads, 3.79x (1.46x .. 12.38x) over flashinfer
-#   2. total_seq_len <= 1920 and 138 < mean_seq_len <= 599: fla_chunk, 14 workloads, 1.44x (1.30x .. 1.63x) over flashinfer
-#   3. total_seq_len <= 1920 and mean_seq_len > 599: flashinfer (baseline), 3 workloads
-#   4. total_seq_len > 251 and mean_seq_len <= 138: fla_chunk, 3 workloads, 1.56x (1.51x .. 1.60x) over flashinfer
-#   5. total_seq_len > 1920 and mean_seq_len > 138: flashinfer (baseline), 25 workloads
+#   1. total_seq_len <= 1920 and 138 < mean_seq_len <= 599: fla_chunk, 14 workloads, 1.44x (1.30x .. 1.63x) over flashinfer
+#   2. total_seq_len <= 1920 and mean_seq_len > 599: flashinfer (baseline), 3 workloads
+#   3. mean_seq_len <= 138: cuda_prefill_thread_rows, 58 workloads, 4.10x (1.44x .. 14.06x) over flashinfer
+#   4. total_seq_len > 1920 and mean_seq_len > 138: flashinfer (baseline), 25 workloads
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138), 'total_seq_len': (None, 251)}, 'workloads': 55, 'speedup': (1.46, 3.79, 12.38)},
-    {'region': 2, 'variant': 'fla_chunk', 'bounds': {'mean_seq_len': (138, 599), 'total_seq_len': (None, 1920)}, 'workloads': 14, 'speedup': (1.3, 1.44, 1.63)},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (599, None), 'total_seq_len': (None, 1920)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0)},
-    {'region': 4, 'variant': 'fla_chunk', 'bounds': {'mean_seq_len': (None, 138), 'total_seq_len': (251, None)}, 'workloads': 3, 'speedup': (1.51, 1.56, 1.6)},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (1920, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0)},
+    {'region': 1, 'variant': 'fla_chunk', 'bounds': {'mean_seq_len': (138, 599), 'total_seq_len': (None, 1920)}, 'workloads': 14, 'speedup': (1.3, 1.44, 1.63)},
+    {'region': 2, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (599, None), 'total_seq_len': (None, 1920)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0)},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138)}, 'workloads': 58, 'speedup': (1.44, 4.1, 14.06)},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (1920, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0)},
 )
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    # region 1: 55 workloads, 3.79x (1.46x .. 12.38x) over flashinfer
-    if total_seq_len <= 251 and mean_seq_len <= 138:
-        return 'cuda_prefill_thread_rows'
-    # region 2: 14 workloads, 1.44x (1.30x .. 1.63x) over flashinfer
+    # region 1: 14 workloads, 1.44x (1.30x .. 1.63x) over flashinfer
     if total_seq_len <= 1920 and 138 < mean_seq_len <= 599:
         return 'fla_chunk'
-    # region 4: 3 workloads, 1.56x (1.51x .. 1.60x) over flashinfer
-    if total_seq_len > 251 and mean_seq_len <= 138:
-        return 'fla_chunk'
+    # region 3: 58 workloads, 4.10x (1.44x .. 14.06x) over flashinfer
+    if mean_seq_len <= 138:
+        return 'cuda_prefill_thread_rows'
     return 'flashinfer'

@@ -36,6 +36,8 @@ DEV = "cuda"
 HQK, HV, DIM = 4, 8, 128
 # (rows per warp, evict-first state accesses) compiled in decode_warp_rows.cu
 DECODE_CONFIGS = [(r, cs) for cs in (False, True) for r in (1, 2, 4, 8)]
+# (KSPLIT, ROWS, CHUNK) compiled in prefill_thread_rows.cu
+PREFILL_CONFIGS = [] if _why else [(ks, r, c) for c, layouts in P.CHUNKS.items() for ks, r in layouts]
 
 
 # ------------------------------------------------------------------------------------------ references
@@ -164,7 +166,8 @@ def test_decode_cuda_graph():
 
 
 # ------------------------------------------------------------------------------------------ prefill
-PREFILL_CASES = [[1], [6], [30], [134], [7, 0, 20], [64, 64], [3] * 16, [1, 17, 2, 40, 5] * 4, [5] * 40]
+PREFILL_CASES = [[1], [6], [30], [134], [7, 0, 20], [64, 64], [3] * 16, [1, 17, 2, 40, 5] * 4, [5] * 40,
+                 [300], [8, 9, 1, 250]]
 
 
 @pytest.mark.parametrize("lengths", PREFILL_CASES, ids=[f"T{sum(x)}_N{len(x)}" for x in PREFILL_CASES])
@@ -176,9 +179,21 @@ def test_prefill_matches_reference(lengths):
     _check(out, st, ref_out, ref_state, args[3])
 
 
-@pytest.mark.parametrize("cfg", P.CONFIGS if _why is None else [], ids=lambda c: f"k{c[0]}_r{c[1]}")
+@pytest.mark.parametrize("cfg", PREFILL_CONFIGS, ids=lambda c: "k{}_r{}_c{}".format(*c))
 def test_prefill_every_config(cfg):
-    args = prefill_inputs([9, 0, 33, 2], seed=11)
+    args = prefill_inputs([9, 0, 33, 2, 40], seed=11)
+    ref_out, ref_state = _reference("prefill")(*[x.clone() if torch.is_tensor(x) else x for x in args])
+    out, st = P.gdn_prefill_thread_rows(*args, cfg=cfg)
+    _check(out, st, ref_out, ref_state, args[3])
+
+
+@pytest.mark.parametrize("cfg", PREFILL_CONFIGS, ids=lambda c: "k{}_r{}_c{}".format(*c))
+def test_prefill_extreme_gates(cfg):
+    """Gates from ~1 down to underflow (exp(-1600): large A_log and a), full and partial chunks:
+    finite and equal to the reference in every kernel."""
+    args = list(prefill_inputs([37, 19], seed=13))
+    args[4] = torch.tensor([4.0, 3.0, 2.0, 0.0, -2.0, -4.0, -8.0, 1.0], device=DEV)  # A_log
+    args[5] = (torch.randn(56, HV) * 8).to(torch.bfloat16).to(DEV)  # a: softplus from ~0 to ~30
     ref_out, ref_state = _reference("prefill")(*[x.clone() if torch.is_tensor(x) else x for x in args])
     out, st = P.gdn_prefill_thread_rows(*args, cfg=cfg)
     _check(out, st, ref_out, ref_state, args[3])
@@ -214,12 +229,12 @@ def test_registered_and_dispatchable():
 
 def test_no_spills_on_this_nvrtc():
     """No local memory (spills, stack) in any kernel, read off the loaded kernels; registers printed."""
-    kernels = [D.kernel(*c) for c in DECODE_CONFIGS] + [P.kernel(*c) for c in P.CONFIGS]
+    kernels = [D.kernel(*c) for c in DECODE_CONFIGS] + [P.kernel(*c) for c in PREFILL_CONFIGS]
     for kern in kernels:
         res = kern.resources()
         print(kern.name, res)
         assert res["local_bytes"] == 0, (kern.name, res)
-    assert P.kernel(1, 128).resources()["registers"] >= 128  # one thread per row: 128 state values
+    assert P.kernel(1, 128, 8).resources()["registers"] >= 128  # one thread per row: 128 state values
 
 
 # ------------------------------------------------------------------------------------------ benchmark
@@ -340,7 +355,7 @@ def bench(quick=False):
         floor = 2 * sbytes / 3.35e12 * 1e6
         print(f"  B={B:4d} {'  '.join(row)}   eager {eager:6.1f}   floor {floor:6.2f}")
 
-    print("\nprefill µs (graph, same buffers) per (KSPLIT, ROWS); default marked *")
+    print("\nprefill µs (graph, same buffers) per (KSPLIT, ROWS, CHUNK); default marked *")
     cases = [(6, 1), (30, 1), (134, 2), (1024, 16)] if quick else \
         [(6, 1), (30, 1), (134, 1), (134, 2), (64, 4), (256, 4), (256, 8), (512, 16), (1024, 2), (1024, 16),
          (1024, 32), (2048, 64), (8192, 32), (8192, 256)]
@@ -348,9 +363,9 @@ def bench(quick=False):
         lengths = [T // N + (1 if i < T % N else 0) for i in range(N)]
         a = prefill_inputs(lengths)
         row = []
-        for cfg in P.CONFIGS:
+        for cfg in PREFILL_CONFIGS:
             us = _graph_time(lambda i, cfg=cfg: P.gdn_prefill_thread_rows(*a, cfg=cfg), reps=5, iters=5)
-            row.append(f"k{cfg[0]}r{cfg[1]}{'*' if cfg == P.config(N, T) else ' '} {us:8.1f}")
+            row.append("k{}r{}c{}".format(*cfg) + f"{'*' if cfg == P.config(N, T) else ' '} {us:8.1f}")
         eager = _eager_time(lambda: P.gdn_prefill_thread_rows(*a), n=20)
         print(f"  T={T:5d} N={N:3d}  {'  '.join(row)}   eager {eager:7.1f}")
 

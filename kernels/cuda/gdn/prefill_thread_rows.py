@@ -10,7 +10,7 @@ spend their time on launch latency and multi-kernel pipelines.
 
 One kernel launch, no host-device sync (CUDA-graph safe).  A block owns ROWS V rows of one
 (sequence, v-head); KSPLIT adjacent threads share a row (KSPLIT = 1: one thread per row with its
-128 state values in registers).  Few sequences split each head's 128 rows over more blocks and
+128 state values in registers); the inputs of CHUNK (8 or 16) tokens are staged per barrier.  Few sequences split each head's 128 rows over more blocks and
 threads, so that the sequential token loop runs on more SMs with shorter per-thread work.
 The cost grows linearly with the longest sequence: the router should pick this for short ones.
 """
@@ -27,40 +27,46 @@ CU = Path(__file__).with_name("prefill_thread_rows.cu")
 SIGNATURE = "p" * 10 + "f"  # q k v state A_log a dt_bias b cu_seqlens out, scale
 HEADS, DIM = 8, 128
 DEFAULT_SCALE = DIM ** -0.5
-CONFIGS = ((1, 128), (2, 64), (4, 32), (8, 16), (16, 8))  # (KSPLIT, ROWS) compiled in the .cu; 128 threads
+CONFIGS = ((1, 128), (2, 64), (4, 32), (8, 16), (16, 8))  # (KSPLIT, ROWS) layouts: 128 threads
+CHUNKS = {8: CONFIGS, 16: CONFIGS[1:]}  # tokens staged per barrier -> layouts compiled with it in the .cu
 
-_kernels: dict[tuple[int, int], nvrtc.Kernel] = {}
-
-
-def config(num_seqs: int, total_tokens: int = 0) -> tuple[int, int]:
-    """(KSPLIT, ROWS) for N sequences of T tokens in all: blocks = N * 8 * KSPLIT (ROWS = 128 /
-    KSPLIT, 128 threads).  From CUDA-graph timings on an H100 (tests/gpu/test_gdn_cuda.py benchmark):
-    few sequences want many small blocks (short per-token latency on many SMs); from 8 on, two
-    threads per row; one thread per row (occupancy-limited by its 255 registers) only won for
-    many long sequences (8192 tokens in 32)."""
-    if num_seqs <= 2:
-        return 16, 8
-    if num_seqs <= 4:
-        return 8, 16
-    if num_seqs < 8:
-        return 4, 32
-    if num_seqs >= 32 and total_tokens >= 128 * num_seqs:
-        return 1, 128
-    return 2, 64
+_kernels: dict[tuple[int, int, int], nvrtc.Kernel] = {}
 
 
-def kernel(ksplit: int, rows: int) -> nvrtc.Kernel:
-    kern = _kernels.get((ksplit, rows))
+def config(num_seqs: int, total_tokens: int = 0) -> tuple[int, int, int]:
+    """(KSPLIT, ROWS, CHUNK) for N sequences of T tokens in all: blocks = N * 8 * KSPLIT (ROWS =
+    128 / KSPLIT, 128 threads).  From CUDA-graph timings on an H100 (benchmarks/gdn_prefill_sweep.py,
+    2026-11-23): one sequence wants many small blocks (short per-token latency on many SMs), up to
+    4 sequences 8 lanes per row, up to 15 four, then two; one thread per row (occupancy-limited by
+    its 255 registers) only won for many long sequences (8192 tokens in 32).  16-token chunks from
+    a mean of 16 tokens per sequence (10-15% faster there), 8 below (shorter prologue)."""
+    if num_seqs <= 1:
+        ksplit, rows = 16, 8
+    elif num_seqs <= 4:
+        ksplit, rows = 8, 16
+    elif num_seqs < 16:
+        ksplit, rows = 4, 32
+    elif num_seqs >= 32 and total_tokens >= 128 * num_seqs:
+        return 1, 128, 8
+    else:
+        ksplit, rows = 2, 64
+    return ksplit, rows, 16 if total_tokens >= 16 * max(num_seqs, 1) else 8
+
+
+def kernel(ksplit: int, rows: int, chunk: int = 8) -> nvrtc.Kernel:
+    kern = _kernels.get((ksplit, rows, chunk))
     if kern is None:
-        kern = nvrtc.load_kernel(CU, f"gdn_prefill_thread_rows_k{ksplit}_r{rows}", signature=SIGNATURE)
-        _kernels[(ksplit, rows)] = kern
+        if (ksplit, rows) not in CHUNKS.get(chunk, ()):
+            raise ValueError(f"gdn_prefill_thread_rows: no kernel for KSPLIT={ksplit}, ROWS={rows}, CHUNK={chunk}")
+        kern = nvrtc.load_kernel(CU, f"gdn_prefill_thread_rows_k{ksplit}_r{rows}_c{chunk}", signature=SIGNATURE)
+        _kernels[(ksplit, rows, chunk)] = kern
     return kern
 
 
 @variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
          sources=(CU,))
 def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                            cfg: tuple[int, int] | None = None):
+                            cfg: tuple[int, int, int] | None = None):
     T, N = q.shape[0], cu_seqlens.shape[0] - 1
     if state is None:
         state = torch.zeros(N, HEADS, DIM, DIM, dtype=torch.float32, device=q.device)
@@ -74,8 +80,8 @@ def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sc
     pq, pk, pst = q.data_ptr(), k.data_ptr(), st.data_ptr()
     if (pq | pk) & 7 or pst & 15:
         raise ValueError("gdn_prefill_thread_rows: q/k need 8-byte and state 16-byte aligned storage")
-    ksplit, rows = cfg or config(N, T)
-    kernel(ksplit, rows).launch(N * HEADS * (DIM // rows), rows * ksplit,
+    ksplit, rows, chunk = cfg or config(N, T)
+    kernel(ksplit, rows, chunk).launch(N * HEADS * (DIM // rows), rows * ksplit,
                                 pq, pk, v, pst, A_log, a, dt_bias, b, cu_seqlens.contiguous(), out,
                                 scale or DEFAULT_SCALE, stream=nvrtc.current_stream(q.get_device()))
     if st is not state:
