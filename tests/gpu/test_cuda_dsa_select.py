@@ -78,3 +78,48 @@ def test_graph_capture_and_seq_len_edges():
     torch.cuda.synchronize()
     assert not bool((out == -7).any())
     assert torch.equal(out.sort(dim=1).values, fn(*args).sort(dim=1).values)  # the replay selects the same set
+
+
+def _select(scores, seq_lens, block_table):
+    """The select kernel alone on given fp32 scores [B, W]."""
+    from kdispatch.kernels.cuda.dsa import indexer_select as S
+
+    out = torch.full((scores.shape[0], 2048), -7, dtype=torch.int32, device="cuda")
+    S.kernel().launch(scores.shape[0], 1024, scores, seq_lens, block_table, out, scores.shape[1],
+                      block_table.stride(0))
+    torch.cuda.synchronize()
+    return out
+
+
+SCORE_ROWS = {
+    "normal": lambda n, g: torch.randn(n, generator=g),
+    "negative": lambda n, g: -torch.rand(n, generator=g) - 1.0,
+    "all equal": lambda n, g: torch.full((n,), 0.25),
+    "two values": lambda n, g: (torch.rand(n, generator=g) < 0.5).float(),
+    "far outlier": lambda n, g: torch.cat([torch.tensor([1e30]), torch.randn(n - 1, generator=g)]),
+    "quantized ties": lambda n, g: (torch.randn(n, generator=g) * 100).round() / 100,
+    "signed zeros": lambda n, g: torch.where(torch.rand(n, generator=g) < 0.5, torch.tensor(0.0), torch.tensor(-0.0)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCORE_ROWS))
+@pytest.mark.parametrize("seq_len", [2049, 3000, 5248, 8192])
+def test_select_exact_on_crafted_scores(kind, seq_len):
+    """The selected tokens' scores equal torch.topk's (as sorted multisets), ids are distinct and
+    reachable: the linear pass with directly ranked candidates, and the radix fallback (all equal,
+    far outliers), both exact under ties."""
+    g = torch.Generator().manual_seed(seq_len)
+    pages = 128
+    table = torch.randperm(4096, generator=g)[:pages].to(torch.int32).view(1, pages).cuda()
+    row = torch.zeros(pages * 64)
+    row[:seq_len] = SCORE_ROWS[kind](seq_len, g)
+    scores = row.view(1, -1).cuda()
+    out = _select(scores, torch.tensor([seq_len], dtype=torch.int32, device="cuda"), table)[0]
+    assert not bool((out < 0).any()), "a row longer than 2048 tokens fills every slot"
+    assert out.unique().numel() == 2048, "distinct tokens"
+    slot_of = {int(p) * 64 + s: i * 64 + s for i, p in enumerate(table[0].tolist()) for s in range(64)}
+    pos = torch.tensor([slot_of[int(x)] for x in out.tolist()])
+    assert bool((pos < seq_len).all()), "only tokens of the sequence"
+    got = row[pos].sort().values
+    want = row[:seq_len].topk(2048).values.sort().values
+    assert torch.equal(got, want)
