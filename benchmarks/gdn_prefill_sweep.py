@@ -21,6 +21,7 @@ import torch
 
 from kdispatch import nvrtc
 from kdispatch.kernels.cuda.gdn import prefill_thread_rows as PT
+from kdispatch.tuner import timing
 
 SHAPES = [[6], [16], [30], [67], [134], [67, 67], [16] * 4, [64] * 4, [32] * 8, [491, 492], [950, 953, 954],
           [2107], [256] * 32]
@@ -39,31 +40,20 @@ def inputs(lengths, seed=0):
     return q, k, v, state, A_log, a, dt_bias, b, cu
 
 
-def graph_us(fn, reps=5, iters=7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(ts)
+def graph_us(fn, args, calls: int = 20) -> float:
+    """Median µs per call of a CUDA graph of `calls` calls fn(*args) (kdispatch.tuner.timing: the
+    captured work is checked; one call per graph would time the graph launch)."""
+    times, _ = timing.graph_times_us(fn, [args] * calls, reps=7)
+    return statistics.median(times)
 
 
 def launcher(source: Path, ksplit: int, rows: int, chunk: int, N: int):
     kern = nvrtc.load_kernel(source, f"gdn_prefill_thread_rows_k{ksplit}_r{rows}_c{chunk}", signature=PT.SIGNATURE)
 
-    def call(q, k, v, state, A_log, a, dt_bias, b, cu, out):
+    def call(q, k, v, state, A_log, a, dt_bias, b, cu):
+        out = torch.empty(q.shape[0], 8, 128, dtype=torch.bfloat16, device=q.device)
         kern.launch(N * 8 * (128 // rows), rows * ksplit, q, k, v, state, A_log, a, dt_bias, b, cu, out, 128 ** -0.5)
+        return out
     return call
 
 
@@ -86,8 +76,7 @@ def main():
     for lengths in SHAPES:
         T, N = sum(lengths), len(lengths)
         args = inputs(lengths)
-        out = torch.empty(T, 8, 128, dtype=torch.bfloat16, device="cuda")
-        times = {f"{label} k{ks}r{r}c{c}": graph_us(lambda f=launcher(src, ks, r, c, N): f(*args, out))
+        times = {f"{label} k{ks}r{r}c{c}": graph_us(launcher(src, ks, r, c, N), args)
                  for label, src in sources.items() for c, layouts in PT.CHUNKS.items() for ks, r in layouts}
         rows.append({"T": T, "N": N, "us": times})
         default = "k{}r{}c{}".format(*PT.config(N, T))
