@@ -14,7 +14,8 @@ around eager calls (its graph column stays empty).
 Writes benchmarks/results/dsa-<device>.json; prints a per-workload table and a summary last.
 
     python benchmarks/dsa.py [--definition dsa_topk_indexer|dsa_sparse_attention|all] [--limit N] [--quick]
-    python benchmarks/dsa.py --sweep [indexer|attention]   # indexer time breakdown; split-K launch configurations
+    python benchmarks/dsa.py --sweep [indexer|attention|cuda]   # indexer time breakdown; Triton or CUDA
+                                                                # split-K attention launch configurations
 """
 from __future__ import annotations
 
@@ -202,6 +203,29 @@ def sweep_splitk(quick: bool) -> None:
               ", ".join(f"{bn}/{ns}/{nw}={us:.2f}" for us, bn, ns, nw in res[:6]), flush=True)
 
 
+def sweep_cuda_splitk(quick: bool) -> None:
+    """Graph time of every compiled (splits, stages) of the CUDA split-K sparse attention on one
+    contest workload per num_tokens, against the Triton split-K variant's default, in one run."""
+    from kdispatch.kernels.cuda.dsa import sparse_attention_splitk as C
+    from kdispatch.kernels.triton.dsa import sparse_attention_splitk as S
+
+    full = DEFS["dsa_sparse_attention"]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    seen = {}
+    for w in load_workloads(ROOT / "traces", full):
+        seen.setdefault(w.axes["num_tokens"], w)
+    for t, w in sorted(seen.items()):
+        args = list(materialize(full, w, device="cuda", seed=0))
+        sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
+        floor = floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+        fns = {"splitk": S.dsa_sparse_attention_splitk}
+        for cfg in C.CONFIGS:
+            fns["ns{}s{}g{}".format(*cfg)] = lambda *a, cfg=cfg: C.dsa_sparse_attention_cuda_splitk(*a, cfg=cfg)
+        us = {k: statistics.median(timing.graph_times_us(f, sets, 5 if quick else None)[0]) for k, f in fns.items()}
+        print(f"T={t} floor={floor:.2f}us default {C.config(t)}: " + " ".join(f"{k}={v:.2f}" for k, v in us.items()),
+              flush=True)
+
+
 def indexer_breakdown(quick: bool) -> None:
     """Graph time of the FP8 scoring kernel alone (heuristic and fixed pages per program) against
     scoring + each selection (Triton radix, CUDA radix), on the scored regime's shapes (one
@@ -240,14 +264,17 @@ def main() -> None:
     ap.add_argument("--official-dir", type=Path, default=None,
                     help="FlashInfer-Bench definitions folder (default: ../shared/fib/definitions)")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--sweep", nargs="?", const="all", choices=["all", "indexer", "attention"],
-                    help="indexer time breakdown and/or split-K attention launch configurations")
+    ap.add_argument("--sweep", nargs="?", const="all", choices=["all", "indexer", "attention", "cuda"],
+                    help="indexer time breakdown, Triton split-K attention launch configurations, CUDA "
+                         "split-K ones (not in 'all')")
     opts = ap.parse_args()
     if opts.sweep:
         if opts.sweep in ("all", "indexer"):
             indexer_breakdown(opts.quick)
         if opts.sweep in ("all", "attention"):
             sweep_splitk(opts.quick)
+        if opts.sweep == "cuda":
+            sweep_cuda_splitk(opts.quick)
         return
     ops = list(DEFS) if opts.definition == "all" else [opts.definition]
     registry.discover()

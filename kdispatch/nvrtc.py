@@ -15,6 +15,7 @@ API
     load_kernel(source_or_path, kernel_name, *, arch=None, options=(), signature=None) -> Kernel
     Kernel.launch(grid, block, *args, shmem=0, stream=None)   (also Kernel(...) )
     Kernel.resources() -> {"registers", "local_bytes", "shared_bytes"} of the loaded kernel
+    Kernel.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", n)   a CUfunction attribute, by driver name
     current_stream(device=None) -> torch's current stream as a raw cudaStream_t int
     device_arch(device=None) -> "sm_90a" on Hopper;  available() -> None, or why NVRTC is unusable
     ptxas_info(log) -> {kernel: {"registers", "spill_stores", "spill_loads", "stack"}}
@@ -512,6 +513,22 @@ class Kernel:
                 return
         raise RuntimeError(f"cuLaunchKernel({self.name}, grid={grid}, block={block}, shmem={shmem}) "
                            f"failed: {err!r}")
+
+    def set_attribute(self, attribute: str, value: int, device: int | None = None) -> None:
+        """Set a CUfunction attribute by its driver name without the prefix, e.g.
+        ("MAX_DYNAMIC_SHARED_SIZE_BYTES", 160 * 1024) before launching with more than 48 KiB of
+        dynamic shared memory, or ("NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1) for clusters over 8 CTAs.
+        The loaded handle is a CUkernel (library loading): cuKernelSetAttribute sets it for `device`
+        (default: the current one), cuFuncSetAttribute is the fallback for a plain CUfunction."""
+        from cuda.bindings import driver
+
+        attr = getattr(driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + attribute)
+        err, = driver.cuKernelSetAttribute(attr, int(value), driver.CUkernel(int(self.core.handle)),
+                                           driver.CUdevice(_device_index(device)))
+        if err:
+            err2, = driver.cuFuncSetAttribute(self._fn, attr, int(value))
+            if err2:
+                raise RuntimeError(f"{self.name}: setting {attribute}={value} failed: {err!r} / {err2!r}")
 
     def resources(self) -> dict:
         """{"registers", "local_bytes" (spills + stack, per thread), "shared_bytes"} read from the

@@ -93,6 +93,25 @@ def test_gdn_kernels_are_the_expected_ones(cache):
 
 
 @needs_nvrtc
+def test_dsa_sparse_attention_kernels_are_the_expected_ones(cache):
+    """Every (splits, stages) the wrapper may launch is in the cubin, fits in shared memory and
+    does not spill; config() only picks compiled ones."""
+    from kdispatch.kernels.cuda.dsa import sparse_attention_splitk as S
+
+    c = nvrtc.compile(S.CU.read_text(), arch=ARCH)
+    for ns, st, g in S.CONFIGS:
+        assert f"dsa_sparse_attn_partial_ns{ns}_s{st}_g{g}".encode() + b"\x00" in c.cubin
+        assert S.shared_bytes(ns, st, g) <= 227 * 1024  # sm_90's opt-in maximum per block
+    for t in range(1, 65):
+        assert S.config(t) in S.CONFIGS
+    with pytest.raises(ValueError, match="no kernel"):
+        S.kernel(64, 1, 2)
+    info = nvrtc.ptxas_info(c.log)
+    if info:
+        assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in info.values()), info
+
+
+@needs_nvrtc
 def test_compile_error_has_the_log(cache):
     bad = 'extern "C" __global__ void broken(float* x) { x[0] = undeclared_thing; }\n'
     with pytest.raises(nvrtc.CompileError) as exc:
@@ -217,6 +236,7 @@ def test_cuda_variants_are_registered():
 
     d = registry.get("gdn_decode", "cuda_decode_warp_rows")
     p = registry.get("gdn_prefill", "cuda_prefill_thread_rows")
-    for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu")):
+    a = registry.get("dsa_sparse_attention", "cuda_splitk")
+    for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu"), (a, "sparse_attention_splitk.cu")):
         assert v.backend == "cuda" and v.archs == ("sm90",)
         assert any(s.name == cu for s in v.sources)  # the kernel source is in the provenance hash
