@@ -128,7 +128,7 @@ __device__ __forceinline__ void sparse_attn_cta(
     constexpr int KPC = TOPK / NS;  // keys per CTA
     constexpr int NB = KPC / BN;    // blocks per CTA
     constexpr int NBG = NB / G;     // blocks per group
-    static_assert(NB % G == 0 && ST >= 1 && G >= 2, "unsupported split count");
+    static_assert(NB % G == 0 && ST >= 1 && G >= 1, "unsupported split count");
     static_assert((G - 1) * XBUF_BYTES <= G * ST * STAGE_BYTES, "the hand-over reuses the rings");
 
     extern __shared__ __align__(128) unsigned char smem[];
@@ -389,4 +389,4 @@ __device__ __forceinline__ void sparse_attn_cta(
     }
 
 DSA_SPARSE_ATTN_PARTIAL(16, 2, 2)
-DSA_SPARSE_ATTN_PARTIAL(32, 1, 2)
+DSA_SPARSE_ATTN_PARTIAL(64, 1, 1)

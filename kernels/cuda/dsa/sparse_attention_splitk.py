@@ -27,17 +27,18 @@ GROUP_THREADS, BN = 128, 32  # a group of 4 warps; keys per pipeline block
 STAGE_BYTES = BN * ((DC + DP) * 2 + 16)  # a block of gathered keys in shared memory (as in the .cu)
 SRED_BYTES = 4 * HEADS * (BN + 8) * 4  # per group
 # (splits per token, ring stages per group, groups) compiled in the .cu
-CONFIGS = ((16, 2, 2), (32, 1, 2))
+CONFIGS = ((16, 2, 2), (64, 1, 1))
 
 _kernels: dict[tuple[int, int, int], nvrtc.Kernel] = {}
 
 
 def config(num_tokens: int) -> tuple[int, int, int]:
     """(splits per token, ring stages per group, groups) for `num_tokens` query tokens. From
-    `benchmarks/dsa.py --sweep cuda` (H100, 2026-11-23, CUDA graphs, rotated inputs): 32 splits of 64
-    keys at 1-2 tokens (9.4 us; 16 splits 12.7), 16 splits of 128 keys from 6 tokens on (T=8: 17.0 us;
-    32 splits 20.4, two CTAs per SM then share one SM's gather rate). 4 groups: no faster."""
-    return (32, 1, 2) if num_tokens <= 4 else (16, 2, 2)
+    `benchmarks/dsa.py --sweep cuda` (H100, 2026-11-23, CUDA graphs, rotated inputs): 64 splits of
+    one 32-key block at 1-2 tokens (T=1: 9.1 us; 32 splits of 64 keys 9.5, 16 of 128 keys 12.9),
+    16 splits of 128 keys from 6 tokens on (T=8: 17.5 us; 32 splits 20.4, 64 splits 22.6: more
+    splits write and merge more fp32 partials, 32 KB each, and share an SM's gather rate)."""
+    return (64, 1, 1) if num_tokens <= 4 else (16, 2, 2)
 
 
 def shared_bytes(splits: int, stages: int, groups: int) -> int:
