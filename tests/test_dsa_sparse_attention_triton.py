@@ -74,6 +74,7 @@ def _empty_rows(idx):
     (1, 40, 0, {}),  # the default launch config (BLOCK_N 32, NSPLIT 32: 2 blocks per split)
     (3, 40, 1, dict(NSPLIT=4, BLOCK_N=64)),  # several blocks per split (online softmax across blocks)
     (3, 36, 2, dict(NSPLIT=8, BLOCK_N=32)),
+    (2, 36, 3, dict(NSPLIT=1, BLOCK_N=64)),  # one split: what many tokens get (merge of one partial)
 ])
 def test_splitk_matches_reference_on_materialized_inputs(T, P, seed, cfg):
     args = _inputs(T, P, seed)
@@ -121,6 +122,16 @@ def test_splitk_perturbed_output_fails_the_check():
     bad_lse[1, 5] += 0.1
     with pytest.raises(AssertionError):
         _check(out, bad_lse, ref_out, ref_lse, _empty_rows(args[4]))
+
+
+def test_splitk_config_bounds_the_workspace():
+    """Any token count gets a valid launch and at most 256 (split, token) programs past 4 tokens:
+    the fp32 workspace (32 KiB each) stays within 8 MiB."""
+    for t in list(range(1, 300)) + [1000, 4096, 65536]:
+        bn, ns, nw = S.splitk_config(t)
+        assert 2048 % (bn * ns) == 0 and ns & (ns - 1) == 0 and nw in (4, 8)
+        assert t <= 4 or ns * t <= 256 or ns == 1
+    assert S.splitk_config(8)[1] == 16 and S.splitk_config(4096)[1] == 1
 
 
 def test_splitk_zero_tokens_and_registration():

@@ -1,13 +1,15 @@
 // DSA sparse MLA attention (dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64), split-K partials:
 // NS CTAs per query token each attend over 2048 / NS of its selected keys and write a normalized
 // partial output and its base-2 lse; the Triton split-K merge kernel
-// (kernels/triton/dsa/sparse_attention_splitk.py) combines them.
+// (kernels/triton/dsa/sparse_attention_splitk.py) combines them. With NS = 1 (many query tokens)
+// one CTA per token writes the output and lse itself: no workspace, no merge.
 //
 // Shapes (contiguous, bf16 as raw 16-bit words; H = 16 heads, DC = 512, DP = 64, DK = DC + DP):
 //   qn   [T, H, DC]    qp  [T, H, DP]    ckv [P * 64, DC]    kpe [P * 64, DP]
 //   idx  [T, 2048] int32 cache rows (page * 64 + slot); -1 or out of [0, n_cache_tokens) = unused
-//   ws_o [T, NS, H, DC] fp32 partial output (normalized; zeros without a valid key)
-//   ws_lse [T, NS, H] fp32 partial base-2 lse (-inf without a valid key)
+//   dst_o [T, NS, H, DC] fp32 partial output (normalized; zeros without a valid key), or with
+//         NS = 1 the output [T, H, DC] bf16
+//   dst_lse [T, NS, H] fp32 partial base-2 lse (-inf without a valid key), or the lse [T, H]
 //
 // Grid (NS, T), G groups of 4 warps. CTA s of token t owns the index slots [s * KPC, (s + 1) * KPC),
 // KPC = 2048 / NS, cut in blocks of BN = 32 keys; group k takes blocks k, k + G, ... with its own
@@ -123,7 +125,7 @@ template <int NS, int ST, int G>
 __device__ __forceinline__ void sparse_attn_cta(
         const unsigned short* __restrict__ qn, const unsigned short* __restrict__ qp,
         const unsigned char* __restrict__ ckv, const unsigned char* __restrict__ kpe,
-        const int* __restrict__ idx, float* __restrict__ ws_o, float* __restrict__ ws_lse,
+        const int* __restrict__ idx, void* __restrict__ dst_o, float* __restrict__ dst_lse,
         float scale_log2, int n_cache_tokens) {
     constexpr int KPC = TOPK / NS;  // keys per CTA
     constexpr int NB = KPC / BN;    // blocks per CTA
@@ -326,10 +328,11 @@ __device__ __forceinline__ void sparse_attn_cta(
     }
     __syncthreads();
     // Group 0 combines all groups and writes the split's normalized output and base-2 lse
-    // (zeros and -inf without a valid key: the merge weighs them by 0, so they must be finite).
+    // (zeros and -inf without a valid key: the merge weighs them by 0, so they must be finite);
+    // with one split (NS = 1) they are the token's output (bf16) and lse, and no merge runs.
     if (group == 0) {
         float a_x[G][2], inv[2];  // a_x[0]: weight of group 0's own partial, a_x[k]: of group k's
-        const long long row0 = (t * NS + split) * H;  // workspace [T, NS, H, DC] and [T, NS, H]
+        const long long row0 = (t * NS + split) * H;  // [T, NS, H, DC] and [T, NS, H]
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int h = g + 8 * half;
@@ -350,10 +353,9 @@ __device__ __forceinline__ void sparse_attn_cta(
                 l += lk * a_x[k][half];
             }
             inv[half] = l > 0.f ? 1.f / l : 0.f;
-            if (gw == 0 && tq == 0) ws_lse[row0 + h] = l > 0.f ? mu + log2f(l) : NEG_INF;
+            if (gw == 0 && tq == 0) dst_lse[row0 + h] = l > 0.f ? mu + log2f(l) : NEG_INF;
         }
-        float* o0 = ws_o + (row0 + g) * DC;
-        float* o1 = ws_o + (row0 + g + 8) * DC;
+        const long long o0 = (row0 + g) * DC, o1 = (row0 + g + 8) * DC;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
             const int col = gw * 128 + n * 8 + 2 * tq;
@@ -369,8 +371,13 @@ __device__ __forceinline__ void sparse_attn_cta(
                 y1.x += x1.x * a_x[k][1];
                 y1.y += x1.y * a_x[k][1];
             }
-            *(float2*)(o0 + col) = make_float2(y0.x * inv[0], y0.y * inv[0]);
-            *(float2*)(o1 + col) = make_float2(y1.x * inv[1], y1.y * inv[1]);
+            if (NS == 1) {  // the token's whole output: bf16, no merge
+                ((u32*)dst_o)[(o0 + col) / 2] = pack_bf16(y0.x * inv[0], y0.y * inv[0]);
+                ((u32*)dst_o)[(o1 + col) / 2] = pack_bf16(y1.x * inv[1], y1.y * inv[1]);
+            } else {
+                *(float2*)((float*)dst_o + o0 + col) = make_float2(y0.x * inv[0], y0.y * inv[0]);
+                *(float2*)((float*)dst_o + o1 + col) = make_float2(y1.x * inv[1], y1.y * inv[1]);
+            }
         }
     }
 }
@@ -383,10 +390,14 @@ __device__ __forceinline__ void sparse_attn_cta(
                                                   const unsigned char* __restrict__ ckv,              \
                                                   const unsigned char* __restrict__ kpe,              \
                                                   const int* __restrict__ idx,                        \
-                                                  float* __restrict__ ws_o, float* __restrict__ ws_lse, \
+                                                  void* __restrict__ dst_o, float* __restrict__ dst_lse, \
                                                   float scale_log2, int n_cache_tokens) {             \
-        sparse_attn_cta<NS, ST, G>(qn, qp, ckv, kpe, idx, ws_o, ws_lse, scale_log2, n_cache_tokens);  \
+        sparse_attn_cta<NS, ST, G>(qn, qp, ckv, kpe, idx, dst_o, dst_lse, scale_log2, n_cache_tokens); \
     }
 
-DSA_SPARSE_ATTN_PARTIAL(16, 2, 2)
 DSA_SPARSE_ATTN_PARTIAL(64, 1, 1)
+DSA_SPARSE_ATTN_PARTIAL(16, 2, 2)
+DSA_SPARSE_ATTN_PARTIAL(8, 2, 2)
+DSA_SPARSE_ATTN_PARTIAL(4, 2, 2)
+DSA_SPARSE_ATTN_PARTIAL(2, 2, 2)
+DSA_SPARSE_ATTN_PARTIAL(1, 2, 2)

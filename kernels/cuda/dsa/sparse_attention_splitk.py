@@ -7,7 +7,8 @@
 NS CTAs per token (grid NS x T) gather their 2048 / NS selected rows straight from the paged caches
 with TMA bulk copies, run QK and PV on the tensor cores (mma.sync) with a base-2 online softmax,
 and write normalized partials and their lse; `_dsa_splitk_merge_kernel` of the Triton variant
-combines them. Two launches, no host sync (CUDA-graph safe). See sparse_attention_splitk.cu.
+combines them. Two launches, no host sync (CUDA-graph safe). From 129 tokens on NS = 1: one CTA per
+token writes the output itself (one launch, no workspace). See sparse_attention_splitk.cu.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ GROUP_THREADS, BN = 128, 32  # a group of 4 warps; keys per pipeline block
 STAGE_BYTES = BN * ((DC + DP) * 2 + 16)  # a block of gathered keys in shared memory (as in the .cu)
 SRED_BYTES = 4 * HEADS * (BN + 8) * 4  # per group
 # (splits per token, ring stages per group, groups) compiled in the .cu
-CONFIGS = ((16, 2, 2), (64, 1, 1))
+CONFIGS = ((64, 1, 1), (16, 2, 2), (8, 2, 2), (4, 2, 2), (2, 2, 2), (1, 2, 2))
+MAX_CTAS = 256  # splits x tokens above 4 tokens: bounds the fp32 workspace at 8 MiB
 
 _kernels: dict[tuple[int, int, int], nvrtc.Kernel] = {}
 
@@ -37,8 +39,15 @@ def config(num_tokens: int) -> tuple[int, int, int]:
     `benchmarks/dsa.py --sweep cuda` (H100, 2026-11-23, CUDA graphs, rotated inputs): 64 splits of
     one 32-key block at 1-2 tokens (T=1: 9.1 us; 32 splits of 64 keys 9.5, 16 of 128 keys 12.9),
     16 splits of 128 keys from 6 tokens on (T=8: 17.5 us; 32 splits 20.4, 64 splits 22.6: more
-    splits write and merge more fp32 partials, 32 KB each, and share an SM's gather rate)."""
-    return (64, 1, 1) if num_tokens <= 4 else (16, 2, 2)
+    splits write and merge more fp32 partials, 32 KB each, and share an SM's gather rate). Past 16
+    tokens the splits halve to keep splits x tokens <= 256 (the workspace within 8 MiB), and from
+    129 tokens on one CTA per token writes the output directly."""
+    if num_tokens <= 4:
+        return 64, 1, 1
+    splits = 16  # many tokens: fewer splits, down to one CTA per token (no workspace, no merge)
+    while splits > 1 and splits * num_tokens > MAX_CTAS:
+        splits //= 2
+    return splits, 2, 2
 
 
 def shared_bytes(splits: int, stages: int, groups: int) -> int:
@@ -88,12 +97,17 @@ def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_
     splits, stages, groups = cfg = cfg or config(T)
     qn, qp, idx = _aligned(q_nope), _aligned(q_pe), _aligned(sparse_indices)
     ckv, kpe = _aligned(ckv_cache), _aligned(kpe_cache)  # a cache pool is already both
-    ws_o = torch.empty(T, splits, HEADS, DC, dtype=torch.float32, device=device)
-    ws_lse = torch.empty(T, splits, HEADS, dtype=torch.float32, device=device)
+    if splits == 1:  # one CTA per token writes the output itself
+        ws_o, ws_lse = output, lse
+    else:
+        ws_o = torch.empty(T, splits, HEADS, DC, dtype=torch.float32, device=device)
+        ws_lse = torch.empty(T, splits, HEADS, dtype=torch.float32, device=device)
     kernel(*cfg).launch(
         (splits, T), groups * GROUP_THREADS, qn, qp, ckv, kpe, idx, ws_o, ws_lse,
         float(sm_scale) * LOG2E, ckv.shape[0] * PAGE_SIZE,
         shmem=shared_bytes(*cfg), stream=nvrtc.current_stream(device.index))
+    if splits == 1:
+        return output, lse
     block_d = 128
     triton_splitk._dsa_splitk_merge_kernel[(T, HEADS, DC // block_d)](
         ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),

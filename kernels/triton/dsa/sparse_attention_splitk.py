@@ -140,11 +140,16 @@ def _dsa_splitk_merge_kernel(
 # at 1-2 query tokens 64 splits of one 32-key block each (64-128 programs) were fastest
 # (10.2-10.7 us before the merge was split over DC); at 6-8 tokens 16 splits of 64-key blocks
 # (96-128 programs) or 32 splits of 32 keys, within 1% of each other. 4 warps beat 8 throughout.
+# Past the contest's 8 tokens the splits halve to keep NSPLIT x tokens <= 256: the fp32 workspace
+# (32 KiB per split and token) stays within 8 MiB at any token count (one split from 129 tokens).
 def splitk_config(num_tokens: int, topk: int = 2048) -> tuple[int, int, int]:
     """(BLOCK_N, NSPLIT, num_warps) for `num_tokens` query tokens."""
     if num_tokens <= 4:
         return 32, min(64, topk // 32), 4
-    return 64, min(16, topk // 64), 4
+    nsplit = min(16, topk // 64)
+    while nsplit > 1 and nsplit * num_tokens > 256:
+        nsplit //= 2
+    return 64, nsplit, 4
 
 
 def _lastdim_contig(t: torch.Tensor) -> torch.Tensor:
