@@ -169,11 +169,8 @@ def summarize(op: str, rows: list[dict]) -> list[str]:
     return lines
 
 
-def sweep_splitk(quick: bool) -> None:
-    """Graph time of every (BLOCK_N, NSPLIT, num_warps) of the split-K sparse attention on one
-    contest workload per num_tokens, against the launch heuristic's choice."""
-    from kdispatch.kernels.triton.dsa import sparse_attention_splitk as S
-
+def attention_shapes(quick: bool):
+    """(num_tokens, rotated input sets, HBM floor in us) for one contest workload per num_tokens."""
     full = DEFS["dsa_sparse_attention"]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     seen = {}
@@ -182,7 +179,15 @@ def sweep_splitk(quick: bool) -> None:
     for t, w in sorted(seen.items()):
         args = list(materialize(full, w, device="cuda", seed=0))
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
-        floor = floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+        yield t, sets, floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+
+
+def sweep_splitk(quick: bool) -> None:
+    """Graph time of every (BLOCK_N, NSPLIT, num_warps) of the split-K sparse attention on one
+    contest workload per num_tokens, against the launch heuristic's choice."""
+    from kdispatch.kernels.triton.dsa import sparse_attention_splitk as S
+
+    for t, sets, floor in attention_shapes(quick):
         res = []
         for bn in (16, 32, 64):
             for ns in (8, 16, 32, 64, 128):
@@ -204,20 +209,12 @@ def sweep_splitk(quick: bool) -> None:
 
 
 def sweep_cuda_splitk(quick: bool) -> None:
-    """Graph time of every compiled (splits, stages) of the CUDA split-K sparse attention on one
-    contest workload per num_tokens, against the Triton split-K variant's default, in one run."""
+    """Graph time of every compiled (splits, stages, groups) of the CUDA split-K sparse attention on
+    one contest workload per num_tokens, against the Triton split-K variant's default, in one run."""
     from kdispatch.kernels.cuda.dsa import sparse_attention_splitk as C
     from kdispatch.kernels.triton.dsa import sparse_attention_splitk as S
 
-    full = DEFS["dsa_sparse_attention"]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    seen = {}
-    for w in load_workloads(ROOT / "traces", full):
-        seen.setdefault(w.axes["num_tokens"], w)
-    for t, w in sorted(seen.items()):
-        args = list(materialize(full, w, device="cuda", seed=0))
-        sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
-        floor = floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+    for t, sets, floor in attention_shapes(quick):
         fns = {"splitk": S.dsa_sparse_attention_splitk}
         for cfg in C.CONFIGS:
             fns["ns{}s{}g{}".format(*cfg)] = lambda *a, cfg=cfg: C.dsa_sparse_attention_cuda_splitk(*a, cfg=cfg)
