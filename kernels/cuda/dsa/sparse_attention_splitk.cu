@@ -17,8 +17,9 @@
 // was latency-bound: 4.5 cycles per instruction). Per block:
 //   * gather: warp 0 of the group reads the block's 32 indices itself (one lane per key) and issues
 //     two TMA bulk copies per key (cp.async.bulk, 1024 B of ckv then 128 B of kpe) from the paged
-//     cache into the group's ring of ST stages, completing on the stage's mbarrier; an unused key's row is zero-filled instead (its weight is 0, and 0 * garbage could
-//     be NaN). All of a CTA's blocks are in flight from the start when KPC <= 2 * ST * BN;
+//     cache into the group's ring of ST stages, completing on the stage's mbarrier; an unused
+//     key's row is zero-filled instead (its weight is 0, and 0 * garbage could be NaN). All of a
+//     CTA's blocks are in flight from the start when KPC <= G * ST * BN;
 //   * logits S[16, 32] on the tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate), the 576 key
 //     dims split over the group's 4 warps (warp w: dims [144 w, 144 w + 144), its 9 q fragments in
 //     registers for the whole kernel, K fragments by ldmatrix); the partial S tiles are summed

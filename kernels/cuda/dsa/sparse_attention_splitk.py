@@ -6,9 +6,9 @@
 
 NS CTAs per token (grid NS x T) gather their 2048 / NS selected rows straight from the paged caches
 with TMA bulk copies, run QK and PV on the tensor cores (mma.sync) with a base-2 online softmax,
-and write normalized partials and their lse; `_dsa_splitk_merge_kernel` of the Triton variant
-combines them. Two launches, no host sync (CUDA-graph safe). From 129 tokens on NS = 1: one CTA per
-token writes the output itself (one launch, no workspace). See sparse_attention_splitk.cu.
+and write normalized partials and their lse; the Triton variant's `merge_splits` combines them.
+Two launches, no host sync (CUDA-graph safe). From 129 tokens on NS = 1: one CTA per token writes
+the output itself (one launch, no workspace). See sparse_attention_splitk.cu.
 """
 from __future__ import annotations
 
@@ -106,11 +106,6 @@ def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_
         (splits, T), groups * GROUP_THREADS, qn, qp, ckv, kpe, idx, ws_o, ws_lse,
         float(sm_scale) * LOG2E, ckv.shape[0] * PAGE_SIZE,
         shmem=shared_bytes(*cfg), stream=nvrtc.current_stream(device.index))
-    if splits == 1:
-        return output, lse
-    block_d = 128
-    triton_splitk._dsa_splitk_merge_kernel[(T, HEADS, DC // block_d)](
-        ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
-        H=HEADS, DC=DC, NSPLIT=splits, BLOCK_D=block_d, num_warps=4,
-    )
+    if splits > 1:
+        triton_splitk.merge_splits(ws_o, ws_lse, output, lse)
     return output, lse

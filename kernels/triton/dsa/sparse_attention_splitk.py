@@ -196,12 +196,20 @@ def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indic
         H=H, DC=DC, DP=DP, SPLIT_LEN=TOPK // NSPLIT, BLOCK_N=BLOCK_N, NSPLIT=NSPLIT,
         DOT_FP32=bool(dot_fp32), num_warps=num_warps,
     )
-    block_d = min(DC, 128)  # the merge is split over DC too: T * H * DC / 128 programs
-    _dsa_splitk_merge_kernel[(T, H, DC // block_d)](
-        ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
-        H=H, DC=DC, NSPLIT=NSPLIT, BLOCK_D=block_d, num_warps=4,
-    )
+    merge_splits(ws_o, ws_lse, output, lse)
     return output, lse
+
+
+def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
+    """Combine split partials ws_o [T, NSPLIT, H, DC] fp32 (normalized, finite) and ws_lse
+    [T, NSPLIT, H] (base 2, -inf for an empty split) into output [T, H, DC] (last axis contiguous)
+    and lse [T, H]. Also the merge of the CUDA split-K variant (kernels/cuda/dsa)."""
+    T, nsplit, heads, dc = ws_o.shape
+    block_d = min(dc, 128)  # the merge is split over DC too: T * H * DC / 128 programs
+    _dsa_splitk_merge_kernel[(T, heads, dc // block_d)](
+        ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
+        H=heads, DC=dc, NSPLIT=nsplit, BLOCK_D=block_d, num_warps=4,
+    )
 
 
 @variant("dsa_sparse_attention", "triton_splitk", backend="triton", archs=("sm90",),
