@@ -285,6 +285,13 @@ def main() -> None:
         summary += summarize(op, rows)
     out = opts.out or ROOT / "benchmarks" / "results" / f"dsa-{dev.replace(' ', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and len(ops) < len(DEFS):  # one definition re-measured: keep the other's rows
+        old = json.loads(out.read_text())
+        kept = {k: v for k, v in old.get("ops", {}).items() if k not in result["ops"]} if old.get("device") == dev else {}
+        if kept:
+            result["ops"].update(kept)
+            result["note"] = (f"{', '.join(ops)} measured {result['date']}, {', '.join(kept)} kept from the file "
+                              f"dated {old.get('date')}; each op's candidates were measured side by side in one run")
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{dev}, {result['date']}, written {out}")
     print("\n".join(summary))

@@ -5,26 +5,29 @@
 //                              never read: the scoring kernel leaves them unwritten)
 //   seq_lens    [B] int32     block_table [B, max_num_pages] int32 (row stride s_bt)
 //   out         [B, 2048] int32: global token ids page * 64 + slot, then -1 padding; the selected
-//               set is exact (ties at the k-th score: any of the tied tokens), not sorted by score,
-//               which is what the definition's evaluator compares (reachable, distinct, sorted
-//               scores equal).
+//               set is exact (ties at the k-th score: any of the tied tokens), in no particular
+//               order, which is what the definition's evaluator compares (reachable, distinct,
+//               sorted scores equal).
 //
-// A row with seq_len <= 2048 takes every token (pass-through). Otherwise the row's W scores sit in
-// registers (8 per thread of 1024, strided so the loads coalesce) as order-preserving 32-bit keys,
-// and up to three radix passes over 11, 11 and 10 bits find the k-th largest key: per pass a
+// A row with seq_len <= 2048 takes every token (pass-through). Otherwise the row's scores sit in
+// registers (up to 8 per thread of 1024, strided so the loads coalesce) as order-preserving 32-bit
+// keys, and up to three radix passes over 11, 11 and 10 bits find the k-th largest key: per pass a
 // 2048-bin shared-memory histogram of the digit among keys matching the prefix found so far, then
 // one block-wide scan over the bins in descending order finds the digit where the count of larger
 // keys crosses the number still needed. When that digit's bin holds exactly the keys still needed
 // (usual after the second pass, where a bin holds a key or two) the search stops: every key whose
-// prefix is at least the one found is selected. The output slots come from one more block scan
-// over a packed count (keys above the threshold in the low 16 bits, keys at it in the high 16): a
-// selected key's slot is the number of selected keys before it, so the 2048 slots are written once.
+// prefix is at least the one found is selected. Each warp then reserves its output slots with one
+// shared atomic (no block-wide scan).
 //
-// Measured on an H100 (benchmarks/dsa.py --sweep indexer, 2026-11-23; scoring + select, CUDA graph):
-// 9.4 us at B=4 x 34 pages against 18.4 for the Triton radix select, before the early stop and the
-// barrier cuts. Tried and dropped: warp-aggregated histogram atomics (__match_any_sync; 1.7 us
-// slower), 512 threads x 16 keys (0.5 us slower), block-table reads from global memory per selected
-// token (2.3 us slower than staging the row's pages in shared memory once).
+// The kernel is bound by instruction issue (32 warps on 4 schedulers; clock64 stamps: each phase
+// ~1.9k cycles with all 8 keys a thread): every per-key loop stops at the row's last key, so a row
+// of 2135 tokens runs 3 key slots a thread, not 8. Measured on an H100 (scratch probe, 2026-11-23;
+// select alone, CUDA graph, rotated inputs): 3.70 us at B=4 x 34 pages and 5.49 us at B=30 x 91,
+// against 4.91 and 6.14 before these two changes. Tried and dropped: warp-aggregated histogram
+// atomics (__match_any_sync; 1.7 us slower), 512 threads x 16 keys (0.5 us slower), block-table
+// reads from global memory per selected token (2.3 us slower than staging the row's pages in
+// shared memory once), one warp scanning the histogram in place of the block (4 us slower: the
+// crossing lane walks 64 bins serially).
 //
 // Header-free (NVRTC needs no CUDA include directory).
 
@@ -38,8 +41,6 @@ __device__ __forceinline__ unsigned int order_key(float s) {  // unsigned order 
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive block-wide scan of one value per thread; `*total` gets the block's sum. Ends with a
-// barrier, so `sums` (WARPS + 1 words) may be reused at once.
 #define THREADS 1024
 #define WARPS (THREADS / 32)
 #define ITEMS 8  // keys per thread: rows of up to 8192 tokens
@@ -80,6 +81,7 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     __shared__ unsigned int sums[WARPS + 1];
     __shared__ unsigned int chosen[3];  // digit, keys still needed at it, 1 if its bin is all needed
     __shared__ int pages[MAX_PAGES];  // the row's block table, read once
+    __shared__ unsigned int taken;  // output slots reserved so far (packed as in the last phase)
 
     const int b = blockIdx.x, t = threadIdx.x;
     int seq_len = seq_lens[b];
@@ -96,10 +98,12 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     unsigned int key[ITEMS];
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
+        if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
         const int i = j * THREADS + t;
         key[j] = i < seq_len ? order_key(row[i]) : 0u;
     }
     if (t < (seq_len + PAGE - 1) / PAGE) pages[t] = bt[t];
+    if (t == 0) taken = 0u;
 #pragma unroll
     for (int k = 0; k < 3 * BPT; ++k) (&hist[0][0])[k * THREADS + t] = 0u;
     __syncthreads();
@@ -112,6 +116,7 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
         unsigned int* h = hist[pass];
 #pragma unroll
         for (int j = 0; j < ITEMS; ++j) {
+        if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
             if (j * THREADS + t < seq_len && (key[j] & mask) == prefix) atomicAdd(&h[(key[j] >> shift) & digit_mask], 1u);
         }
         __syncthreads();
@@ -140,30 +145,42 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
         if (chosen[2]) break;  // block-uniform: every matching key of the bin is taken
     }
 
-    // Select keys whose masked prefix is above the one found, and `need` of those equal to it (all
-    // of them when the search stopped early).
+    // Output slots: the TOPK - need keys above the found prefix fill slots [0, TOPK - need) and `need`
+    // keys at it the rest (all of them when the search stopped early). The output is a set, so each
+    // warp reserves its slots with one shared atomic on a packed count (keys above in the low 16 bits,
+    // keys at the prefix in the high 16; rows hold < 2^16 keys) instead of a block-wide scan. Output
+    // order, and which of several exactly tied keys at the k-th score fill the last slots, follow
+    // the order in which warps get there.
+    const int lane = t & 31;
     unsigned int packed = 0u;
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
+        if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
         const bool valid = j * THREADS + t < seq_len;
         const unsigned int m = key[j] & mask;
         packed += (valid && m > prefix) ? 1u : 0u;
-        packed += (valid && m == prefix) ? 65536u : 0u;  // rows hold < 2^16 keys
+        packed += (valid && m == prefix) ? 65536u : 0u;
     }
-    unsigned int total;
-    const unsigned int before = block_exclusive_scan(packed, sums, &total);
+    unsigned int inc = packed;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= d) inc += y;
+    }
+    unsigned int base = 0u;
+    if (lane == 31) base = atomicAdd(&taken, inc);
+    const unsigned int before = __shfl_sync(0xffffffffu, base, 31) + inc - packed;
     unsigned int above_before = before & 0xffffu, equal_before = before >> 16;
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
+        if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
         const int i = j * THREADS + t;
         const bool valid = i < seq_len;
         const unsigned int m = key[j] & mask;
-        const bool above = valid && m > prefix, equal = valid && m == prefix;
-        if (above || (equal && equal_before < need)) {
-            const unsigned int slot = above_before + (equal_before < need ? equal_before : need);
-            o[slot] = pages[i / PAGE] * PAGE + i % PAGE;
+        if (valid && m > prefix) o[above_before++] = pages[i / PAGE] * PAGE + i % PAGE;
+        if (valid && m == prefix) {
+            if (equal_before < need) o[TOPK - need + equal_before] = pages[i / PAGE] * PAGE + i % PAGE;
+            ++equal_before;
         }
-        above_before += above ? 1u : 0u;
-        equal_before += equal ? 1u : 0u;
     }
 }
