@@ -5,9 +5,13 @@ dsa_topk_indexer.py). Two kernels, no host sync (CUDA-graph safe):
 
 1. `_score_pages_kernel`, grid (B, ceil(max_num_pages / PAGES)): each program scores PAGES pages of
    one sequence. Per page it reads the 64 FP8 keys (8 KB) and their 64 fp32 scales straight from the
-   deep_gemm page bytes (no dequantised copy), computes the [64 heads, 64 tokens] logits with one FP8
-   tl.dot against the sequence's FP8 queries (loaded once per program), and reduces them at once:
-   score[t] = sum_h w[h] * relu(logit[h, t] * key_scale[t]). Pages past the sequence's end are
+   deep_gemm page bytes (no dequantised copy), computes the [64 tokens, 64 heads] logits with one FP8
+   tl.dot of the keys against the sequence's transposed FP8 queries (loaded once per program), and
+   reduces them at once: score[t] = sum_h w[h] * relu(logit[t, h] * key_scale[t]). Tokens are the
+   dot's rows so that the head reduction stays within each warp's rows of the accumulator; with
+   heads as rows it crossed warps, and the scoring took 25-30% longer on the large scored shapes
+   (H100, 2026-11-23: 9.6 against 6.9 us at B=30 x 91 pages, 5.9 against 4.3 at B=31 x 43, graph
+   time, rotated inputs; 2.8 against 3.0 at B=4 x 34). Pages past the sequence's end are
    skipped. Writes fp32 scores [B, max_num_pages * 64] (slots past seq_len hold garbage and are
    never selected).
 2. Selection, one of:
@@ -60,10 +64,10 @@ def _score_pages_kernel(
     offs_h = tl.arange(0, H)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, PS)
-    q = tl.load(q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :])  # [H, D] fp8
+    q_t = tl.load(q_ptr + b * (H * D) + offs_h[None, :] * D + offs_d[:, None])  # [D, H] fp8
     w = tl.load(w_ptr + b * H + offs_h)  # [H] fp32
     if DOT_FP32:
-        q = q.to(tl.float32)
+        q_t = q_t.to(tl.float32)
     width = max_pages * PS
     for i in tl.static_range(PAGES):
         pos = p0 + i
@@ -72,12 +76,12 @@ def _score_pages_kernel(
             ok = (page >= 0) & (page < num_pages)
             page = tl.where(ok, page, 0)
             # page bytes: keys at [t * D + d], scales as fp32 at byte PS * D + 4 t
-            k = tl.load(k_fp8_ptr + page * (PS * (D + 4)) + offs_t[None, :] * D + offs_d[:, None])  # [D, PS]
+            k = tl.load(k_fp8_ptr + page * (PS * (D + 4)) + offs_t[:, None] * D + offs_d[None, :])  # [PS, D]
             k_scale = tl.load(k_f32_ptr + page * (PS * (D + 4) // 4) + (PS * D // 4) + offs_t)  # [PS]
             if DOT_FP32:
                 k = k.to(tl.float32)
-            logits = tl.dot(q, k) * k_scale[None, :]  # [H, PS] fp32
-            score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], axis=0)  # [PS]
+            logits = tl.dot(k, q_t) * k_scale[:, None]  # [PS, H] fp32
+            score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [PS]
             score = tl.where(ok, score, 0.0)
             tl.store(scores_ptr + b * width + pos * PS + offs_t, score)
 
@@ -155,7 +159,9 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
     cache = k_index_cache_fp8.contiguous().view(num_pages, PAGE_BYTES)
     # One page per program: on an H100 (benchmarks/dsa.py --sweep indexer, 2026-11-23) 1 page beat 2, 4
     # and 8 on every scored contest shape (B=27 x 82 pages: 7.3 us against 14.8 for 8), the queries
-    # being re-read from L2 by each program costs less than the serial pages.
+    # being re-read from L2 by each program costs less than the serial pages. With the dot's operands
+    # swapped (tokens as rows), 2 pages a program (software-pipelined) won only at B=30 x 91 (6.45
+    # against 6.88 us) and lost elsewhere (B=4 x 34: 3.55 against 2.84).
     pages = pages or 1
     _score_pages_kernel[(batch, triton.cdiv(max_pages, pages))](
         q_index_fp8.contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
