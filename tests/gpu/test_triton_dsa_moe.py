@@ -55,7 +55,7 @@ def _gate_and_graph(definition, name, workload):
 _SCORED = _spread(_workloads(INDEXER, lambda a: a["max_num_pages"] * 64 > 2048), 6) if TRACES.is_dir() else []
 
 
-@pytest.mark.parametrize("name", ["triton_fp8_radix", "triton_fp8_torch_topk", "cuda_radix_select"])
+@pytest.mark.parametrize("name", ["triton_fp8_radix", "triton_fp8_torch_topk", "cuda_radix_select", "cuda_wgmma_radix"])
 @pytest.mark.parametrize("workload", _SCORED, ids=lambda w: f"{w.axes['batch_size']}x{w.axes['max_num_pages']}")
 def test_indexer_scored_regime(name, workload):
     _gate_and_graph(INDEXER, name, workload)
@@ -64,7 +64,8 @@ def test_indexer_scored_regime(name, workload):
 _SHORT = _spread(_workloads(INDEXER, lambda a: a["max_num_pages"] * 64 <= 2048), 3) if TRACES.is_dir() else []
 
 
-@pytest.mark.parametrize("name", ["triton_fp8_radix", "torch_passthrough", "triton_passthrough", "cuda_radix_select"])
+@pytest.mark.parametrize("name", ["triton_fp8_radix", "torch_passthrough", "triton_passthrough", "cuda_radix_select",
+                                  "cuda_wgmma_radix"])
 @pytest.mark.parametrize("workload", _SHORT, ids=lambda w: f"{w.axes['batch_size']}x{w.axes['max_num_pages']}")
 def test_indexer_short_regime(name, workload):
     _gate_and_graph(INDEXER, name, workload)

@@ -51,8 +51,14 @@ def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_l
         return out.fill_(-1)
     scores = indexer_fp8.score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
                                      skip_short=True, pages=pages)
+    return select(scores, seq_lens, block_table, out)
+
+
+def select(scores, seq_lens, block_table, out):
+    """Write the top-2048 token ids of each row of `scores` [B, max_num_pages * 64] into `out`
+    [B, 2048] (a row of at most 2048 tokens: all of them, its scores unread); returns `out`."""
     seq_lens = seq_lens.contiguous()
     block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-    kernel().launch(batch, 1024, scores, seq_lens, block_table, out, width, block_table.stride(0),
-                           stream=nvrtc.current_stream(block_table.get_device()))
+    kernel().launch(block_table.shape[0], 1024, scores, seq_lens, block_table, out, scores.shape[1],
+                    block_table.stride(0), stream=nvrtc.current_stream(block_table.get_device()))
     return out
