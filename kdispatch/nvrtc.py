@@ -422,6 +422,11 @@ class Kernel:
     function is generated per signature) and calls the driver's cuLaunchKernel on torch's current
     stream, or `stream` (a raw cudaStream_t int), so CUDA-graph capture records it.  Grid and block
     are ints or tuples of up to 3.  No per-call allocation beyond the driver binding's own.
+
+    `pdl=True` launches through cuLaunchKernelEx as a programmatic dependent of the stream's previous
+    kernel: it may start once every CTA of that kernel has executed `griddepcontrol.launch_dependents`
+    (or exited), so it must execute `griddepcontrol.wait` before reading anything that kernel writes
+    (the wait returns at once in a normal launch). CUDA-graph capture records the dependency.
     """
 
     def __init__(self, core_kernel, name: str, signature: str, compiled: Compiled | None = None):
@@ -470,7 +475,7 @@ class Kernel:
         vals = [f"({n} if {n}.__class__ is int else _ptr({n}))" if c == "p" else n
                 for n, c in zip(names, self.signature)]
         src = (
-            f"def launch(grid, block, {', '.join(names + [''])}shmem=0, stream=None):\n"
+            f"def launch(grid, block, {', '.join(names + [''])}shmem=0, stream=None, pdl=False):\n"
             "    try:\n"
             "        buf, params = _tls.pack\n"
             "    except AttributeError:\n"
@@ -486,21 +491,45 @@ class Kernel:
             "        bx, by, bz = _dims(block)\n"
             "    if stream is None:\n"
             "        stream = _stream()\n"
-            "    err, = _launch(_fn, gx, gy, gz, bx, by, bz, shmem, stream, params, 0)\n"
+            "    if pdl:\n"
+            "        err = _launch_pdl(gx, gy, gz, bx, by, bz, shmem, stream, params)\n"
+            "    else:\n"
+            "        err, = _launch(_fn, gx, gy, gz, bx, by, bz, shmem, stream, params, 0)\n"
             "    if err:\n"
             "        _failed(err, (gx, gy, gz), (bx, by, bz), shmem, stream, params)\n"
         )
         ns = {"_tls": self._tls, "_buffers": self._buffers, "_pack": struct.Struct(self._fmt).pack_into,
               "_ptr": _ptr, "_dims": _dims, "_stream": current_stream, "_launch": self._launch,
-              "_fn": self._fn, "_failed": self._failed}
+              "_fn": self._fn, "_failed": self._failed, "_launch_pdl": self._launch_pdl}
         exec(src, ns)  # noqa: S102 - generated from the validated signature codes only
         fn = ns["launch"]
         fn.__doc__ = (f"Launch {self.name}({self.signature}): grid, block (int or tuple of up to 3), then "
-                      f"the {len(self.signature)} kernel arguments; shmem=0, stream=None (torch's current).")
+                      f"the {len(self.signature)} kernel arguments; shmem=0, stream=None (torch's current), "
+                      f"pdl=False (see Kernel).")
         return fn
 
     def __call__(self, *args, **kwargs):
         return self.launch(*args, **kwargs)
+
+    def _launch_pdl(self, gx, gy, gz, bx, by, bz, shmem, stream, params):
+        """cuLaunchKernelEx with programmatic stream serialization (a per-thread config, built once)."""
+        from cuda.bindings import driver
+
+        cfg = getattr(self._tls, "pdl_config", None)
+        if cfg is None:
+            cfg = driver.CUlaunchConfig()
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self._tls.pdl_config = cfg
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = shmem
+        cfg.hStream = driver.CUstream(stream)
+        err, = driver.cuLaunchKernelEx(cfg, self._fn, params, 0)
+        return err
 
     def _failed(self, err, grid, block, shmem, stream, params):
         from cuda.bindings import driver

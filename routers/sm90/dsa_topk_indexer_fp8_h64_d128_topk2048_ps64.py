@@ -5,45 +5,39 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer none
-# measured    up to 2026-11-23T07:52:42Z
+# measured    up to 2026-11-23T08:03:31Z
 # workloads   128 (workload-set digest 27515d474006a0ae)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference              253ad155daf86574  128/128  1.00x
-#   cuda_radix_select      0d7420bd50e690be  128/128  35.14x
-#   cuda_wgmma_radix       be185cb2f3d70b4c  128/128  34.89x
+#   cuda_radix_select      9d2af48d5384215c  128/128  35.12x
+#   cuda_wgmma_radix       276c6075beb9e982  128/128  36.43x
 #   torch_passthrough      e106ac661bae534b  69/69  8.29x
 #   triton_fp8_radix       d28f861f4771d1ab  128/128  21.86x
 #   triton_fp8_torch_topk  d28f861f4771d1ab  128/128  2.23x
-#   triton_passthrough     a9b271213741d515  69/69  81.51x
+#   triton_passthrough     a9b271213741d515  69/69  81.44x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.06% mean, 2.51% max;
-#             38.963x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
+#             41.998x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. not kv_fits_topk and kv_pages <= 1357: cuda_wgmma_radix, 47 workloads, 25.32x (18.08x .. 35.70x) over reference
-#   2. kv_pages > 1357: cuda_wgmma_radix, 12 workloads, 37.20x (25.70x .. 40.57x) over reference
-#   3. kv_fits_topk and kv_pages <= 1357: triton_passthrough, 69 workloads, 81.51x (48.77x .. 139.79x) over reference
+#   1. not kv_fits_topk: cuda_wgmma_radix, 59 workloads, 30.12x (20.27x .. 43.78x) over reference
+#   2. kv_fits_topk: triton_passthrough, 69 workloads, 81.44x (48.77x .. 137.52x) over reference
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (None, 1357)}, 'workloads': 47, 'speedup': (18.08, 25.32, 35.7)},
-    {'region': 2, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (1357, None)}, 'workloads': 12, 'speedup': (25.7, 37.2, 40.57)},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (None, 1357)}, 'workloads': 69, 'speedup': (48.77, 81.51, 139.79)},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (20.27, 30.12, 43.78)},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 69, 'speedup': (48.77, 81.44, 137.52)},
 )
 
 
 def route(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * 64 <= 2048  # every cached token is selected (no top-k needed, -1 padding)
-    kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
-    # region 1: 47 workloads, 25.32x (18.08x .. 35.70x) over reference
-    if not kv_fits_topk and kv_pages <= 1357:
+    # region 1: 59 workloads, 30.12x (20.27x .. 43.78x) over reference
+    if not kv_fits_topk:
         return 'cuda_wgmma_radix'
-    # region 2: 12 workloads, 37.20x (25.70x .. 40.57x) over reference
-    if kv_pages > 1357:
-        return 'cuda_wgmma_radix'
-    # region 3: 69 workloads, 81.51x (48.77x .. 139.79x) over reference
-    if kv_fits_topk and kv_pages <= 1357:
+    # region 2: 69 workloads, 81.44x (48.77x .. 137.52x) over reference
+    if kv_fits_topk:
         return 'triton_passthrough'
     return 'reference'

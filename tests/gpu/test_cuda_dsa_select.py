@@ -1,7 +1,9 @@
 """GPU tests of the CUDA radix top-k select (kernels/cuda/dsa/topk_select.cu) behind the Triton FP8
 scoring: the tuner's correctness gate (indexer set semantics: reachable, distinct, sorted scores
 equal; outputs poisoned first) on contest workloads of both regimes, heavy ties (the radix search
-running all three passes and stopping early), seq_len edges, and a CUDA-graph capture. Skipped without CUDA."""
+running all three passes and stopping early), seq_len edges, and a CUDA-graph capture; the last two
+and back-to-back calls also for cuda_wgmma_radix, whose select is a programmatic dependent launch.
+Skipped without CUDA."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +20,13 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
-def _fn():
+def _fn(name: str = "cuda_radix_select"):
     registry.discover()
-    return registry.get(INDEXER, "cuda_radix_select").fn
+    return registry.get(INDEXER, name).fn
+
+
+# cuda_wgmma_radix launches the same select as a programmatic dependent of its scoring kernel
+BOTH = pytest.mark.parametrize("name", ["cuda_radix_select", "cuda_wgmma_radix"])
 
 
 def _workloads(scored: bool, n: int):
@@ -58,14 +64,15 @@ def test_ties():
     _check(_fn(), coarse, "coarse scores")
 
 
-def test_graph_capture_and_seq_len_edges():
+@BOTH
+def test_graph_capture_and_seq_len_edges(name):
     w = _workloads(True, 1)[-1]
     args = list(materialize(INDEXER, w, device="cuda", seed=4))
     lens = args[3].clone()
     width = args[4].shape[1] * 64
     lens[0], lens[-1] = 2049, width  # one past the pass-through bound, and a full table
     args[3] = lens
-    fn = _fn()
+    fn = _fn(name)
     _check(fn, args, "seq_len edges")
     with torch.no_grad():
         fn(*args)
@@ -125,11 +132,12 @@ def test_select_exact_on_crafted_scores(kind, seq_len):
     assert torch.equal(got, want)
 
 
-def test_back_to_back_calls_match_synchronized_ones():
+@BOTH
+def test_back_to_back_calls_match_synchronized_ones(name):
     """Calls issued back to back on different inputs, with the scores buffers recycled by the
     caching allocator, select what the same calls select one at a time (a select that read its
     scores too early would pick up the previous call's)."""
-    fn = _fn()
+    fn = _fn(name)
     ws = _workloads(True, 3)
     inputs = [list(materialize(INDEXER, w, device="cuda", seed=10 + i)) for i, w in enumerate(ws * 2)]
     one_at_a_time = []

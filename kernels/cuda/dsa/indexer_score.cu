@@ -89,6 +89,9 @@ dsa_index_score(const unsigned char* __restrict__ q, const unsigned char* __rest
     __shared__ __align__(1024) unsigned char ring[STAGES][STAGE_BYTES];
     __shared__ __align__(1024) unsigned char qs[HEADS * DIM];
 
+    // The select, launched as a programmatic dependent, may start once every CTA here has started:
+    // its launch and prologue overlap this grid's tail (it waits before reading the scores).
+    asm volatile("griddepcontrol.launch_dependents;");
     const int b = blockIdx.x, p0 = blockIdx.y * pages_per_cta;
     const int seq_len = seq_lens[b];
     if (seq_len <= TOPK || p0 * PAGE >= seq_len) return;  // short rows are passed through unscored

@@ -54,11 +54,13 @@ def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_l
     return select(scores, seq_lens, block_table, out)
 
 
-def select(scores, seq_lens, block_table, out):
+def select(scores, seq_lens, block_table, out, *, pdl: bool = False):
     """Write the top-2048 token ids of each row of `scores` [B, max_num_pages * 64] into `out`
-    [B, 2048] (a row of at most 2048 tokens: all of them, its scores unread); returns `out`."""
+    [B, 2048] (a row of at most 2048 tokens: all of them, its scores unread); returns `out`.
+    `pdl`: launch as a programmatic dependent of the scoring kernel just launched, which must
+    execute `griddepcontrol.launch_dependents` (see kdispatch.nvrtc.Kernel)."""
     seq_lens = seq_lens.contiguous()
     block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
     kernel().launch(block_table.shape[0], 1024, scores, seq_lens, block_table, out, scores.shape[1],
-                    block_table.stride(0), stream=nvrtc.current_stream(block_table.get_device()))
+                    block_table.stride(0), stream=nvrtc.current_stream(block_table.get_device()), pdl=pdl)
     return out

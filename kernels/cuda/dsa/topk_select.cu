@@ -21,9 +21,9 @@
 //
 // The kernel is bound by instruction issue (32 warps on 4 schedulers; clock64 stamps: each phase
 // ~1.9k cycles with all 8 keys a thread): every per-key loop stops at the row's last key, so a row
-// of 2135 tokens runs 3 key slots a thread, not 8. Measured on an H100 (scratch probe, 2026-11-23;
-// select alone, CUDA graph, rotated inputs): 3.70 us at B=4 x 34 pages and 5.49 us at B=30 x 91,
-// against 4.91 and 6.14 before these two changes. Tried and dropped: warp-aggregated histogram
+// of 2135 tokens runs 3 key slots a thread, not 8. Measured on an H100 (2026-11-23; this kernel alone
+// on precomputed scores, CUDA graph, rotated inputs, side by side with the version before these two
+// changes): 3.70 us at B=4 x 34 pages and 5.49 us at B=30 x 91, against 4.91 and 6.14. Tried and dropped: warp-aggregated histogram
 // atomics (__match_any_sync; 1.7 us slower), 512 threads x 16 keys (0.5 us slower), block-table
 // reads from global memory per selected token (2.3 us slower than staging the row's pages in
 // shared memory once), one warp scanning the histogram in place of the block (4 us slower: the
@@ -94,6 +94,9 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
         return;
     }
 
+    // Launched as a programmatic dependent of the scoring kernel (cuda_wgmma_radix), the CTA gets
+    // here while the scores are still being written: wait for that grid. A no-op in a normal launch.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const float* row = scores + (long long)b * width;
     unsigned int key[ITEMS];
 #pragma unroll
