@@ -226,6 +226,8 @@ def test_imports_stay_light():
             "assert not [m for m in sys.modules if m == 'cuda' or m.startswith('cuda.')], 'cuda imported'\n"
             "import kdispatch.kernels.cuda.gdn.decode_warp_rows as d, kdispatch.kernels.cuda.gdn.prefill_thread_rows as p\n"
             "assert not d._kernels and not p._kernels\n"
+            "import kdispatch.kernels.cuda.dsa.indexer_wgmma as w, kdispatch.kernels.cuda.dsa.indexer_select as s\n"
+            "assert w._kernel is None and s._kernel is None\n"
             "assert 'cuda.core' not in sys.modules  # (torch itself may import cuda.bindings)\n"
             "from kdispatch import nvrtc\n"
             "assert nvrtc.stats['compiles'] == 0 and nvrtc._core is None\n")
@@ -238,6 +240,9 @@ def test_cuda_variants_are_registered():
     d = registry.get("gdn_decode", "cuda_decode_warp_rows")
     p = registry.get("gdn_prefill", "cuda_prefill_thread_rows")
     a = registry.get("dsa_sparse_attention", "cuda_splitk")
-    for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu"), (a, "sparse_attention_splitk.cu")):
+    r = registry.get("dsa_topk_indexer", "cuda_radix_select")
+    w = registry.get("dsa_topk_indexer", "cuda_wgmma_radix")
+    for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu"), (a, "sparse_attention_splitk.cu"),
+                  (r, "topk_select.cu"), (w, "indexer_score.cu"), (w, "topk_select.cu")):
         assert v.backend == "cuda" and v.archs == ("sm90",)
         assert any(s.name == cu for s in v.sources)  # the kernel source is in the provenance hash
