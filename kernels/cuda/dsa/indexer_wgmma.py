@@ -8,8 +8,8 @@ The select is `cuda_radix_select`'s (topk_select.cu); the scoring differs from i
 CTA (one warpgroup) scores one or two pages of one row (`pages_per_cta`), with the queries copied into
 shared memory once and the pages streamed through a 4-stage cp.async ring, one wgmma chain a page.
 Two launches, no host sync (CUDA-graph safe), the select a programmatic dependent launch (PDL) that
-overlaps the scoring's tail (0.6-0.8 us a call on an H100, 2026-11-23); rows of up to 8192 tokens. Both kernels compile on
-first call through NVRTC (sm_90a; cached on disk, see kdispatch.nvrtc).
+overlaps the scoring's tail (0.6-0.8 us a call on an H100, 2026-11-23); rows of up to 8192 tokens.
+Both kernels compile on first call through NVRTC (sm_90a; cached on disk, see kdispatch.nvrtc).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def pages_per_cta(batch: int, max_pages: int) -> int:
     """One page a CTA up to 2048 CTAs, then two. H100 (2026-11-23, scoring alone, CUDA graph, rotated
     inputs; pages a CTA 1 / 2 / 4): B=4 x 34 pages 2.82 / 3.15 / 3.86 us, B=12 x 82 3.90 / 4.47 / 4.90,
     B=27 x 82 6.01 / 5.72 / 6.62, B=30 x 91 7.20 / 6.68 / 8.08. A CTA's pages run one after another at
-    about 0.45 us each (its 3 pages in flight bound its rate), so a small grid wants one page a CTA."""
+    about 0.45 us each, even with all 4 in flight from the start, so a small grid wants one page a CTA."""
     return 1 if batch * max_pages <= 2048 else 2
 
 

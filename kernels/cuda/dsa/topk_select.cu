@@ -27,7 +27,8 @@
 // atomics (__match_any_sync; 1.7 us slower), 512 threads x 16 keys (0.5 us slower), block-table
 // reads from global memory per selected token (2.3 us slower than staging the row's pages in
 // shared memory once), one warp scanning the histogram in place of the block (4 us slower: the
-// crossing lane walks 64 bins serially).
+// crossing lane walks 64 bins serially), every warp scanning the 32 warp totals itself to save a
+// barrier a pass (under 0.1 us).
 //
 // Header-free (NVRTC needs no CUDA include directory).
 
