@@ -13,6 +13,7 @@ Rows of up to 8192 tokens (max_num_pages <= 128); the kernel compiles on first c
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -26,14 +27,10 @@ SIGNATURE = "ppppii"  # scores seq_lens block_table out, width s_bt
 TOPK, PAGE_SIZE = 2048, 64
 MAX_WIDTH = 8192  # scores per row the CTA holds in registers (1024 threads x 8)
 
-_kernel: nvrtc.Kernel | None = None
 
-
+@functools.cache  # loaded once, on first call (importing compiles nothing)
 def kernel() -> nvrtc.Kernel:
-    global _kernel
-    if _kernel is None:
-        _kernel = nvrtc.load_kernel(CU, "dsa_topk_select", signature=SIGNATURE)
-    return _kernel
+    return nvrtc.load_kernel(CU, "dsa_topk_select", signature=SIGNATURE)
 
 
 @variant("dsa_topk_indexer", "cuda_radix_select", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),

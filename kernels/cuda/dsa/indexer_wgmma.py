@@ -13,6 +13,7 @@ Both kernels compile on first call through NVRTC (sm_90a; cached on disk, see kd
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -25,14 +26,10 @@ CU = Path(__file__).with_name("indexer_score.cu")
 SIGNATURE = "ppppppiiii"  # q cache w seq_lens block_table scores, max_pages num_pages s_bt pages_per_cta
 HEADS, HEAD_DIM, PAGE_SIZE, TOPK = 64, 128, 64, 2048
 
-_kernel: nvrtc.Kernel | None = None
 
-
+@functools.cache  # loaded once, on first call (importing compiles nothing)
 def kernel() -> nvrtc.Kernel:
-    global _kernel
-    if _kernel is None:
-        _kernel = nvrtc.load_kernel(CU, "dsa_index_score", signature=SIGNATURE)
-    return _kernel
+    return nvrtc.load_kernel(CU, "dsa_index_score", signature=SIGNATURE)
 
 
 def pages_per_cta(batch: int, max_pages: int) -> int:

@@ -56,6 +56,7 @@
 #define SRED_FLOATS (4 * H * SRED_STRIDE)
 #define OSTRIDE (DC + 8)                 // fp32 O rows of the groups' hand-over, same reason
 #define XBUF_BYTES (H * OSTRIDE * 4 + 2 * H * 4)  // O, then max and sum per head
+#define EARLY_MERGE_SPLITS 64            // as in sparse_attention_splitk.py
 
 typedef unsigned int u32;
 
@@ -133,6 +134,13 @@ __device__ __forceinline__ void sparse_attn_cta(
     constexpr int NBG = NB / G;     // blocks per group
     static_assert(NB % G == 0 && ST >= 1 && G >= 1, "unsupported split count");
     static_assert((G - 1) * XBUF_BYTES <= G * ST * STAGE_BYTES, "the hand-over reuses the rings");
+
+    // The merge is launched as a programmatic dependent of this kernel and waits (griddepcontrol)
+    // for its partials. The 64-split kernel (1-4 tokens, small CTAs) releases it at once, so the
+    // merge's launch overlaps this grid: 0.25-0.33 us a call at 1-2 tokens (H100, 2026-11-23). The
+    // larger configs release it at exit: released early, its CTAs took SM slots beside theirs
+    // (2.1-3.6 us slower at 6-8 tokens).
+    if (NS == EARLY_MERGE_SPLITS) asm volatile("griddepcontrol.launch_dependents;");
 
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* rings = smem;                                         // [G groups][ST][BN][ROW_STRIDE]

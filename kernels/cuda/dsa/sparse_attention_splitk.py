@@ -7,7 +7,8 @@
 NS CTAs per token (grid NS x T) gather their 2048 / NS selected rows straight from the paged caches
 with TMA bulk copies, run QK and PV on the tensor cores (mma.sync) with a base-2 online softmax,
 and write normalized partials and their lse; the Triton variant's `merge_splits` combines them.
-Two launches, no host sync (CUDA-graph safe). From 129 tokens on NS = 1: one CTA per token writes
+Two launches, no host sync (CUDA-graph safe; the 64-split config launches the merge as a programmatic
+dependent, see the .cu). From 129 tokens on NS = 1: one CTA per token writes
 the output itself (one launch, no workspace). See sparse_attention_splitk.cu.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ STAGE_BYTES = BN * ((DC + DP) * 2 + 16)  # a block of gathered keys in shared me
 SRED_BYTES = 4 * HEADS * (BN + 8) * 4  # per group
 # (splits per token, ring stages per group, groups) compiled in the .cu
 CONFIGS = ((64, 1, 1), (16, 2, 2), (8, 2, 2), (4, 2, 2), (2, 2, 2), (1, 2, 2))
+EARLY_MERGE_SPLITS = 64  # the config whose kernel lets the merge launch early (as in the .cu)
 MAX_CTAS = 256  # splits x tokens above 4 tokens: bounds the fp32 workspace at 8 MiB
 
 _kernels: dict[tuple[int, int, int], nvrtc.Kernel] = {}
@@ -87,11 +89,7 @@ def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_
     if sparse_indices.dtype != torch.int32 or any(
             x.dtype != torch.bfloat16 for x in (q_nope, q_pe, ckv_cache, kpe_cache)):
         raise ValueError("dsa sparse attention (cuda split-K): bf16 q and caches, int32 indices")
-    if isinstance(sm_scale, torch.Tensor):  # kdispatch passes a float; a tensor costs a sync
-        sm_scale = float(sm_scale)
-    device = q_nope.device
-    output = torch.empty(T, HEADS, DC, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(T, HEADS, dtype=torch.float32, device=device)
+    output, lse, sm_scale = triton_splitk.new_outputs(q_nope, sm_scale)
     if T == 0:
         return output, lse
     splits, stages, groups = cfg = cfg or config(T)
@@ -100,12 +98,11 @@ def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_
     if splits == 1:  # one CTA per token writes the output itself
         ws_o, ws_lse = output, lse
     else:
-        ws_o = torch.empty(T, splits, HEADS, DC, dtype=torch.float32, device=device)
-        ws_lse = torch.empty(T, splits, HEADS, dtype=torch.float32, device=device)
+        ws_o, ws_lse = triton_splitk.split_workspace(output, splits)
     kernel(*cfg).launch(
         (splits, T), groups * GROUP_THREADS, qn, qp, ckv, kpe, idx, ws_o, ws_lse,
-        float(sm_scale) * LOG2E, ckv.shape[0] * PAGE_SIZE,
-        shmem=shared_bytes(*cfg), stream=nvrtc.current_stream(device.index))
-    if splits > 1:
-        triton_splitk.merge_splits(ws_o, ws_lse, output, lse)
+        sm_scale * LOG2E, ckv.shape[0] * PAGE_SIZE,
+        shmem=shared_bytes(*cfg), stream=nvrtc.current_stream(q_nope.device.index))
+    if splits > 1:  # the 64-split kernel releases the merge early (see the .cu); others at their end
+        triton_splitk.merge_splits(ws_o, ws_lse, output, lse, pdl=splits == EARLY_MERGE_SPLITS)
     return output, lse

@@ -114,8 +114,10 @@ def _dsa_splitk_partial_kernel(
 def _dsa_splitk_merge_kernel(
     ws_o_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     s_o_t, s_o_h,  # output strides of token and head axes (last axis contiguous)
-    H: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_D: tl.constexpr,
+    H: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched as a programmatic dependent of the partial kernel: wait for its partials
+        tl.extra.cuda.gdc_wait()
     i_t = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     i_d = tl.program_id(2)
@@ -156,6 +158,22 @@ def _lastdim_contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def new_outputs(q_nope: torch.Tensor, sm_scale) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Empty output [T, H, DC] bf16 and lse [T, H] fp32 for q_nope [T, H, DC], and sm_scale as a
+    float (kdispatch passes a float; a tensor costs a device sync)."""
+    T, H, DC = q_nope.shape
+    output = torch.empty(T, H, DC, dtype=torch.bfloat16, device=q_nope.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q_nope.device)
+    return output, lse, float(sm_scale)
+
+
+def split_workspace(output: torch.Tensor, nsplit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partials [T, nsplit, H, DC] and their lse [T, nsplit, H] for `output` [T, H, DC]."""
+    T, H, DC = output.shape
+    return (torch.empty(T, nsplit, H, DC, dtype=torch.float32, device=output.device),
+            torch.empty(T, nsplit, H, dtype=torch.float32, device=output.device))
+
+
 def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, *,
                                 BLOCK_N: int | None = None, NSPLIT: int | None = None,
                                 num_warps: int | None = None, dot_fp32: bool | None = None):
@@ -176,19 +194,13 @@ def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indic
     assert NSPLIT & (NSPLIT - 1) == 0 and BLOCK_N & (BLOCK_N - 1) == 0
     if dot_fp32 is None:
         dot_fp32 = q_nope.device.type != "cuda"
-    if isinstance(sm_scale, torch.Tensor):  # kdispatch passes a float; a tensor costs a sync
-        sm_scale = float(sm_scale)
-
-    device = q_nope.device
-    output = torch.empty(T, H, DC, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(T, H, dtype=torch.float32, device=device)
+    output, lse, sm_scale = new_outputs(q_nope, sm_scale)
     if T == 0:
         return output, lse
     q_nope, q_pe, sparse_indices = _lastdim_contig(q_nope), _lastdim_contig(q_pe), _lastdim_contig(sparse_indices)
     ckv, kpe = ckv_cache.contiguous(), kpe_cache.contiguous()  # no-op for a pool (always contiguous)
 
-    ws_o = torch.empty(T, NSPLIT, H, DC, dtype=torch.float32, device=device)
-    ws_lse = torch.empty(T, NSPLIT, H, dtype=torch.float32, device=device)
+    ws_o, ws_lse = split_workspace(output, NSPLIT)
     _dsa_splitk_partial_kernel[(T, NSPLIT)](
         q_nope, q_pe, ckv, kpe, sparse_indices, ws_o, ws_lse,
         float(sm_scale) * LOG2E, P * PS,
@@ -200,15 +212,17 @@ def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indic
     return output, lse
 
 
-def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
+def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor, *,
+                 pdl: bool = False) -> None:
     """Combine split partials ws_o [T, NSPLIT, H, DC] fp32 (normalized, finite) and ws_lse
     [T, NSPLIT, H] (base 2, -inf for an empty split) into output [T, H, DC] (last axis contiguous)
-    and lse [T, H]. Also the merge of the CUDA split-K variant (kernels/cuda/dsa)."""
+    and lse [T, H]. Also the merge of the CUDA split-K variant (kernels/cuda/dsa). `pdl`: launch as
+    a programmatic dependent of the kernel just launched, which writes the partials (CUDA only)."""
     T, nsplit, heads, dc = ws_o.shape
     block_d = min(dc, 128)  # the merge is split over DC too: T * H * DC / 128 programs
     _dsa_splitk_merge_kernel[(T, heads, dc // block_d)](
         ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
-        H=heads, DC=dc, NSPLIT=nsplit, BLOCK_D=block_d, num_warps=4,
+        H=heads, DC=dc, NSPLIT=nsplit, BLOCK_D=block_d, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )
 
 
