@@ -2,7 +2,8 @@
 scoring: the tuner's correctness gate (indexer set semantics: reachable, distinct, sorted scores
 equal; outputs poisoned first) on contest workloads of both regimes, heavy ties (the radix search
 running all three passes and stopping early), seq_len edges, and a CUDA-graph capture; the last two
-and back-to-back calls also for cuda_wgmma_radix, whose select is a programmatic dependent launch.
+and back-to-back calls also for cuda_wgmma_radix, whose select is a programmatic dependent launch;
+the shared output prologue (no rows, no pages, too-wide tables) for both.
 Skipped without CUDA."""
 from __future__ import annotations
 
@@ -148,3 +149,18 @@ def test_back_to_back_calls_match_synchronized_ones(name):
     torch.cuda.synchronize()
     for want, got in zip(one_at_a_time, back_to_back):
         assert torch.equal(got.sort(dim=1).values, want)
+
+
+@BOTH
+def test_empty_and_too_wide_tables(name):
+    """No rows: an empty [0, 2048] output; no pages: every slot -1, no kernel; rows wider than the
+    select holds (129 pages): a clear error naming the variant."""
+    w = _workloads(True, 1)[0]
+    q, k, weights, seq_lens, bt = materialize(INDEXER, w, device="cuda", seed=5)
+    fn = _fn(name)
+    assert fn(q[:0], k, weights[:0], seq_lens[:0], bt[:0]).shape == (0, 2048)
+    out = fn(q, k, weights, torch.zeros_like(seq_lens), bt[:, :0])
+    assert out.shape == (q.shape[0], 2048) and bool((out == -1).all())
+    wide = torch.zeros(bt.shape[0], 129, dtype=bt.dtype, device=bt.device)
+    with pytest.raises(ValueError, match=f"{name} holds rows of at most 8192 tokens"):
+        fn(q, k, weights, seq_lens, wide)

@@ -37,18 +37,25 @@ def kernel() -> nvrtc.Kernel:
          sources=(CU, Path(indexer_fp8.__file__)), supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH)
 def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *,
                                   pages: int | None = None):
-    batch, max_pages = block_table.shape
-    width = max_pages * PAGE_SIZE
-    if width > MAX_WIDTH:
-        raise ValueError(f"cuda_radix_select holds rows of at most {MAX_WIDTH} tokens (max_num_pages <= 128)")
-    out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
-    if batch == 0:
+    out, complete = new_output(block_table, "cuda_radix_select")
+    if complete:
         return out
-    if max_pages == 0:
-        return out.fill_(-1)
     scores = indexer_fp8.score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
                                      skip_short=True, pages=pages)
     return select(scores, seq_lens, block_table, out)
+
+
+def new_output(block_table: torch.Tensor, variant_name: str) -> tuple[torch.Tensor, bool]:
+    """The [B, 2048] int32 output for `block_table` [B, max_num_pages], and whether it is already
+    complete (no rows; or no pages, so all -1) and needs no kernel. Raises for rows wider than the
+    select holds."""
+    batch, max_pages = block_table.shape
+    if max_pages * PAGE_SIZE > MAX_WIDTH:
+        raise ValueError(f"{variant_name} holds rows of at most {MAX_WIDTH} tokens (max_num_pages <= {MAX_WIDTH // PAGE_SIZE})")
+    out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
+    if max_pages == 0:
+        out.fill_(-1)
+    return out, batch == 0 or max_pages == 0
 
 
 def select(scores, seq_lens, block_table, out, *, pdl: bool = False):

@@ -24,7 +24,7 @@ from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("indexer_score.cu")
 SIGNATURE = "ppppppiiii"  # q cache w seq_lens block_table scores, max_pages num_pages s_bt pages_per_cta
-HEADS, HEAD_DIM, PAGE_SIZE, TOPK = 64, 128, 64, 2048
+HEADS, HEAD_DIM, PAGE_SIZE = 64, 128, 64
 
 
 @functools.cache  # loaded once, on first call (importing compiles nothing)
@@ -69,13 +69,8 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
          sources=(CU, indexer_select.CU, Path(indexer_select.__file__)),
          supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= indexer_select.MAX_WIDTH)
 def dsa_indexer_cuda_wgmma_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
-    batch, max_pages = block_table.shape
-    if max_pages * PAGE_SIZE > indexer_select.MAX_WIDTH:
-        raise ValueError(f"cuda_wgmma_radix holds rows of at most {indexer_select.MAX_WIDTH} tokens (max_num_pages <= 128)")
-    out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
-    if batch == 0:
+    out, complete = indexer_select.new_output(block_table, "cuda_wgmma_radix")
+    if complete:
         return out
-    if max_pages == 0:
-        return out.fill_(-1)
     scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
     return indexer_select.select(scores, seq_lens, block_table, out, pdl=True)
