@@ -28,37 +28,22 @@ from pathlib import Path
 import torch
 
 import kdispatch
-from kdispatch import registry
+from kdispatch import definitions, registry
 from kdispatch.tuner import gate, timing
 from kdispatch.workloads import load_workloads, materialize
 
+from floors import floor_us, peak_bandwidth  # noqa: E402  (benchmarks/ is the script folder)
+
 ROOT = Path(__file__).resolve().parents[1]
-PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, HBM
-DEFS = {"dsa_topk_indexer": "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64",
-        "dsa_sparse_attention": "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"}
+OPS = ("dsa_topk_indexer", "dsa_sparse_attention")
 OFFICIAL_DIRS = (ROOT.parent / "shared" / "fib" / "definitions", ROOT / ".kd-fib" / "definitions")
-
-
-def peak_bandwidth() -> float:
-    name = torch.cuda.get_device_name()
-    return next((bw for key, bw in PEAK_BW.items() if key in name), 3.35e12)
-
-
-def floor_bytes(op: str, args) -> int:
-    if op == "dsa_topk_indexer":
-        q, cache, weights, seq_lens, _ = args
-        pages = int(((seq_lens.to(torch.long) + 63) // 64).sum())
-        return pages * 64 * 132 + q.numel() + weights.numel() * 4 + seq_lens.numel() * 2048 * 4
-    q_nope, q_pe, _, _, idx, _ = args
-    t, h, dc = q_nope.shape
-    return int((idx >= 0).sum()) * (512 + 64) * 2 + (q_nope.numel() + q_pe.numel()) * 2 + t * h * (dc * 2 + 4)
 
 
 def official_call(op: str, official_dir: Path | None):
     """The official reference's `run`, executed from its definition JSON in a fresh namespace."""
     dirs = [official_dir] if official_dir else list(OFFICIAL_DIRS)
     for d in dirs:
-        path = d / "dsa_paged" / f"{DEFS[op]}.json"
+        path = d / "dsa_paged" / f"{definitions.resolve_name(op)}.json"
         if path.is_file():
             namespace: dict = {}
             exec(compile(json.loads(path.read_text())["reference"], f"<official {op}>", "exec"), namespace)
@@ -67,7 +52,7 @@ def official_call(op: str, official_dir: Path | None):
 
 
 def candidates(op: str, official_dir: Path | None) -> dict:
-    full = DEFS[op]
+    full = op
     here = kdispatch.arch.local_arch()
     out = {"reference": registry.get(full, "reference").fn}
     official = official_call(op, official_dir)
@@ -81,7 +66,7 @@ def candidates(op: str, official_dir: Path | None) -> dict:
 
 
 def supported(op: str, name: str, axes: dict) -> bool:
-    v = registry.get(DEFS[op], name) if name not in ("official", "routed") else None
+    v = registry.get(op, name) if name not in ("official", "routed") else None
     return v is None or v.supports(axes)
 
 
@@ -97,18 +82,17 @@ def time_candidate(name: str, fn, sets, quick: bool) -> dict:
 
 
 def bench_op(op: str, limit: int | None, quick: bool, official_dir: Path | None) -> list[dict]:
-    full = DEFS[op]
+    full = op
     cands = candidates(op, official_dir)
     workloads = load_workloads(ROOT / "traces", full)[:limit]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    bw = peak_bandwidth()
     rows = []
     for w in workloads:
         axes = dict(w.axes)
         args = list(materialize(full, w, device="cuda", seed=0))
         ref = gate.reference(full, args)
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
-        row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_bytes(op, args) / bw * 1e6, "sets": len(sets),
+        row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_us(op, args, axes), "sets": len(sets),
                "results": {}}
         for name, fn in cands.items():
             if not supported(op, name, axes):
@@ -171,7 +155,7 @@ def summarize(op: str, rows: list[dict]) -> list[str]:
 
 def attention_shapes(quick: bool):
     """(num_tokens, rotated input sets, HBM floor in us) for one contest workload per num_tokens."""
-    full = DEFS["dsa_sparse_attention"]
+    full = "dsa_sparse_attention"
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     seen = {}
     for w in load_workloads(ROOT / "traces", full):
@@ -179,7 +163,7 @@ def attention_shapes(quick: bool):
     for t, w in sorted(seen.items()):
         args = list(materialize(full, w, device="cuda", seed=0))
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
-        yield t, sets, floor_bytes("dsa_sparse_attention", args) / peak_bandwidth() * 1e6
+        yield t, sets, floor_us("dsa_sparse_attention", args, {"num_tokens": t, "num_pages": args[2].shape[0]})
 
 
 def sweep_splitk(quick: bool) -> None:
@@ -230,7 +214,7 @@ def indexer_breakdown(quick: bool) -> None:
     from kdispatch.kernels.cuda.dsa import indexer_select as C
     from kdispatch.kernels.triton.dsa import indexer_fp8 as X
 
-    full = DEFS["dsa_topk_indexer"]
+    full = "dsa_topk_indexer"
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     picked = {}
     for w in load_workloads(ROOT / "traces", full):
@@ -240,7 +224,7 @@ def indexer_breakdown(quick: bool) -> None:
     for _, w in sorted(picked.items()):
         args = list(materialize(full, w, device="cuda", seed=0))
         sets = timing.input_sets(full, args, l2, max_sets=4 if quick else timing.MAX_SETS)
-        floor = floor_bytes("dsa_topk_indexer", args) / peak_bandwidth() * 1e6
+        floor = floor_us("dsa_topk_indexer", args, dict(w.axes))
         # scores of short rows stay unwritten by design: return nothing for the replay check to inspect
         fns = {"score": lambda *a: [X.score_pages(*a, skip_short=True), None][1]}
         for pages in (1, 2):
@@ -255,7 +239,7 @@ def indexer_breakdown(quick: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--definition", default="all", choices=["all", *DEFS])
+    ap.add_argument("--definition", default="all", choices=["all", *OPS])
     ap.add_argument("--limit", type=int, default=None, help="first N workloads per definition")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and input sets")
     ap.add_argument("--official-dir", type=Path, default=None,
@@ -273,7 +257,7 @@ def main() -> None:
         if opts.sweep == "cuda":
             sweep_cuda_splitk(opts.quick)
         return
-    ops = list(DEFS) if opts.definition == "all" else [opts.definition]
+    ops = list(OPS) if opts.definition == "all" else [opts.definition]
     registry.discover()
     dev = torch.cuda.get_device_name()
     result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
@@ -285,7 +269,7 @@ def main() -> None:
         summary += summarize(op, rows)
     out = opts.out or ROOT / "benchmarks" / "results" / f"dsa-{dev.replace(' ', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and len(ops) < len(DEFS):  # one definition re-measured: keep the other's rows
+    if out.exists() and len(ops) < len(OPS):  # one definition re-measured: keep the other's rows
         old = json.loads(out.read_text())
         kept = {k: v for k, v in old.get("ops", {}).items() if k not in result["ops"]} if old.get("device") == dev else {}
         if kept:

@@ -24,24 +24,10 @@ from kdispatch import registry
 from kdispatch.tuner import gate, timing
 from kdispatch.workloads import load_workloads, materialize
 
+from floors import floor_us, peak_bandwidth  # noqa: E402  (benchmarks/ is the script folder)
+
 ROOT = Path(__file__).resolve().parents[1]
-PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, HBM
-DEFS = {"gdn_decode": "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill": "gdn_prefill_qk4_v8_d128_k_last"}
-STATE_BYTES = 8 * 128 * 128 * 4
-
-
-def peak_bandwidth() -> float:
-    name = torch.cuda.get_device_name()
-    return next((bw for key, bw in PEAK_BW.items() if key in name), 3.35e12)
-
-
-def floor_bytes(op: str, axes: dict) -> int:
-    if op == "gdn_decode":
-        n, t = axes["batch_size"], axes["batch_size"]
-    else:
-        n, t = axes["num_seqs"], axes["total_seq_len"]
-    per_token = (4 * 128 * 2) * 2 + 8 * 128 * 2 * 2 + 8 * 2 * 2  # q, k, v + output, a, b (bf16)
-    return n * STATE_BYTES * 2 + t * per_token
+OPS = ("gdn_decode", "gdn_prefill")
 
 
 def fla_call(op: str):
@@ -66,7 +52,7 @@ def fla_call(op: str):
 
 
 def candidates(op: str) -> dict:
-    full = DEFS[op]
+    full = op
     here = kdispatch.arch.local_arch()
     out = {"flashinfer": registry.baseline(full, here).fn}
     fla = fla_call(op)
@@ -82,7 +68,7 @@ def candidates(op: str) -> dict:
 def check(op: str, name: str, fn, args, ref) -> tuple[bool, str]:
     """The tuner's correctness gate (kdispatch.tuner.gate) on one input set; fla-core returns a new
     state instead of updating `state` in place, so the in-place contract is not asked of it."""
-    v = gate.run_gate(DEFS[op], fn, [(args, ref)], check_in_place=name != "fla-core")
+    v = gate.run_gate(op, fn, [(args, ref)], check_in_place=name != "fla-core")
     m = v.metrics
     detail = f"out {m.get('output.rel_norm', float('nan')):.1e} state {m.get('new_state.rel_norm', float('nan')):.1e}"
     return v.passed, detail if v.passed else f"{v.status}: {v.reason} ({detail})"
@@ -100,11 +86,10 @@ def eager_time_us(fn, sets, reps: int) -> float:
 
 
 def bench_op(op: str, limit: int | None, quick: bool) -> list[dict]:
-    full = DEFS[op]
+    full = op
     cands = candidates(op)
     workloads = load_workloads(ROOT / "traces", full)[:limit]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    bw = peak_bandwidth()
     rows = []
     for w in workloads:
         axes = dict(w.axes)
@@ -113,7 +98,7 @@ def bench_op(op: str, limit: int | None, quick: bool) -> list[dict]:
         # The state rotated through enough copies to exceed 4x the L2 (kdispatch.tuner.timing).
         sets = timing.input_sets(full, args, l2, max_sets=16 if quick else timing.MAX_SETS)
         n_sets = len(sets)
-        row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_bytes(op, axes) / bw * 1e6, "state_sets": n_sets,
+        row = {"uuid": w.uuid, "axes": axes, "floor_us": floor_us(op, args, axes), "state_sets": n_sets,
                "results": {}}
         for name, fn in cands.items():
             r = {}
@@ -157,12 +142,12 @@ def summarize(op: str, rows: list[dict]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--definition", default="all", choices=["all", *DEFS])
+    ap.add_argument("--definition", default="all", choices=["all", *OPS])
     ap.add_argument("--limit", type=int, default=None, help="first N workloads per definition")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and state buffers")
     ap.add_argument("--out", type=Path, default=None)
     opts = ap.parse_args()
-    ops = list(DEFS) if opts.definition == "all" else [opts.definition]
+    ops = list(OPS) if opts.definition == "all" else [opts.definition]
     dev = torch.cuda.get_device_name()
     result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
               "peak_bandwidth": peak_bandwidth(), "ops": {}}

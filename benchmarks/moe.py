@@ -27,20 +27,10 @@ from kdispatch.references import moe_fp8 as ref
 from kdispatch.tuner import gate, timing
 from kdispatch.workloads import load_workloads, materialize
 
+from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
+
 ROOT = Path(__file__).resolve().parents[1]
-DEF = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
-PEAK = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "B200": (8.0e12, 2250e12)}  # HBM B/s, FP8 FLOP/s
-EXPERT_BYTES = (4096 * 7168 + 7168 * 2048)  # FP8 weights of one expert
-
-
-def floor_us(args) -> float:
-    bw, flops = next((v for k, v in PEAK.items() if k in torch.cuda.get_device_name()), PEAK["H100"])
-    experts, _ = ref._route(args[0], args[1], args[9])
-    off = int(args[8])
-    local = experts[(experts >= off) & (experts < off + 32)]
-    mem = int(torch.unique(local).numel()) * EXPERT_BYTES / bw
-    compute = local.numel() * 2 * (7168 * 4096 + 2048 * 7168) / flops
-    return max(mem, compute) * 1e6
+DEF = "moe_fp8"
 
 
 def sweep(quick: bool) -> None:
@@ -72,7 +62,7 @@ def sweep(quick: bool) -> None:
         res.sort(key=lambda r: r[0])
         name = lambda c: c if isinstance(c, str) else "/".join(str(c[k]) for k in  # noqa: E731
                                                                ("block_m", "block_n1", "num_warps", "num_stages"))
-        print(f"seq_len={seq_len} floor={floor_us(args):.0f}us " + ", ".join(
+        print(f"seq_len={seq_len} floor={floor_us(DEF, args, {'seq_len': seq_len}):.0f}us " + ", ".join(
             f"{name(c)}={us:.0f}" for us, c in res[:8] + [r for r in res[8:] if r[1] == "layout only"]), flush=True)
 
 
@@ -98,7 +88,7 @@ def main() -> None:
         args = list(materialize(DEF, w, device="cuda", seed=0))
         want = gate.reference(DEF, args)
         sets = timing.input_sets(DEF, args, l2, max_sets=2 if opts.quick else 8)
-        row = {"uuid": w.uuid, "seq_len": w.axes["seq_len"], "floor_us": floor_us(args), "results": {}}
+        row = {"uuid": w.uuid, "seq_len": w.axes["seq_len"], "floor_us": floor_us(DEF, args, dict(w.axes)), "results": {}}
         for name, fn in cands.items():
             r = {}
             try:

@@ -13,7 +13,7 @@ import torch
 import kdispatch
 from kdispatch import registry
 from kdispatch.registry import Variant
-from kdispatch.tuner import codegen, features, runner
+from kdispatch.tuner import codegen, features, flows
 from kdispatch.tuner import fit as fitting
 from kdispatch.tuner.store import Result, Store
 from kdispatch.workloads import materialize
@@ -335,7 +335,7 @@ def candidates(tmp_path):
 
 def _tune(tmp_path, **kw):
     MEASURED.clear()
-    return runner.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
+    return flows.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
                        store=tmp_path / "store" / "fake.sqlite", out=tmp_path / "routers", executor=fake_executor,
                        stream=open(os.devnull, "w"), **kw)
 
@@ -369,7 +369,7 @@ def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
 
 def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):
     write_traces(tmp_path / "traces", (1, 4, 16, 64))
-    r = runner.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
+    r = flows.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},
                     store=tmp_path / "s.sqlite", out=tmp_path / "routers", executor="test_tuner_fit:crashing_executor",
                     in_process=False, stream=open(os.devnull, "w"), timeout=120)
     store = Store.open(tmp_path / "s.sqlite")

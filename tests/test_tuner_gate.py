@@ -4,14 +4,13 @@ duplicates, count and sorted scores (ties pass), sparse attention handles empty 
 MoE matched-ratio rule follows flashinfer_bench."""
 import torch
 
-from kdispatch import registry
+from kdispatch import checks, definitions, registry
+from kdispatch.definitions.dsa_paged.spec import quantize_index_keys
 from kdispatch.tuner import gate
-from kdispatch.workloads import materialize, quantize_index_keys
+from kdispatch.workloads import materialize
 
-DECODE = gate.GDN_DECODE
-PREFILL = gate.GDN_PREFILL
-INDEXER = gate.DSA_INDEXER
-SPARSE = gate.DSA_SPARSE
+DECODE, PREFILL = "gdn_decode", "gdn_prefill"
+INDEXER, SPARSE = "dsa_topk_indexer", "dsa_sparse_attention"
 
 
 def trials(definition, axes, n=2):
@@ -242,26 +241,26 @@ def test_sparse_attention_reference_perturbation_and_empty_rows():
 # ---- FP8 MoE (the comparison rule only: the MoE weights take ~20 s to build on a CPU) -------
 
 def test_moe_matched_ratio_follows_flashinfer_bench():
-    tol = gate.TOLERANCES[gate.MOE_FP8]["output"]
+    tol = definitions.get("moe_fp8").spec.tolerance("output")
     assert (tol.atol, tol.rtol, tol.matched_ratio) == (1.0, 0.3, 0.95)
     ref = torch.full((100, 64), 10.0)
     x = ref.clone()
     x.view(-1)[:6 * 64 // 1] = 20.0  # 6% of elements off by 10 (> atol 1 and > 30%)
-    assert not gate.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
+    assert not checks.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
     x = ref.clone()
     x.view(-1)[: 4 * 64] = 20.0  # 4%: matched ratio 0.96 passes
-    assert gate.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
+    assert checks.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
     x = ref.clone()
     x.view(-1)[:] = 12.5  # every element 25% off: within rtol 0.3
-    assert gate.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
+    assert checks.compare("output", x.bfloat16(), ref.bfloat16(), tol).passed
     x = ref.clone()
     x[0, 0] = float("nan")
-    v = gate.compare("output", x.bfloat16(), ref.bfloat16(), tol)
+    v = checks.compare("output", x.bfloat16(), ref.bfloat16(), tol)
     assert not v.passed and "non-finite" in v.reason
 
 
 def test_compare_semantics_atol_or_rtol():
-    tol = gate.Tol(1e-2, 1e-2)
+    tol = checks.Tol(1e-2, 1e-2)
     ref = torch.tensor([100.0, 0.001, 1.0])
-    assert gate.compare("o", torch.tensor([100.5, 0.005, 1.0]), ref, tol).passed  # rel 0.5% / abs 0.004
-    assert not gate.compare("o", torch.tensor([102.0, 0.001, 1.0]), ref, tol).passed  # abs 2 and rel 2%
+    assert checks.compare("o", torch.tensor([100.5, 0.005, 1.0]), ref, tol).passed  # rel 0.5% / abs 0.004
+    assert not checks.compare("o", torch.tensor([102.0, 0.001, 1.0]), ref, tol).passed  # abs 2 and rel 2%

@@ -2,10 +2,12 @@
 number of sets follows the L2 rule, and a real job (materialise -> gate -> time) runs end to end."""
 import torch
 
-from kdispatch.tuner import gate, timing
+from kdispatch import definitions
+from kdispatch.tuner import gate, stats, timing
+from kdispatch.tuner.job import Job, run_job
 from kdispatch.workloads import materialize
 
-DECODE, INDEXER, SPARSE = gate.GDN_DECODE, gate.DSA_INDEXER, gate.DSA_SPARSE
+DECODE, INDEXER, SPARSE = map(definitions.resolve_name, ("gdn_decode", "dsa_topk_indexer", "dsa_sparse_attention"))
 
 
 def args_of(definition, axes, uuid="rot"):
@@ -46,14 +48,14 @@ def test_sparse_rotation_keeps_padding_and_slots():
 
 def test_moe_rotation_keeps_routing_inside_groups():
     x = torch.randn(5, 256)
-    y = timing.rotate(gate.MOE_FP8, [x, None], 3, 8)[0]
+    y = timing.rotate("moe_fp8", [x, None], 3, 8)[0]
     assert torch.equal(y.view(5, 8, 32).sort(dim=2).values, x.view(5, 8, 32).sort(dim=2).values)
     assert not torch.equal(x, y)
 
 
 def test_percentile():
-    assert timing.percentile([1, 2, 3, 4, 5], 0.5) == 3
-    assert abs(timing.percentile([0, 10], 0.1) - 1.0) < 1e-12
+    assert stats.percentile([1, 2, 3, 4, 5], 0.5) == 3
+    assert abs(stats.percentile([0, 10], 0.1) - 1.0) < 1e-12
 
 
 def test_run_job_end_to_end_on_cpu():
@@ -62,9 +64,9 @@ def test_run_job_end_to_end_on_cpu():
     def emit(kind, *payload):
         (rows if kind == "result" else starts).append(payload[0] if kind == "result" else payload)
 
-    job = timing.Job(DECODE, [{"uuid": "job-1", "axes": {"batch_size": 2}, "inputs": {}}],
+    work = Job(DECODE, [{"uuid": "job-1", "axes": {"batch_size": 2}, "inputs": {}}],
                      {"job-1": ["reference", "no_such_variant"]}, device="cpu", quick=True)
-    timing.run_job(job, emit)
+    run_job(work, emit)
     by = {r["variant"]: r for r in rows}
     assert by["reference"]["status"] == "PASSED" and by["reference"]["method"] == "cpu"
     assert by["reference"]["median_us"] > 0 and by["reference"]["sets"] >= 1
@@ -81,9 +83,9 @@ def test_every_variant_of_a_workload_is_gated_against_untouched_inputs():
     registry.register(Variant(DECODE, "ref_twin", lambda *a: ref(*a), "torch", ("cpu",)))
     rows = []
     try:
-        job = timing.Job(DECODE, [{"uuid": "job-2", "axes": {"batch_size": 2}, "inputs": {}}],
+        work = Job(DECODE, [{"uuid": "job-2", "axes": {"batch_size": 2}, "inputs": {}}],
                          {"job-2": ["reference", "ref_twin", "routed"]}, device="cpu", quick=True)
-        timing.run_job(job, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
+        run_job(work, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
     finally:
         registry.unregister(DECODE, "ref_twin")
     assert [(r["variant"], r["status"]) for r in rows] == [("reference", "PASSED"), ("ref_twin", "PASSED"),

@@ -16,6 +16,7 @@ import torch
 
 from kdispatch import definitions
 from kdispatch import workloads as W
+from kdispatch.definitions.dsa_paged import spec as dsa_spec
 from kdispatch.workloads import materialize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,7 +193,7 @@ def test_trace_set_loads_every_contest_workload():
         assert len({t.workload.uuid for t in traces}) == n
         for t in traces:
             assert set(t.workload.inputs) == set(definitions.load(short)["inputs"])
-            for name, value in W.MODEL_SCALARS.get(full, {}).items():
+            for name, value in definitions.get(full).spec.model_scalars.items():
                 assert t.workload.inputs[name].type == "scalar" and t.workload.inputs[name].value == value
     assert ts.workloads[definitions.resolve_name("moe_fp8")][0].workload.inputs["local_expert_offset"].value == 0
 
@@ -281,9 +282,9 @@ def test_indexer_small_runs_through_reference():
 def test_index_cache_layout_round_trip():
     g = torch.Generator().manual_seed(1)
     keys = torch.randn(3, PAGE, 128, generator=g) * torch.rand(3, PAGE, 1, generator=g) * 4
-    cache = W.quantize_index_keys(keys)
+    cache = dsa_spec.quantize_index_keys(keys)
     assert cache.shape == (3, PAGE, 1, 132) and cache.dtype == torch.int8
-    deq = W.dequantize_index_cache(cache)
+    deq = dsa_spec.dequantize_index_cache(cache)
     scale = keys.abs().amax(-1, keepdim=True) / 448
     assert ((deq - keys).abs() <= keys.abs() / 16 + scale * 2 ** -9 + 1e-12).all()
     # the deep_gemm byte layout itself: page p = [64 x 128 fp8 keys, token-major][64 x fp32 scales]
@@ -420,11 +421,12 @@ def test_moe_routing_rate_is_realistic():
     """Routing logits alone (weights not needed): about 8 * 32 / 256 = 1 local pick per token."""
     from kdispatch.references.moe_fp8 import _route
 
-    ctx = W._Context(W.MOE_FP8, "rate", 0, torch.device("cpu"))
+    moe = definitions.get("moe_fp8")
+    ctx = W.Context(moe.name, "rate", 0, torch.device("cpu"))
     axes = {"seq_len": 4096, "num_experts": 256, "num_local_experts": 32, "hidden_size": 128}
     given = {"local_expert_offset": 0, "routed_scaling_factor": 2.5, "hidden_states": 0, "hidden_states_scale": 0,
              "gemm1_weights": 0, "gemm1_weights_scale": 0, "gemm2_weights": 0, "gemm2_weights_scale": 0}
-    out = W._build_moe(axes, given, ctx)
+    out = moe.spec.build(axes, given, ctx)
     experts, _ = _route(out["routing_logits"], out["routing_bias"], 2.5)
     per_token = (experts < 32).sum(1).float()
     assert 0.7 < per_token.mean() < 1.3 and 0.3 < (per_token > 0).float().mean() < 0.7

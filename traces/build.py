@@ -13,7 +13,7 @@ columns, such as published latencies, are ignored) and writes, next to this scri
 Every tensor input is `{"type": "random"}`: the contest's safetensors blobs (real sequence lengths,
 sparse indices, routing logits, states) are not available, and `kdispatch.workloads.materialize`
 turns "random" into valid, realistic inputs (FlashInfer-Bench's own generator would give plain noise
-for index tensors). Scalars carry the served models' values, `kdispatch.workloads.MODEL_SCALARS`:
+for index tensors). Scalars carry the served models' values, each spec's `model_scalars`:
 GDN scale = 1/sqrt(128); sparse attention sm_scale = 1/sqrt(192); MoE routed_scaling_factor = 2.5
 and local_expert_offset = 0 for every workload: the synthetic routing is symmetric over the 256
 experts, so each of the 8 EP ranks sees the same token -> expert mass and spreading the offsets over
@@ -79,7 +79,6 @@ def workload_traces(defn: dict, csv_path: Path, scalars: dict) -> list[dict]:
 def build(axes_dir: Path, out_dir: Path = HERE) -> dict[str, int]:
     """Writes the dataset under out_dir; returns {definition name: workload count}."""
     from kdispatch import definitions
-    from kdispatch.workloads import MODEL_SCALARS
 
     written: set[Path] = set()
     counts = {}
@@ -88,7 +87,7 @@ def build(axes_dir: Path, out_dir: Path = HERE) -> dict[str, int]:
         csv_path = axes_dir / f"{name}.csv"
         if not csv_path.is_file():
             raise FileNotFoundError(f"no contest axes for {name}: {csv_path}")
-        traces = workload_traces(defn, csv_path, MODEL_SCALARS.get(name, {}))
+        traces = workload_traces(defn, csv_path, definitions.get(name).spec.model_scalars)
 
         def_out = out_dir / "definitions" / defn["op_type"] / f"{name}.json"
         def_out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,9 @@
     kdispatch bench --workloads DIR [--definitions D ...] [--device ...] [--quick] [--json PATH]
     kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
     kdispatch add <variant.py | solution.json> [--author A] [--parent V] [--archs sm90 ...] [--force]
-    kdispatch export-traces [--store PATH ...] [--out DIR] [--definitions D ...]
 
 Stores: `tune` writes `tuner/results/<device-slug>.sqlite` (git-ignored) and its committed text
-twin `tuner/results/<device-slug>.jsonl`; `route`, `explain`, `report` and `export-traces` read
+twin `tuner/results/<device-slug>.jsonl`; `route`, `explain` and `report` read
 every store under tuner/results/ by default (no GPU needed). `--quick` (a smoke run: 6 workloads
 per definition, 1 trial, few repetitions) uses `tuner/results/quick/` for both its store and its
 routers unless --store / --out say otherwise.
@@ -93,21 +92,16 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an earlier landed candidate of the same file")
     p.set_defaults(func=cmd_add)
 
-    p = sub.add_parser("export-traces", help="write the store as FlashInfer-Bench trace JSONL")
-    _store_arg(p)
-    p.add_argument("--out", default="build/fib-traceset", help="trace-set folder (traces/ written under it)")
-    _defs_arg(p)
-    p.set_defaults(func=cmd_export)
 
 
 def _stores(args):
-    from .runner import open_stores
+    from .flows import open_stores
 
     return open_stores(getattr(args, "store", None))
 
 
 def cmd_tune(args) -> int:
-    from .runner import tune
+    from .flows import tune
 
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
@@ -118,7 +112,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_route(args) -> int:
-    from .runner import ROUTERS_DIR, compile_all, workload_dicts
+    from .flows import compile_all
+    from .plan import ROUTERS_DIR, workload_dicts
 
     store = _stores(args)
     uuids = None
@@ -162,7 +157,7 @@ def cmd_explain(args) -> int:
     arch = args.arch or (_arch.local_arch() if _arch.local_arch().startswith("sm") else "sm90")
     path = Path(args.routers or ROUTERS_DIR) / arch / f"{d}.py"
     f = features.compute(d, axes)
-    print(f"{defs.FULL_TO_SHORT[d]} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
+    print(f"{defs.get(d).short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
     if not path.exists():
         print(f"no router {path}: the dispatcher serves the baseline")
         return 0
@@ -213,7 +208,7 @@ def cmd_explain(args) -> int:
 def cmd_bench(args) -> int:
     from kdispatch import definitions as defs
 
-    from .runner import bench, bench_table
+    from .flows import bench, bench_table
 
     store, info = bench(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
                         quick=args.quick,
@@ -227,14 +222,14 @@ def cmd_bench(args) -> int:
         if not lines:
             continue
         summaries[d] = summ
-        print(f"\n== {defs.FULL_TO_SHORT[d]}")
+        print(f"\n== {defs.get(d).short}")
         print("\n".join(lines))
     print("\n== summary: routed op vs baseline")
     bad = 0
     for d, s in summaries.items():
         bad += s["routed_slower_than_baseline"] + s["routed_failures"]
         sp = f"{s['routed_geomean_speedup']:.3f}x" if s["routed_geomean_speedup"] else "n/a"
-        print(f"{defs.FULL_TO_SHORT[d]:<22} {s['workloads']:>4} workloads  baseline {s['baseline']:<24} routed {sp} "
+        print(f"{defs.get(d).short:<22} {s['workloads']:>4} workloads  baseline {s['baseline']:<24} routed {sp} "
               f"geomean; slower than baseline beyond the spread: {s['routed_slower_than_baseline']}; "
               f"routed failures: {s['routed_failures']}")
     if args.json:
@@ -270,14 +265,6 @@ def cmd_add(args) -> int:
     print(f"author {prov['author']}, parent {prov['parent']}, {prov['date']}; "
           "`kdispatch tune` measures it and regenerates the routers")
     return 0
-
-
-def cmd_export(args) -> int:
-    store = _stores(args)
-    paths = store.export_traces(args.out, args.definitions)
-    for p in paths:
-        print(f"written {p}")
-    return 0 if paths else 1
 
 
 def main(argv=None) -> int:  # `python -m kdispatch.tuner.cli ...` without the rest of kdispatch's CLI

@@ -19,14 +19,14 @@ from pathlib import Path
 from kdispatch import definitions as defs
 
 from . import features as feats
-from .fit import RUN_TO_RUN, Policy, variant_summary
+from .fit import Policy, required_gain, variant_summary
 
 HEADER_WIDTH = 100
 
 
 def _cond(definition: str, bounds: dict) -> str:
     parts = []
-    for f in feats.spec(definition).fit:
+    for f in feats.fit_names(definition):
         if f not in bounds:
             continue
         lo, hi = bounds[f]
@@ -58,7 +58,7 @@ def _used_features(definition: str, policy: Policy) -> list[str]:
     for r in policy.regions:
         if r.variant != policy.baseline:
             used.update(r.bounds)
-    return [f for f in feats.spec(definition).derived if f in used]
+    return [f for f in defs.get(definition).spec.derived if f in used]
 
 
 def render(policy: Policy) -> str:
@@ -94,12 +94,13 @@ def render(policy: Policy) -> str:
                 extra += f"  [{s['not_graph_safe']} not graph-safe]"
             lines.append(f"#   {name:<{width}}  {s['hash']}  {s['passed']}/{s['measured']}  {sp}{extra}"[:HEADER_WIDTH * 2])
     lines += [
-        "# fit         threshold splits over " + ", ".join(feats.spec(d).fit) + "; a variant replaces the baseline",
+        "# fit         threshold splits over " + ", ".join(feats.fit_names(d)) + "; a variant replaces the baseline",
         "#             in a region only where it passed and was faster on every workload there by more than",
-        "#             the measured spread (and 3%); the dispatcher still checks the variant's `supports`",
+        f"#             the measured spread (and {policy.params.min_gain:.0%}); the dispatcher still checks the variant's `supports`",
         "#             and availability and falls back to the baseline",
     ]
-    noisy = sorted((v, f) for (dd, v), f in RUN_TO_RUN.items() if dd == d and v in t.variants)
+    gains = {v: required_gain(policy.params, d, v) for v in (t.variants if t is not None else ())}
+    noisy = sorted((v, g) for v, g in gains.items() if g > policy.params.min_gain)
     if noisy:
         lines.append("#             (by " + ", ".join(f"{f:.0%} for {v}" for v, f in noisy) +
                      ": its time varies between processes)")
@@ -125,8 +126,13 @@ def render(policy: Policy) -> str:
                      f"'workloads': {r.stats.get('workloads', len(r.uuids))}, 'speedup': {tuple(sp) if sp else None!r}}},")
     lines += [")", "", "", f"def route({', '.join(axes)}):"]
     body = []
-    for f in _used_features(d, policy):
-        body.append(f"    {f} = {feats.spec(d).derived[f].expr}  # {feats.spec(d).derived[f].doc}")
+    used = _used_features(d, policy)
+    consts = feats.constants_used(d, used)
+    if consts:
+        body.append(f"    {', '.join(consts)} = {', '.join(map(str, consts.values()))}  # constant axes")
+    for f in used:
+        der = defs.get(d).spec.derived[f]
+        body.append(f"    {f} = {der.expr}  # {der.doc}")
     unconditional = False
     for i, r in enumerate(policy.regions, 1):
         if r.variant == policy.baseline:

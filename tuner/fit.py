@@ -11,12 +11,14 @@ a graph-safe method (on every workload: one capture failure anywhere marks the v
 everywhere, since it is a property of its code), and beats the baseline by more than the measured
 spread:
 
-    t_v + margin < t_base,   margin = max(s_v + s_base, min_gain * t_base)
+    t_v + margin < t_base,   margin = max(s_v + s_base, gain * t_base)      (tuner/stats.py)
 
-where s = (p90 - p10) / 2 of the repetitions and min_gain = 3% (CUDA-graph replays have tiny
+where s = (p90 - p10) / 2 of the repetitions and gain = min_gain = 3% (CUDA-graph replays have tiny
 spreads; the floor absorbs run-to-run drift so that a re-measurement does not find the routed op
-slower than the baseline). A variant whose time is known to vary between processes must win by
-at least that variation instead (`RUN_TO_RUN`: fla-core's chunk prefill). Times are compared like with like: graph against graph; against a baseline that can
+slower than the baseline), or more for a variant whose time is known to vary between processes
+(`Spec.run_to_run`, e.g. fla-core's chunk prefill: `required_gain`). The same margin decides
+"slower than the baseline" in the held-out regret and in `kdispatch bench`. Times are compared
+like with like: graph against graph; against a baseline that can
 only be events-timed (it syncs with the host), a graph-timed variant must also win on eager host +
 device time (`beats_like_with_like`). A variant is admissible in a region only if admissible on
 EVERY workload of the region; a variant that failed (or was not measured) on any workload of a region
@@ -51,17 +53,15 @@ import numpy as np
 from kdispatch import definitions as defs
 
 from . import features as feats
+from .stats import beats, geomean, slower
 from .store import Result, Store
 
 
-# Variation of a variant's time between processes, beyond what one measurement's spread shows.
-# On one H100 (2026-11-22/23) fla-core's chunk prefill at total_seq_len 2857 ran 98.5 us in two
-# processes and 111.7 and 116.9 us in two others, while FlashInfer ran 105-106 us in all four: a
-# 1.07x win in the tune became a 0.95x loss in the bench. The likely cause (not verified): fla-core
-# autotunes its Triton kernels in each process and does not always pick the same configuration.
-RUN_TO_RUN = {
-    ("gdn_prefill_qk4_v8_d128_k_last", "fla_chunk"): 0.2,
-}
+def required_gain(params: "FitParams", definition: str, variant: str) -> float:
+    """The fraction by which `variant` must beat the baseline: min_gain, or its known variation
+    between processes (the spec's `run_to_run`, or an override in params) when larger."""
+    return max(params.min_gain, defs.get(definition).spec.run_to_run.get(variant, 0.0),
+               params.run_to_run.get((defs.resolve_name(definition), variant), 0.0))
 
 
 @dataclass
@@ -70,9 +70,8 @@ class FitParams:
     min_leaf: float = 2.0  # workload weight per region
     min_split_gain: float = 0.01  # fraction of the node's latency a split must save
     min_gain: float = 0.03  # a variant must beat the baseline by this fraction (or the spread)
-    # (definition, variant) -> its time's known variation between processes, a fraction: the least
-    # margin by which it must beat the baseline
-    run_to_run: dict = field(default_factory=lambda: dict(RUN_TO_RUN))
+    # (definition, variant) -> extra known run-to-run variation, on top of the specs' `run_to_run`
+    run_to_run: dict = field(default_factory=dict)
     folds: int = 5
 
 
@@ -147,7 +146,7 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     for r in rows:
         axes.setdefault(r.uuid, r.axes)
     fts = {u: feats.compute(definition, a) for u, a in axes.items()}
-    fit_names = feats.spec(definition).fit
+    fit_names = feats.fit_names(definition)
     order = sorted(axes, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
     return Table(definition, arch, envs[env], baseline, hashes, order, axes, fts, by_key,
                  {u: 1.0 for u in order})
@@ -180,6 +179,7 @@ class Policy:
     regions: list[Region]
     table: Table | None = None
     heldout: dict | None = None
+    params: FitParams = field(default_factory=FitParams)
 
     def route(self, features: dict) -> str:
         for r in self.regions:
@@ -200,7 +200,7 @@ class _Matrix:
     def __init__(self, t: Table, params: FitParams):
         self.t = t
         self.names = t.variants
-        self.fit = list(feats.spec(t.definition).fit)
+        self.fit = list(feats.fit_names(t.definition))
         n, V = len(t.uuids), len(self.names)
         self.X = np.array([[t.features[u][f] for f in self.fit] for u in t.uuids], dtype=np.int64).reshape(n, len(self.fit))
         self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
@@ -219,8 +219,7 @@ class _Matrix:
                 if j == 0:
                     self.ok[j, i] = True
                 elif r is not None and r.routable and name not in unsafe and b_ok:
-                    gain = max(params.min_gain, params.run_to_run.get((t.definition, name), 0.0))
-                    self.ok[j, i] = beats_like_with_like(r, b, gain)
+                    self.ok[j, i] = beats_like_with_like(r, b, required_gain(params, t.definition, name))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)
@@ -277,19 +276,6 @@ def beats_like_with_like(r: Result, b: Result, min_gain: float) -> bool:
     return beats(r, b, min_gain) and r.eager_us * (1 + min_gain) < b.eager_us
 
 
-def beats(r: Result, b: Result, min_gain: float) -> bool:
-    """Is row r faster than baseline row b by more than the measured spread (and min_gain)?"""
-    spread = _half_width(r) + _half_width(b)
-    margin = max(spread, min_gain * b.median_us)
-    return r.median_us + margin < b.median_us
-
-
-def _half_width(r: Result) -> float:
-    if r.p10_us is None or r.p90_us is None:
-        return 0.0
-    return max(0.0, (r.p90_us - r.p10_us) / 2)
-
-
 def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True) -> Policy:
     params = params or FitParams()
     m = _Matrix(table, params)
@@ -306,7 +292,7 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
     for r in regions:
         r.stats = region_stats(table, r)
-    pol = Policy(table.definition, table.arch, table.baseline, regions, table)
+    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params)
     if with_heldout:
         pol.heldout = heldout_regret(table, params)
     return pol
@@ -402,7 +388,7 @@ def region_stats(t: Table, r: Region) -> dict:
     if not sp:
         return {"workloads": len(r.uuids), "speedup": None}
     return {"workloads": len(r.uuids),
-            "speedup": (round(min(sp), 2), round(math.exp(sum(map(math.log, sp)) / len(sp)), 2), round(max(sp), 2))}
+            "speedup": (round(min(sp), 2), round(geomean(sp), 2), round(max(sp), 2))}
 
 
 def variant_summary(t: Table) -> dict[str, dict]:
@@ -421,7 +407,7 @@ def variant_summary(t: Table) -> dict[str, dict]:
                      "failed": len(failed), "first_failure": (f"{failed[0].status}: {failed[0].reason}"[:120]
                                                               if failed else ""),
                      "not_graph_safe": sum(1 for r in passed if not r.routable),
-                     "geomean_speedup": (round(math.exp(sum(map(math.log, sp)) / len(sp)), 3) if sp else None)}
+                     "geomean_speedup": (round(geomean(sp), 3) if sp else None)}
     return out
 
 
@@ -436,7 +422,7 @@ def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
     if k < 2:
         return {"folds": k, "workloads": 0}
     regrets, chosen_sum, best_sum, base_sum = [], 0.0, 0.0, 0.0
-    slower, unsafe = [], []
+    slower_ones, unsafe = [], []
     for fold in range(k):
         held = [u for u in t.uuids if _fold_of(u, k) == fold]
         train = [u for u in t.uuids if _fold_of(u, k) != fold]
@@ -458,8 +444,8 @@ def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
             chosen_sum += r.median_us
             best_sum += best
             base_sum += b.median_us
-            if name != t.baseline and r is not b and r.median_us > b.median_us + _half_width(r) + _half_width(b):
-                slower.append(u)
+            if name != t.baseline and r is not b and slower(r, b, params.min_gain):
+                slower_ones.append(u)
     if not regrets:
         return {"folds": k, "workloads": 0}
     return {"folds": k, "workloads": len(regrets),
@@ -467,4 +453,4 @@ def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
             "regret_max_pct": round(100 * max(regrets), 2),
             "regret_total_pct": round(100 * (chosen_sum / best_sum - 1.0), 2),
             "speedup_vs_baseline": round(base_sum / chosen_sum, 3),
-            "slower_than_baseline": len(slower), "unsafe": len(unsafe)}
+            "slower_than_baseline": len(slower_ones), "unsafe": len(unsafe)}

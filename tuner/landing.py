@@ -37,7 +37,6 @@ from kdispatch import definitions as defs
 from kdispatch import registry
 
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
-FAMILIES = {"gdn": "gdn", "dsa_paged": "dsa", "moe": "moe"}
 FIB_BACKENDS = {"python": "torch", "triton": "triton", "cuda": "cuda", "cpp": "cuda", "tilelang": "cuda"}
 DEFAULT_ARCHS = ("sm90", "sm100")
 
@@ -47,8 +46,8 @@ class LandingError(ValueError):
 
 
 def family_of(definition: str) -> str:
-    op_type = defs.load(definition)["op_type"]
-    return FAMILIES.get(op_type, op_type)
+    """The kernels/<backend>/<family>/ folder of a definition's variants (its spec says)."""
+    return defs.get(definition).spec.family
 
 
 def default_author() -> str:
@@ -299,10 +298,8 @@ def _add_solution(path: Path, author, parent, archs, force, kernels_dir: Path, d
         registry.get(definition, parent)
     if target.exists() and not force:
         raise LandingError(f"{target} exists (use --force to replace an earlier landed candidate)")
-    d = defs.load(definition)
-    ins, outs = list(d["inputs"]), list(d["outputs"])
-    in_place = tuple((outs.index(o), ins.index(i)) for o, i in
-                     {"new_state": "state"}.items() if o in outs and i in ins)
+    d = defs.get(definition)
+    in_place = tuple((d.outputs.index(o), d.inputs.index(i)) for o, i in d.spec.in_place.items())
     requires = ("flashinfer_bench",) + (("triton",) if language == "triton" else ()) + \
         (("tilelang",) if language == "tilelang" else ())
     prov = _provenance(path, "flashinfer-bench-solution",

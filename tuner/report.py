@@ -40,9 +40,9 @@ def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
             policy = fitting.fit(table, params)
             md += _section(policy, table)
             if plt is not None:
-                png = out_dir / f"{a}-{defs.FULL_TO_SHORT[d]}.png"
+                png = out_dir / f"{a}-{defs.get(d).short}.png"
                 _plot(plt, policy, table, png)
-                md += [f"![{defs.FULL_TO_SHORT[d]} on {a}]({png.name})", ""]
+                md += [f"![{defs.get(d).short} on {a}]({png.name})", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path
@@ -51,7 +51,7 @@ def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
 def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
     d = t.definition
     e = t.env
-    out = [f"## {defs.FULL_TO_SHORT[d]} on {t.arch}", "",
+    out = [f"## {defs.get(d).short} on {t.arch}", "",
            f"`{d}`: {len(t.uuids)} workloads; {e['device']}, driver {e['driver']}; torch {e['torch']}, "
            f"triton {e['triton']}, CUDA {e['cuda']}, flashinfer {e['flashinfer']}; measured up to {t.measured_at}. "
            f"Baseline: `{t.baseline}`.", "",
@@ -81,7 +81,7 @@ def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
 
 
 def _plot(plt, policy: fitting.Policy, t: fitting.Table, png: Path) -> None:
-    main = features.spec(t.definition).main
+    main = features.main(t.definition)
     fig, ax = plt.subplots(figsize=(8, 5))
     for name in t.variants:
         pts = sorted((t.features[u][main], r.median_us) for u in t.uuids
@@ -102,7 +102,7 @@ def _plot(plt, policy: fitting.Policy, t: fitting.Table, png: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel(main)
     ax.set_ylabel("latency per call (µs)")
-    ax.set_title(f"{defs.FULL_TO_SHORT[t.definition]} on {t.env['device']} ({t.arch})")
+    ax.set_title(f"{defs.get(t.definition).short} on {t.env['device']} ({t.arch})")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

@@ -1,67 +1,161 @@
-"""The five contest operator definitions, in the FlashInfer-Bench Definition JSON format.
+"""Operator definitions: FlashInfer-Bench Definition JSON plus one spec each (kdispatch/spec.py).
 
-Each `<op_type>/<name>.json` here is the single source of truth for an operator's axes, inputs,
-outputs and constraints. Its `reference` field holds the text of `kdispatch/references/<short>.py`
-(kept identical by `python -m kdispatch.definitions sync`, and checked by the tests).
+Layout: `<op_type>/<name>.json` is the single source of truth for an operator's axes, inputs,
+outputs and constraints; its `reference` field holds the text of the reference module the spec
+names (kept identical by `python -m kdispatch.definitions sync`, checked by the tests);
+`<op_type>/spec.py` defines `SPECS = {json file stem: Spec(...)}` for the definitions of that folder.
 
-Plain dicts are returned so that `import kdispatch` never pulls in pydantic or flashinfer_bench;
-`as_fib(name)` gives the validated `flashinfer_bench.data.Definition` when that package is there.
+    d = definitions.get("gdn_decode")        # short or full name -> Definition
+    d.name, d.short, d.inputs, d.var_axes, d.const_axes, d.spec.tolerance("output")
+
+`load(name)` returns the JSON as a plain dict (cached; do not mutate). `add(json_path, spec)`
+registers a definition that lives elsewhere (tests, out-of-tree operators). Spec modules import
+torch, so they load on first use, not with `import kdispatch`.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+
+from kdispatch.spec import Spec
 
 _HERE = Path(__file__).resolve().parent
 
-# Short names (kdispatch.ops.<short>) <-> full definition names.
-SHORT_NAMES = {
-    "moe_fp8": "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
-    "dsa_topk_indexer": "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64",
-    "dsa_sparse_attention": "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64",
-    "gdn_decode": "gdn_decode_qk4_v8_d128_k_last",
-    "gdn_prefill": "gdn_prefill_qk4_v8_d128_k_last",
-}
-FULL_TO_SHORT = {full: short for short, full in SHORT_NAMES.items()}
+
+@dataclass(frozen=True, eq=False)
+class Definition:
+    """A resolved definition: its JSON and its spec."""
+
+    name: str
+    path: Path
+    data: dict
+    spec: Spec
+
+    @property
+    def short(self) -> str:
+        return self.spec.short
+
+    @property
+    def op_type(self) -> str:
+        return self.data["op_type"]
+
+    @cached_property
+    def inputs(self) -> list[str]:
+        return list(self.data["inputs"])
+
+    @cached_property
+    def outputs(self) -> list[str]:
+        return list(self.data["outputs"])
+
+    @cached_property
+    def var_axes(self) -> list[str]:
+        """Variable axes in definition order (the routers' parameters)."""
+        return [k for k, a in self.data["axes"].items() if a["type"] == "var"]
+
+    @cached_property
+    def const_axes(self) -> dict[str, int]:
+        return {k: int(a["value"]) for k, a in self.data["axes"].items() if a["type"] == "const"}
+
+    def reference_module(self):
+        return importlib.import_module(self.spec.reference)
+
+
+_BY_NAME: dict[str, Definition] = {}
+_discovered = False
+
+
+def _discover() -> None:
+    """Loads every shipped `<op_type>/spec.py` with the JSONs beside it (once)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for folder in sorted(p for p in _HERE.iterdir() if (p / "spec.py").exists()):
+        mod = importlib.import_module(f"{__name__}.{folder.name}.spec")
+        for stem, spec in mod.SPECS.items():
+            add(folder / f"{stem}.json", spec)
+
+
+def add(json_path: str | Path, spec: Spec) -> Definition:
+    """Registers the definition in `json_path` with its spec; returns it. Names must be unique."""
+    path = Path(json_path).resolve()
+    data = json.loads(path.read_text())
+    name = data["name"]
+    if path.stem != name:
+        raise ValueError(f"{path}: the file must be named after the definition ({name}.json)")
+    for other in _BY_NAME.values():
+        if other.name != name and other.short == spec.short:
+            raise ValueError(f"short name {spec.short!r} of {name} is taken by {other.name}")
+    old = _BY_NAME.get(name)
+    if old is not None and old.path != path:
+        raise ValueError(f"definition {name} is defined twice ({old.path} and {path})")
+    d = Definition(name, path, data, spec)
+    _BY_NAME[name] = d
+    return d
+
+
+def remove(name: str) -> None:
+    """Forgets a definition registered with `add` (tests)."""
+    _BY_NAME.pop(resolve_name(name), None)
+
+
+def get(name: str) -> Definition:
+    """The Definition for a full or short name; ValueError naming the known ones otherwise."""
+    _discover()
+    d = _BY_NAME.get(name)
+    if d is None:
+        d = next((x for x in _BY_NAME.values() if x.short == name), None)
+    if d is None:
+        raise ValueError(f"unknown definition {name!r}; known: {sorted(x.short for x in _BY_NAME.values())} "
+                         f"or their full names")
+    return d
 
 
 def resolve_name(name: str) -> str:
-    """Full definition name for a full or short name; ValueError naming the known ones otherwise."""
-    if name in FULL_TO_SHORT:
-        return name
-    if name in SHORT_NAMES:
-        return SHORT_NAMES[name]
-    raise ValueError(f"unknown definition {name!r}; known: {sorted(SHORT_NAMES)} or {sorted(FULL_TO_SHORT)}")
-
-
-@lru_cache(maxsize=None)
-def _paths() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(_HERE.glob("*/*.json"))}
+    """Full definition name for a full or short name."""
+    return get(name).name
 
 
 def names() -> list[str]:
-    """Full names of every shipped definition."""
-    return list(_paths())
+    """Full names of every known definition, sorted."""
+    _discover()
+    return sorted(_BY_NAME)
 
 
-@lru_cache(maxsize=None)
+def all_definitions() -> list[Definition]:
+    return [get(n) for n in names()]
+
+
 def load(name: str) -> dict:
-    """The definition as a plain dict (do not mutate: it is cached)."""
-    return json.loads(_paths()[resolve_name(name)].read_text())
+    """The definition's JSON as a plain dict (do not mutate: it is shared)."""
+    return get(name).data
+
 
 
 def path(name: str) -> Path:
-    return _paths()[resolve_name(name)]
+    return get(name).path
 
 
 def reference_path(name: str) -> Path:
-    """The project's reference implementation module whose text is the definition's `reference`."""
-    return _HERE.parent / "references" / f"{FULL_TO_SHORT[resolve_name(name)]}.py"
+    """The reference module's file (its text is the definition's `reference`)."""
+    spec = importlib.util.find_spec(get(name).spec.reference)
+    return Path(spec.origin)
 
 
 def as_fib(name: str):
     """The definition validated as a `flashinfer_bench.data.Definition`."""
-    from flashinfer_bench.data import Definition
+    from flashinfer_bench.data import Definition as FibDefinition
 
-    return Definition.model_validate(load(name))
+    return FibDefinition.model_validate(load(name))
+
+
+def __getattr__(attr):  # SHORT_NAMES / FULL_TO_SHORT: computed from the specs on first use
+    if attr == "SHORT_NAMES":
+        return {get(n).short: n for n in names()}
+    if attr == "FULL_TO_SHORT":
+        return {n: get(n).short for n in names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

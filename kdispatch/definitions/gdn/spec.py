@@ -1,0 +1,129 @@
+"""Gated DeltaNet (Qwen3-Next) decode and prefill: the specs of the definitions in this folder.
+
+Inputs as served: q, k L2-normalised per head; the state a decayed sum of rank-1 writes (what a
+real mid-sequence state looks like); A_log = log(U(1, 16)); dt_bias = softplus^-1 of a log-uniform
+dt in [1e-3, 1e-1] (the Mamba-2 initialisation; with these the decays span (0, 1)); prefill
+`cu_seqlens` splits `total_seq_len` into `num_seqs` non-empty sequences at random cut points.
+The state is updated in place and returned as `new_state` (serving engines keep states in a pool).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kdispatch.checks import Tol
+from kdispatch.spec import Derived, Floor, Rotation, Spec
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+
+
+def _state(n: int, heads: int, dim: int, g: torch.Generator) -> torch.Tensor:
+    """[n, H, V, K] float32: sum_i 0.95^i v_i k_i^T over 64 past writes (unit k, N(0,1) v):
+    entries ~0.3, S @ k recalls O(1) values, like a state in the middle of a sequence."""
+    writes = 64
+    k = _unit(torch.randn(n, heads, writes, dim, generator=g))  # [n, H, r, K]
+    v = torch.randn(n, heads, dim, writes, generator=g)  # [n, H, V, r]
+    w = 0.95 ** torch.arange(writes, dtype=torch.float32)
+    return torch.matmul(v * w, k).contiguous()
+
+
+def _gate_params(heads: int, ctx) -> dict:
+    g = ctx.rng("gdn_params")
+    a_log = torch.log(torch.empty(heads).uniform_(1.0, 16.0, generator=g))
+    dt = torch.exp(torch.empty(heads).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) == dt
+    return {"A_log": a_log, "dt_bias": dt_bias}
+
+
+def _build_common(lead: list[int], n_state: int, axes: dict, given: dict, ctx) -> dict:
+    hq, hk, hv, d = axes["num_q_heads"], axes["num_k_heads"], axes["num_v_heads"], axes["head_size"]
+    bf16 = torch.bfloat16
+    out = {}
+    if "q" not in given:
+        out["q"] = _unit(torch.randn(*lead, hq, d, generator=ctx.rng("q"))).to(bf16)
+    if "k" not in given:
+        out["k"] = _unit(torch.randn(*lead, hk, d, generator=ctx.rng("k"))).to(bf16)
+    if "v" not in given:
+        out["v"] = torch.randn(*lead, hv, d, generator=ctx.rng("v")).to(bf16)
+    if "state" not in given:
+        out["state"] = _state(n_state, hv, d, ctx.rng("state"))
+    if "a" not in given:
+        out["a"] = torch.randn(*lead, hv, generator=ctx.rng("a")).to(bf16)
+    if "b" not in given:
+        out["b"] = torch.randn(*lead, hv, generator=ctx.rng("b")).to(bf16)
+    out.update(_gate_params(hv, ctx))
+    return out
+
+
+def build_decode(axes, given, ctx) -> dict:
+    b = axes["batch_size"]
+    return _build_common([b, axes["seq_len"]], b, axes, given, ctx)
+
+
+def random_cu_seqlens(total: int, num_seqs: int, g: torch.Generator) -> torch.Tensor:
+    """[num_seqs + 1] int64 boundaries splitting `total` tokens into non-empty sequences at
+    uniformly random distinct cut points (lengths from 1 to most of `total`)."""
+    if num_seqs == 0:
+        if total:
+            raise ValueError(f"{total} tokens cannot form 0 sequences")
+        return torch.zeros(1, dtype=torch.int64)
+    if num_seqs > total:
+        raise ValueError(f"{total} tokens cannot form {num_seqs} non-empty sequences")
+    cuts = torch.randperm(total - 1, generator=g)[: num_seqs - 1].sort().values + 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), cuts.to(torch.int64),
+                      torch.full((1,), total, dtype=torch.int64)])
+
+
+def build_prefill(axes, given, ctx) -> dict:
+    total, n = axes["total_seq_len"], axes["num_seqs"]
+    out = _build_common([total], n, axes, given, ctx)
+    if "cu_seqlens" not in given:
+        out["cu_seqlens"] = random_cu_seqlens(total, n, ctx.rng("cu_seqlens"))
+    return out
+
+
+def _state_bytes(args: dict) -> int:
+    return args["state"].numel() * args["state"].element_size()
+
+
+# Timing: every set gets its own copy of the state (B x 512 KB), which is also what keeps timing
+# from writing into the caller's state.
+STATE_ROTATION = Rotation("state", lambda args, i, n: args["state"].clone(), _state_bytes)
+
+
+def floor(args: dict, axes: dict) -> Floor:
+    """State read + written once, q/k/v/a/b read and the output written once (bf16)."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("q", "k", "v", "a", "b"))
+    return Floor(2 * _state_bytes(args) + moved + args["v"].numel() * 2)
+
+
+_COMMON = dict(family="gdn", in_place={"new_state": "state"}, rotation=STATE_ROTATION, floor=floor,
+               model_scalars={"scale": 1.0 / math.sqrt(128)})  # Qwen3-Next: 1/sqrt(head_size)
+
+SPECS = {
+    "gdn_decode_qk4_v8_d128_k_last": Spec(
+        short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
+        fit=("batch_size",), main="batch_size",
+        # FlashInfer-Bench's default 1e-2 elementwise, with the norm bounds of benchmarks/gdn.py.
+        tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state": Tol(1e-2, 1e-2, rel_norm=1e-2)},
+        **_COMMON),
+    "gdn_prefill_qk4_v8_d128_k_last": Spec(
+        short="gdn_prefill", build=build_prefill, reference="kdispatch.references.gdn_prefill",
+        fit=("total_seq_len", "mean_seq_len", "num_seqs"), main="total_seq_len",
+        derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
+        # Chunked kernels do the intra-chunk math in bf16 (measured ~4e-3 norm error for FlashInfer
+        # and fla, whose worst element over millions exceeds 1e-2): 5e-2 elementwise, and the norm
+        # bounds catch any systematic drift.
+        tolerances={"output": Tol(5e-2, 5e-2, rel_norm=2e-2), "new_state": Tol(5e-2, 5e-2, rel_norm=1e-2)},
+        reference_graph_safe=False,  # loops over cu_seqlens on the host
+        # On one H100 (2026-11-22/23) fla-core's chunk prefill at total_seq_len 2857 ran 98.5 us in
+        # two processes and 111.7 and 116.9 us in two others, while FlashInfer ran 105-106 us in all
+        # four: a 1.07x win in the tune became a 0.95x loss in the bench. Likely cause (not
+        # verified): fla-core autotunes its Triton kernels per process and does not always pick
+        # the same configuration.
+        run_to_run={"fla_chunk": 0.2},
+        **_COMMON),
+}

@@ -1,0 +1,88 @@
+"""What code needs to know about one definition beyond its JSON: the operator spec.
+
+The JSON (kdispatch/definitions/<op_type>/<name>.json, FlashInfer-Bench format) holds axes, inputs,
+outputs, constraints and the reference's text. Everything else lives in one `Spec` per definition,
+beside the JSON in `kdispatch/definitions/<op_type>/spec.py`:
+
+- serving facts: the model's scalar arguments and an input builder that makes valid calls with the
+  served model's magnitudes (`kdispatch.workloads.materialize` calls it);
+- routing facts: derived shape features (Python expressions over the axes, pasted verbatim into the
+  generated routers) and which features the fitter may split on;
+- correctness facts: outputs that are inputs updated in place, inputs shared between calls (pools,
+  weights), tolerances, and a special check where elementwise comparison is not the contract;
+- timing facts: which input rotates between timed sets and how, the bytes a set reads, whether the
+  reference can be captured in a CUDA graph, how much a variant's time varies between processes;
+- the floor: bytes and FLOPs one call cannot avoid, for the benchmarks' fraction-of-floor numbers.
+
+Adding a definition = its JSON + a reference module + a spec + variants; nothing in `tuner/` changes.
+Hooks take inputs by name (`args["state"]`), so a spec never depends on argument positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kdispatch.checks import Tol
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A shape feature computed from the axes: `expr` is a Python expression over the variable
+    and constant axes (no tensors, no imports), evaluated by the fitter and pasted into routers."""
+
+    expr: str
+    doc: str
+    is_bool: bool = False  # a predicate: routers test it with `if x` / `if not x`
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How timed input sets differ, so that no set is still in L2 when its turn comes.
+
+    `make(args, i, n)` returns the rotated input of set i of n (args by name). Set 0 keeps the
+    original unless the input is updated in place, in which case every set gets its own copy and
+    timing never writes into the caller's tensors. `set_bytes(args)`: HBM bytes one call reads
+    that differ between sets."""
+
+    input: str
+    make: Callable[[dict, int, int], object]
+    set_bytes: Callable[[dict], int]
+    max_sets: int | None = None  # a cap the rotation itself imposes (distinct sets it can make)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What one call must at least move from HBM and compute (bytes, FLOPs)."""
+
+    bytes: int
+    flops: int = 0
+
+
+@dataclass(frozen=True)
+class Spec:
+    short: str  # kdispatch.ops.<short>, and the name users type
+    family: str  # kernels/<backend>/<family>/ holds its variants
+    build: Callable[[dict, dict, object], dict]  # (axes, given inputs, workloads.Context) -> generated inputs
+    fit: tuple[str, ...]  # features the region fitter may split on, in tie-breaking order
+    main: str  # the feature on the x axis of plots and for spreading quick subsets
+    reference: str  # module whose `run` is the reference (its text is the JSON's `reference`)
+    derived: dict[str, Derived] = field(default_factory=dict)
+    model_scalars: dict[str, float | int] = field(default_factory=dict)
+    in_place: dict[str, str] = field(default_factory=dict)  # output -> the input it is written into
+    shared: frozenset = frozenset()  # inputs shared across calls and never written (not copied per trial)
+    tolerances: dict[str, Tol] = field(default_factory=dict)  # per output; default Tol(1e-2, 1e-2)
+    # (args, outputs, reference) -> checks.Verdict, all by name; None: elementwise with `tolerances`
+    check: Callable | None = None
+    # (args) -> extra facts the check needs from the reference side (computed once per trial)
+    reference_extra: Callable[[dict], dict] | None = None
+    rotation: Rotation | None = None
+    reference_graph_safe: bool = True  # False: the reference syncs with the host (never captured)
+    # variant -> fraction its time varies between processes (it must beat the baseline by at least that)
+    run_to_run: dict[str, float] = field(default_factory=dict)
+    floor: Callable[[dict, dict], Floor] | None = None  # (args, axes) -> Floor
+
+    def tolerance(self, output: str) -> Tol:
+        return self.tolerances.get(output, DEFAULT_TOL)
+
+
+DEFAULT_TOL = Tol(1e-2, 1e-2)  # FlashInfer-Bench's default

@@ -1,0 +1,104 @@
+"""Adding a definition takes its JSON, a reference, a spec and variants, and nothing else: a toy
+operator defined entirely in this test's temporary folder is materialised, gated, timed, fitted
+and compiled into a router on the CPU by the real tuner."""
+import importlib
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kdispatch import definitions, registry
+from kdispatch.spec import Spec
+from kdispatch.tuner import flows
+from kdispatch.tuner.store import Store
+
+NAME = "toy_scale_h4"
+ENV = {"device": "CPU", "arch": "cpu", "driver": "none", "torch": "2", "triton": "3", "cuda": "none",
+       "flashinfer": "none"}
+
+DEFINITION = {
+    "name": NAME, "op_type": "toy", "description": "y = alpha * x, row by row.",
+    "axes": {"num_rows": {"type": "var"}, "width": {"type": "const", "value": 4}},
+    "inputs": {"x": {"shape": ["num_rows", "width"], "dtype": "float32"},
+               "alpha": {"shape": None, "dtype": "float32"}},
+    "outputs": {"y": {"shape": ["num_rows", "width"], "dtype": "float32"}},
+    "constraints": [],
+}
+
+REFERENCE = '''
+import time
+
+import torch
+
+
+def run(x, alpha):
+    time.sleep(0.002)  # a slow oracle, so that the variant clearly wins
+    return (x.double() * alpha).float()
+'''
+
+VARIANT = '''
+from kdispatch.registry import variant
+
+
+@variant("toy_scale", "toy_fast", backend="torch", archs=("*",))
+def toy_fast(x, alpha):
+    return x * alpha
+'''
+
+
+def build(axes, given, ctx):
+    return {"x": torch.randn(axes["num_rows"], axes["width"], generator=ctx.rng("x"))}
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    (pkg / "toy_reference.py").write_text(textwrap.dedent(REFERENCE))
+    (pkg / "toy_variants.py").write_text(textwrap.dedent(VARIANT))
+    monkeypatch.syspath_prepend(str(pkg))
+    (tmp_path / f"{NAME}.json").write_text(json.dumps({**DEFINITION, "reference": REFERENCE}))
+    spec = Spec(short="toy_scale", family="toy", build=build, fit=("num_rows",), main="num_rows",
+                reference="toy_reference", model_scalars={"alpha": 2.0})
+    d = definitions.add(tmp_path / f"{NAME}.json", spec)
+    importlib.import_module("toy_variants")
+    yield d
+    registry.unregister(NAME, "toy_fast")
+    registry.forget_definition(NAME)
+    definitions.remove(NAME)
+    for mod in ("toy_variants", "toy_reference"):
+        sys.modules.pop(mod, None)
+
+
+def test_a_toy_definition_tunes_end_to_end_on_cpu(tmp_path, toy):
+    traces = tmp_path / "traces" / "workloads" / "toy"
+    traces.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
+    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    assert [v.name for v in registry.variants("toy_scale")] == ["reference", "toy_fast"]
+    r = flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV,
+                   store=tmp_path / "store" / "cpu.sqlite", out=tmp_path / "routers", quick=True,
+                   stream=open(os.devnull, "w"))
+    assert r.complete
+    rows = Store.open(tmp_path / "store" / "cpu.sqlite").results(NAME)
+    assert {(x.variant, x.status) for x in rows} == {("reference", "PASSED"), ("toy_fast", "PASSED")}
+    assert len(rows) == 8, "both variants on all four workloads"
+    router = (tmp_path / "routers" / "cpu" / f"{NAME}.py").read_text()
+    assert "def route(num_rows):" in router
+    assert "return 'toy_fast'" in router
+
+
+def test_a_wrong_toy_variant_fails_the_gate(tmp_path, toy):
+    from kdispatch.tuner import gate
+    from kdispatch.workloads import materialize
+
+    w = {"uuid": "toy-gate", "axes": {"num_rows": 5}, "inputs": {}}
+    args = list(materialize("toy_scale", w))
+    trials = [(args, gate.reference("toy_scale", args))]
+    assert gate.run_gate("toy_scale", registry.get(NAME, "toy_fast").fn, trials).passed
+    assert not gate.run_gate("toy_scale", lambda x, alpha: x * (alpha + 0.1), trials).passed

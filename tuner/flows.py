@@ -1,0 +1,272 @@
+"""The `tune`, `route` and `bench` flows.
+
+`tune`:
+  1. the environment (device name, SM, driver; torch, triton, CUDA, flashinfer versions);
+  2. per definition, the plan (tuner/plan.py): variants that run here, the trace set's workloads,
+     and the (variant, workload) pairs the store lacks for this environment and these source hashes;
+  3. the jobs run on the worker pool (tuner/pool.py); every result row is stored as it arrives, so
+     an interrupted tune resumes where it stopped;
+  4. the store's text twin is rewritten and the routers are compiled (tuner/fit.py, codegen.py).
+`bench` measures the baseline, the variants and the routed op on any workload set, in memory, and
+`bench_table` prints them side by side.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdispatch import definitions as defs
+from kdispatch import registry
+
+from . import codegen, features
+from . import fit as fitting
+from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan
+from .pool import Progress, clock, execute
+from .stats import geomean, slower
+from .store import RESULTS_DIR, Result, Store, default_path, slug
+
+
+# ----------------------------------------------------------------------------------------------
+# tune / route / bench
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class TuneResult:
+    env: dict
+    plans: list[Plan]
+    measured: list[tuple[str, str, str]] = field(default_factory=list)  # (definition, variant, uuid)
+    routers: list = field(default_factory=list)  # (definition, path, policy)
+    seconds: float = 0.0
+    complete: bool = True
+
+
+def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", store: Store | str | None = None,
+         out=None, quick: bool = False, force: bool = False, trials: int | None = None, env: dict | None = None,
+         executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
+         compile_routers: bool = True, max_minutes: float | None = None) -> TuneResult:
+    """Measures what the store lacks, then compiles the routers. Returns what it did.
+
+    `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
+    compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
+    t0 = time.monotonic()
+    stream = stream or sys.stderr
+    devices = parse_devices(device)
+    env = env or detect_environment(devices)
+    if store is None or isinstance(store, (str, Path)):
+        path = Path(store) if store is not None else (QUICK_DIR / f"{slug(env['device'])}.sqlite" if quick
+                                                      else default_path(env["device"]))
+        store = Store.open(path)
+    eid = store.add_env(env)
+    names = [defs.resolve_name(d) for d in (definitions or defs.names())]
+    plans = [plan(store, eid, env["arch"], trace_root, d, set(variants) if variants else None, quick, force)
+             for d in names]
+    total = sum(len(p.pending) for p in plans)
+    progress = Progress(total, stream)
+    stream.write(f"[tune] {env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
+                 f"CUDA {env['cuda']}, flashinfer {env['flashinfer']}; store {store.path or ':memory:'}\n")
+    for p in plans:
+        stream.write(f"[tune] {defs.get(p.definition).short}: {len(p.workloads)} workloads, baseline "
+                     f"{p.baseline}, variants {', '.join(sorted(p.variants))}; {len(p.pending)} to measure"
+                     + (f" ({p.skipped_unsupported} shapes declined by `supports`)" if p.skipped_unsupported else "")
+                     + "\n")
+    result = TuneResult(env, plans)
+    info = {p.definition: p for p in plans}
+
+    def on_row(definition: str, row: dict) -> None:
+        p = info[definition]
+        v = p.variants[row["variant"]]
+        store.put(_result(eid, definition, v, row))
+        result.measured.append((definition, row["variant"], row["uuid"]))
+
+    result.complete = True
+    if total:
+        # Each GPU worker sees exactly its GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
+        jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", trace_root, quick,
+                         trials, executor)
+        deadline = t0 + 60 * max_minutes if max_minutes else None
+        previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
+        try:
+            result.complete = execute(jobs, devices, on_row, progress, in_process=in_process, timeout=timeout,
+                                      deadline=deadline)
+        except KeyboardInterrupt:
+            result.complete = False
+            stream.write("\n[tune] interrupted: what was measured is stored; re-run to continue\n")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            if store.path is not None:
+                store.dump_jsonl()
+    elif store.path is not None:
+        store.dump_jsonl()
+    if compile_routers:
+        uuids = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}
+        out = out if out is not None else (QUICK_DIR / "routers" if quick else ROUTERS_DIR)
+        result.routers = compile_all(store, out, env["arch"], names, uuids, stream=stream)
+    result.seconds = time.monotonic() - t0
+    left = total - len(result.measured)
+    stream.write(f"[tune] measured {len(result.measured)} (variant, workload) pairs in {clock(result.seconds)}"
+                 + (f"; {left} left: re-run the same command to measure them\n" if left > 0 else "\n"))
+    return result
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def compile_all(store: Store, out, arch: str | None = None, definitions=None, uuids: dict | None = None,
+                stream=None, params: fitting.FitParams | None = None) -> list:
+    """Fits and writes a router for every (definition, arch) the store has data for."""
+    stream = stream or sys.stderr
+    archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
+    names = [defs.resolve_name(d) for d in (definitions or defs.names())]
+    done = []
+    for a in archs:
+        for d in names:
+            table = fitting.load_table(store, d, a, (uuids or {}).get(d))
+            if table is None:
+                continue
+            _warn_stale(table, stream)
+            policy = fitting.fit(table, params)
+            path = codegen.write(policy, out)
+            done.append((d, path, policy))
+            stream.write(summarize(policy, path) + "\n")
+    return done
+
+
+def _warn_stale(table, stream) -> None:
+    try:
+        for name, h in sorted(table.hashes.items()):
+            try:
+                v = registry.get(table.definition, name)
+            except KeyError:
+                continue
+            if v.provenance != h:
+                stream.write(f"[route] warning: {defs.get(table.definition).short} {name}: source changed since "
+                             f"it was measured ({h} -> {v.provenance}); re-run `kdispatch tune`\n")
+    except Exception:
+        pass
+
+
+def summarize(policy, path) -> str:
+    h = policy.heldout or {}
+    lines = [f"[route] {path}: {len(policy.regions)} region(s), baseline {policy.baseline}"]
+    for i, r in enumerate(policy.regions, 1):
+        cond = codegen._cond(policy.definition, r.bounds) or "every shape"
+        sp = "" if r.variant == policy.baseline else f" {codegen._speedup(r.stats)}"
+        lines.append(f"[route]   {i}. {cond}: {r.variant} ({len(r.uuids)} workloads){sp}")
+    if h.get("workloads"):
+        lines.append(f"[route]   held-out ({h['folds']}-fold): regret {h['regret_mean_pct']:.2f}% mean / "
+                     f"{h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
+                     f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe")
+    return "\n".join(lines)
+
+
+def open_stores(paths=None) -> Store:
+    """One in-memory view of several stores (default: every store under tuner/results/)."""
+    if paths:
+        files = [Path(p) for p in paths]
+    else:
+        stems = sorted({p.with_suffix("") for p in RESULTS_DIR.glob("*.sqlite")} |
+                       {p.with_suffix("") for p in RESULTS_DIR.glob("*.jsonl")})
+        files = [s.with_suffix(".sqlite") for s in stems]
+    if len(files) == 1:
+        return Store.open(files[0])
+    import tempfile
+
+    merged = Store(":memory:")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, f in enumerate(files):
+            dump = Store.open(f).dump_jsonl(Path(tmp) / f"{i}.jsonl")
+            merged.load_jsonl(dump)
+    return merged
+
+
+def bench(trace_root, *, definitions=None, variants=None, device: str = "cuda", quick: bool = False,
+          trials: int | None = None, timeout: float = 300.0, stream=None, in_process: bool | None = None
+          ) -> tuple[Store, dict]:
+    """Measures every variant that runs here (or only `variants`; the baseline always) and the routed
+    op on a workload set (in memory)."""
+    stream = stream or sys.stderr
+    devices = parse_devices(device)
+    env = detect_environment(devices)
+    store = Store(":memory:")
+    eid = store.add_env(env)
+    names = [defs.resolve_name(d) for d in (definitions or defs.names())]
+    plans = [plan(store, eid, env["arch"], trace_root, d, variants, quick, True, include_routed=True) for d in names]
+    info = {p.definition: p for p in plans}
+
+    def on_row(definition: str, row: dict) -> None:
+        v = info[definition].variants[row["variant"]]
+        store.put(_result(eid, definition, v, row))
+
+    total = sum(len(p.pending) for p in plans)
+    jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", trace_root, quick, trials)
+    execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process, timeout=timeout)
+    return store, {"env": env, "definitions": names, "env_id": eid}
+
+
+
+def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
+    """A worker's measurement row as a store Result (v: the planned variant's hash, role, backend)."""
+    return Result(env=env_id, definition=definition, variant=row["variant"], variant_hash=v["hash"],
+                  uuid=row["uuid"], axes=row["axes"], status=row["status"], measured_at=row["measured_at"],
+                  baseline=v["baseline"], backend=v["backend"], reason=row.get("reason", ""),
+                  max_abs_err=row.get("max_abs_err"), max_rel_err=row.get("max_rel_err"),
+                  metrics=row.get("metrics", {}), method=row.get("method", ""),
+                  median_us=row.get("median_us"), p10_us=row.get("p10_us"), p90_us=row.get("p90_us"),
+                  eager_us=row.get("eager_us"), sets=row.get("sets"), reps=row.get("reps"))
+
+def bench_table(store: Store, env_id: str, definition: str,
+                min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:
+    """Text table (one row per workload) and a summary for one definition of a bench store.
+
+    "Slower than the baseline" is the fitter's noise margin (tuner/stats.py): the routed op calling
+    the baseline's own kernel differs from it by run-to-run drift only."""
+    rows = store.results(definition, env_id)
+    if not rows:
+        return [], {}
+    base = next(r.variant for r in rows if r.baseline)
+    names = [base] + sorted({r.variant for r in rows} - {base, "routed"}) + (["routed"] if any(
+        r.variant == "routed" for r in rows) else [])
+    by = {(r.variant, r.uuid): r for r in rows}
+    axes_of = {r.uuid: r.axes for r in rows}
+    fit_names = features.fit_names(definition)
+    uuids = sorted(axes_of, key=lambda u: (tuple(features.compute(definition, axes_of[u])[f] for f in fit_names), u))
+    axes_names = features.var_axes(definition)
+    head = "  ".join(f"{a:>13}" for a in axes_names) + "  " + "  ".join(f"{n[:22]:>22}" for n in names) + \
+        "  routed_to                 routed/base"
+    lines = [head]
+    slower_ones, speedups = [], []
+    for u in uuids:
+        ax = axes_of[u]
+        cells = []
+        for n in names:
+            r = by.get((n, u))
+            cells.append(f"{'FAIL ' + r.status[:12] if r is not None and not r.passed else (f'{r.median_us:.2f}' if r else '-'):>22}")
+        rt = by.get(("routed", u))
+        b = by.get((base, u))
+        ratio = ""
+        if rt is not None and b is not None and rt.passed and b.passed:
+            sp = b.median_us / rt.median_us
+            speedups.append(sp)
+            ratio = f"{sp:.3f}x"
+            if slower(rt, b, min_gain):
+                slower_ones.append(u)
+                ratio += "  SLOWER"
+        to = (rt.metrics.get("routed_to", "?") if rt is not None else "-")
+        lines.append("  ".join(f"{ax.get(a, ''):>13}" for a in axes_names) + "  " + "  ".join(cells) +
+                     f"  {to:<24}  {ratio}")
+    summary = {"workloads": len(uuids), "baseline": base,
+               "routed_geomean_speedup": round(geomean(speedups), 3) if speedups else None,
+               "routed_slower_than_baseline": len(slower_ones), "routed_failures": sum(
+                   1 for u in uuids if by.get(("routed", u)) is not None and not by[("routed", u)].passed)}
+    return lines, summary

@@ -1,0 +1,132 @@
+"""The job a tuning worker runs: one definition, some workloads, the variants pending on each.
+
+Per workload: materialise the inputs of every trial once (kdispatch.workloads), run the reference
+once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. Each
+result is emitted as a row dict as soon as it exists, so the parent stores it even if a later
+variant crashes the process.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kdispatch import definitions as defs
+from kdispatch import registry
+from kdispatch.checks import RUNTIME_ERROR, Verdict
+
+from . import gate
+from .timing import Budget, Timing, measure
+
+@dataclass
+class Job:
+    """Picklable unit of work. `workloads`: [{"uuid", "axes", "inputs"}]; `pending`: uuid ->
+    variant names to measure there ("routed" = the kdispatch op through its router)."""
+
+    definition: str
+    workloads: list[dict]
+    pending: dict[str, list[str]]
+    device: str = "cuda:0"
+    trace_root: str | None = None
+    quick: bool = False
+    trials: int | None = None
+    executor: str = "kdispatch.tuner.job:run_job"
+    job_id: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def items(self) -> int:
+        return sum(len(v) for v in self.pending.values())
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resolve_fn(definition: str, name: str) -> Callable:
+    if name == "routed":
+        import kdispatch.ops
+
+        return kdispatch.ops.DISPATCHERS[defs.get(definition).short]
+    return registry.get(definition, name).fn
+
+
+def run_job(job: Job, emit: Callable) -> None:
+    """Measures every pending (variant, workload) of the job; emits ("start", name, uuid) before and
+    ("result", row dict) after each. Raises gate.ContextLost after emitting the row whose error
+    broke the CUDA context (the caller exits the worker)."""
+    from kdispatch.workloads import materialize
+
+    budget = Budget.quick() if job.quick else Budget()
+    trials_n = job.trials or budget.trials
+    device = torch.device(job.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    d = defs.get(job.definition)
+    definition = d.name
+    registry.discover()
+    for w in job.workloads:
+        names = job.pending.get(w["uuid"], [])
+        if not names:
+            continue
+        emit("start", None, w["uuid"])
+        try:
+            trials = []
+            for t in range(trials_n):
+                args = list(materialize(definition, gate.trial_workload(w, t), device=device, seed=0,
+                                        trace_root=job.trace_root))
+                trials.append((args, gate.reference(definition, args)))
+        except Exception as exc:
+            msg = f"inputs or reference failed: {type(exc).__name__}: {exc}"[:500]
+            for name in names:
+                emit("result", _row(name, w, Verdict(RUNTIME_ERROR, msg)))
+            if not gate.healthy(device):
+                raise gate.ContextLost(msg) from exc
+            continue
+        for name in names:
+            emit("start", name, w["uuid"])
+            try:
+                fn = resolve_fn(definition, name)
+            except Exception as exc:
+                emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"cannot load: {exc}"[:500])))
+                continue
+            extra = {}
+            if name == "routed":
+                from kdispatch import arch as _arch
+
+                extra["routed_to"] = fn.choose(_arch.arch_of(device), dict(w["axes"])).name
+            try:
+                verdict = gate.run_gate(definition, fn, trials)
+            except gate.ContextLost as exc:
+                emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"{exc} (CUDA context lost)"[:500])))
+                raise
+            timing = None
+            if verdict.passed:
+                try:
+                    timing = measure(definition, fn, trials[0][0], budget, l2,
+                                     graph=d.spec.reference_graph_safe or name != registry.REFERENCE)
+                except gate.ContextLost as exc:
+                    emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"timing: {exc} (CUDA context lost)"[:500])))
+                    raise
+                except Exception as exc:
+                    verdict = Verdict(RUNTIME_ERROR, f"timing failed: {type(exc).__name__}: {exc}"[:500],
+                                           verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
+            verdict.metrics.update(extra)
+            emit("result", _row(name, w, verdict, timing))
+        del trials
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _row(name: str, w: dict, v: Verdict, t: Timing | None = None) -> dict:
+    row = {"variant": name, "uuid": w["uuid"], "axes": dict(w["axes"]), "status": v.status, "reason": v.reason,
+           "max_abs_err": v.max_abs_err, "max_rel_err": v.max_rel_err, "metrics": dict(v.metrics),
+           "measured_at": now()}
+    if t is not None:
+        row.update(method=t.method, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, eager_us=t.eager_us,
+                   sets=t.sets, reps=t.reps)
+        if t.note:
+            row["reason"] = (row["reason"] + "; " if row["reason"] else "") + t.note
+    return row

@@ -1,0 +1,188 @@
+"""What to measure: the environment key, and per definition the variants, workloads and the
+(variant, workload) pairs the store lacks, cut into jobs for the workers.
+
+A variant that does not run here is left out; the reference is measured only where it is the
+baseline (elsewhere it is only the gate's oracle); the baseline always. A variant whose `declines`
+refuses a workload's shape is not measured there. Workers get one job per definition, or per chunk
+of its workloads when several GPUs share it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import itertools
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdispatch import definitions as defs
+from kdispatch import registry
+
+from . import features
+from .job import Job
+from .store import RESULTS_DIR, Store
+
+ROUTERS_DIR = Path(__file__).resolve().parents[1] / "routers"
+QUICK_DIR = RESULTS_DIR / "quick"
+QUICK_WORKLOADS = 6
+JOB_IDS = itertools.count(1_000_000)  # ids of re-queued jobs (fresh ids: stale messages are ignored)
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment
+# ----------------------------------------------------------------------------------------------
+
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def parse_devices(device: str) -> list[str]:
+    """'cuda' -> every visible GPU; 'cuda:1' / 'cuda:0,1' -> those; 'cpu' -> ['cpu']."""
+    if device == "cpu":
+        return ["cpu"]
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device visible (use --device cpu for a CPU dry run)")
+    if device in ("cuda", "all"):
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if device.startswith("cuda:"):
+        return [f"cuda:{int(i)}" for i in device[5:].split(",")]
+    raise SystemExit(f"--device: expected cuda, cuda:N[,M...] or cpu, got {device!r}")
+
+
+def detect_environment(devices: list[str]) -> dict:
+    """The store's environment key for these devices (the first one; a tune assumes one GPU model)."""
+    import torch
+
+    base = {"torch": torch.__version__.split("+")[0], "triton": _version("triton"),
+            "cuda": str(torch.version.cuda or "none"), "flashinfer": _version("flashinfer-python", "flashinfer")}
+    if devices[0] == "cpu":
+        return {"device": platform.processor() or platform.machine() or "cpu", "arch": "cpu", "driver": "none", **base}
+    idx = int(devices[0].split(":")[1])
+    names = {torch.cuda.get_device_name(int(d.split(":")[1])) for d in devices}
+    if len(names) > 1:
+        raise SystemExit(f"--device mixes GPU models {sorted(names)}: tune one model at a time")
+    major, minor = torch.cuda.get_device_capability(idx)
+    return {"device": torch.cuda.get_device_name(idx), "arch": f"sm{major}{minor}", "driver": _driver(), **base}
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    definition: str
+    baseline: str
+    variants: dict[str, dict]  # name -> {"hash", "backend", "baseline"}
+    workloads: list[dict]  # {"uuid", "axes", "inputs"}
+    pending: list[tuple[str, str]]  # (variant, uuid)
+    skipped_unsupported: int = 0
+
+
+def workload_dicts(trace_root, definition: str) -> list[dict]:
+    from kdispatch.workloads import load_workloads
+
+    out = []
+    for w in load_workloads(trace_root, definition):
+        inputs = {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else dict(v)) for k, v in
+                  (w.inputs or {}).items()}
+        out.append({"uuid": str(w.uuid), "axes": {k: int(v) for k, v in w.axes.items()}, "inputs": inputs})
+    return out
+
+
+def quick_subset(definition: str, workloads: list[dict], n: int = QUICK_WORKLOADS) -> list[dict]:
+    """n workloads spread evenly over the main feature."""
+    main = features.main(definition)
+    ws = sorted(workloads, key=lambda w: (features.compute(definition, w["axes"])[main], w["uuid"]))
+    if len(ws) <= n:
+        return ws
+    return [ws[round(i * (len(ws) - 1) / (n - 1))] for i in range(n)]
+
+
+def plan(store: Store, env_id: str, arch: str, trace_root, definition: str, variant_names=None,
+         quick: bool = False, force: bool = False, include_routed: bool = False,
+         include_reference: bool = False) -> Plan:
+    definition = defs.resolve_name(definition)
+    workloads = workload_dicts(trace_root, definition)
+    if quick:
+        workloads = quick_subset(definition, workloads)
+    base = registry.baseline(definition, arch)
+    chosen = {}
+    for v in registry.variants(definition):
+        if v.why_not(arch) is not None:
+            continue
+        if v.name == registry.REFERENCE and v is not base and not include_reference and \
+                not (variant_names and v.name in variant_names):
+            continue  # the reference never wins where a library runs; it is only the oracle there
+        if variant_names and v.name not in variant_names and v is not base:
+            continue
+        chosen[v.name] = {"hash": v.provenance, "backend": v.backend, "baseline": v is base, "variant": v}
+    if include_routed:
+        chosen["routed"] = {"hash": _router_hash(definition, arch), "backend": "router", "baseline": False,
+                            "variant": None}
+    for w in workloads:
+        store.put_workload(definition, w["uuid"], w["axes"], w["inputs"], commit=False)
+    store.db.commit()
+    uuids = [w["uuid"] for w in workloads]
+    hashes = {n: c["hash"] for n, c in chosen.items()}
+    pairs = ([(n, u) for n in sorted(hashes) for u in sorted(uuids)] if force
+             else store.missing(env_id, definition, hashes, uuids))
+    axes = {w["uuid"]: w["axes"] for w in workloads}
+    pending, skipped = [], 0
+    for n, u in pairs:
+        v = chosen[n]["variant"]
+        if v is not None and v.declines(dict(axes[u])) is not None:
+            skipped += 1
+            continue
+        pending.append((n, u))
+    info = {n: {k: c[k] for k in ("hash", "backend", "baseline")} for n, c in chosen.items()}
+    return Plan(definition, base.name, info, workloads, pending, skipped)
+
+
+def _router_hash(definition: str, arch: str) -> str:
+    p = ROUTERS_DIR / arch / f"{definition}.py"
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.exists() else "no-router"
+
+
+def make_jobs(plans: list[Plan], n_workers: int, device: str, trace_root, quick: bool, trials=None,
+              executor: str | None = None) -> list[Job]:
+    """One job per definition, or per chunk of its workloads when several GPUs share it (the
+    chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes)."""
+    jobs = []
+    for p in sorted(plans, key=lambda p: (-len(p.pending), p.definition)):
+        by_uuid: dict[str, list[str]] = {}
+        for n, u in p.pending:
+            by_uuid.setdefault(u, []).append(n)
+        if not by_uuid:
+            continue
+        main = features.main(p.definition)
+        ws = sorted((w for w in p.workloads if w["uuid"] in by_uuid),
+                    key=lambda w: (features.compute(p.definition, w["axes"])[main], w["uuid"]))
+        chunks = max(1, min(n_workers, len(ws)))
+        for c in range(chunks):
+            part = ws[c::chunks]
+            job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device,
+                      str(trace_root) if trace_root is not None else None, quick, trials)
+            if executor:
+                job.executor = executor
+            jobs.append(job)
+    for i, j in enumerate(jobs):
+        j.job_id = i
+    return jobs

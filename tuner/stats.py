@@ -1,0 +1,46 @@
+"""Small statistics shared by timing, fitting, bench tables and benchmarks: percentiles, geometric
+means, and the one noise margin by which a variant must beat the baseline."""
+from __future__ import annotations
+
+import math
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated q-quantile (q in [0, 1]); NaN for no data."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def geomean(xs) -> float | None:
+    """Geometric mean of positive numbers; None for none."""
+    xs = list(xs)
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def half_width(r) -> float:
+    """Half the 10-90 percentile spread of a timed row (p10_us, p90_us), 0 when unknown."""
+    if r.p10_us is None or r.p90_us is None:
+        return 0.0
+    return max(0.0, (r.p90_us - r.p10_us) / 2)
+
+
+def noise_margin(r, b, min_gain: float) -> float:
+    """How much faster than baseline row b a row r must be to count as faster: the two rows'
+    half spreads, and at least `min_gain` of the baseline's time (run-to-run drift that one
+    measurement's spread does not show)."""
+    return max(half_width(r) + half_width(b), min_gain * b.median_us)
+
+
+def beats(r, b, min_gain: float) -> bool:
+    """Is row r faster than baseline row b beyond the noise margin?"""
+    return r.median_us + noise_margin(r, b, min_gain) < b.median_us
+
+
+def slower(r, b, min_gain: float) -> bool:
+    """Is row r slower than baseline row b beyond the noise margin?"""
+    return r.median_us > b.median_us + noise_margin(r, b, min_gain)
