@@ -67,7 +67,7 @@ def candidates(op: str, official_dir: Path | None) -> dict:
 
 def supported(op: str, name: str, axes: dict) -> bool:
     v = registry.get(op, name) if name not in ("official", "routed") else None
-    return v is None or v.supports(axes)
+    return v is None or v.declines(axes) is None
 
 
 def time_candidate(name: str, fn, sets, quick: bool) -> dict:

@@ -29,7 +29,7 @@ def main() -> None:
             w = next(w for w in ws if all(w.axes[k] == v for k, v in want.items()))
             args = list(materialize(definition, w, device="cuda", seed=0))
             for v in registry.variants(definition):
-                if v.name == "reference" or v.why_not("sm90") is not None or not v.supports(dict(w.axes)):
+                if v.name == "reference" or v.why_not("sm90") is not None or v.declines(dict(w.axes)) is not None:
                     continue
                 for _ in range(2):
                     v.fn(*args)

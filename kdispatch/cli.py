@@ -7,6 +7,17 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
+
+
+def _shown_path(path: Path) -> str:
+    """A variant's file relative to the project (or installed package) root."""
+    for root in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parent):
+        try:
+            return str(path.relative_to(root))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def cmd_list(args) -> int:
@@ -14,17 +25,24 @@ def cmd_list(args) -> int:
 
     here = args.arch or arch.local_arch()
     print(f"architecture here: {here}")
+    try:
+        wanted = definitions.resolve_name(args.definition) if args.definition else None
+    except ValueError as exc:
+        print(f"kdispatch list: {exc}", file=sys.stderr)
+        return 2
     for name in definitions.names():
-        if args.definition and definitions.resolve_name(args.definition) != name:
+        if wanted and wanted != name:
             continue
+        d = definitions.get(name)
         base = registry.baseline(name, here)
-        print(f"\n{definitions.FULL_TO_SHORT[name]}  ({name})")
+        print(f"\n{d.short}  ({name})")
         print(f"  baseline on {here}: {base.name}")
         for v in registry.variants(name):
             why = v.why_not(here)
             state = "runs here" if why is None else f"not here: {why}"
             role = " [baseline]" if v is base else (" [baseline elsewhere]" if v.baseline else "")
-            print(f"  - {v.name:<28} {v.backend:<8} {'/'.join(v.archs):<12} {v.provenance}  {state}{role}")
+            print(f"  - {v.name:<28} {v.backend:<8} {'/'.join(v.archs):<12} {v.provenance}  "
+                  f"{_shown_path(v.source):<44} {state}{role}")
     failures = registry.import_failures()
     if failures:
         print("\nkernel modules that did not load:")

@@ -6,14 +6,25 @@ check of every tensor's dtype, device, sizes and strides, and the variant call. 
 signature. Nothing here reads device memory, so dispatch is safe under CUDA-graph capture.
 
 Fallbacks to the definition's baseline: no router for the architecture, the router names an
-unknown or unavailable variant, the variant does not support the shape, or it raises (then a
-warning is printed once per variant and the signature keeps the baseline from then on).
+unknown or unavailable variant, the variant declines the shape (`Variant.declines`), or it raises
+(then a warning is printed once per variant and the signature keeps the baseline from then on).
+
+Run-time switches (environment variables, read when a Dispatcher is made and again by
+`reload_switches()`, which also forgets every cached decision):
+    KDISPATCH_DISABLE=1                      every op serves its baseline, whatever the router says
+    KDISPATCH_FORCE_<OP>=<variant>           that op calls <variant> on every shape it can take,
+                                             e.g. KDISPATCH_FORCE_GDN_DECODE=cuda_decode_warp_rows;
+                                             where it cannot (unknown name, not runnable here, a
+                                             declined shape) the baseline serves, with a warning once
+`explain(arch, axes)` tells which variant a shape gets and why, through the same code as a call.
 """
 from __future__ import annotations
 
 import importlib
 import operator
+import os
 import warnings
+from dataclasses import dataclass, field
 
 from kdispatch import arch as _arch
 from kdispatch import definitions, registry
@@ -53,18 +64,42 @@ class _Entry:
         self.guard, self.fn, self.variant, self.axes, self.arch = guard, variant.fn, variant, axes, arch
 
 
+DISABLE_VAR = "KDISPATCH_DISABLE"
+
+
+def force_var(short: str) -> str:
+    """The environment variable that forces a variant for one op."""
+    return f"KDISPATCH_FORCE_{short.upper()}"
+
+
+@dataclass
+class Choice:
+    """Which variant a shape gets on an architecture, and the steps that led there."""
+
+    variant: registry.Variant
+    router_says: str | None  # the router's answer (None: no router, or not consulted)
+    steps: list[str] = field(default_factory=list)  # why each earlier candidate was passed over
+
+
 class Dispatcher:
     """Callable with the definition's inputs in order; returns the definition's outputs."""
 
     def __init__(self, definition: str):
-        self.definition = definitions.resolve_name(definition)
-        self.short = definitions.FULL_TO_SHORT[self.definition]
-        self.checker = Checker(definitions.load(self.definition), f"kdispatch.ops.{self.short}")
+        d = definitions.get(definition)
+        self.definition, self.short = d.name, d.short
+        self.checker = Checker(d, f"kdispatch.ops.{self.short}")
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._routers: dict = {}  # arch -> route(**axes) -> variant name, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._warned: set = set()
+        self.reload_switches()
+
+    def reload_switches(self) -> None:
+        """Reads KDISPATCH_DISABLE and KDISPATCH_FORCE_<OP> again; forgets every cached decision."""
+        self.disabled = os.environ.get(DISABLE_VAR, "").strip() not in ("", "0")
+        self.forced = os.environ.get(force_var(self.short), "").strip() or None
+        self.reset()
 
     def __call__(self, *args):
         try:
@@ -96,21 +131,44 @@ class Dispatcher:
 
     def choose(self, arch: str, axes: dict) -> registry.Variant:
         """The variant for these shape features on `arch` (the baseline on any miss)."""
+        c = self.explain(arch, axes)
+        for step in c.steps:  # a forced variant that does not serve, or a router naming an unknown one
+            if step.startswith(force_var(self.short)) or "unknown variant" in step:
+                self._warn_once(("choice", step.split(";")[0]), step)
+        return c.variant
+
+    def explain(self, arch: str, axes: dict) -> Choice:
+        """The variant a call with these shape features gets on `arch`, with the reasons for every
+        fallback on the way (what `kdispatch explain` prints; `choose` is this, nothing else)."""
         base = registry.baseline(self.definition, arch)
-        name = None
-        route = self.router(arch)
-        if route is not None:
-            name = route(**axes)
-        if name is None or name == base.name or (name, arch, tuple(axes.items())) in self._failed:
-            return base
+        if self.disabled:
+            return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"])
+        if self.forced is not None:
+            wanted, source, said = self.forced, force_var(self.short), None
+        else:
+            route = self.router(arch)
+            if route is None:
+                return Choice(base, None, [f"no router for {arch}: the baseline serves"])
+            wanted, source = route(**axes), f"router for {arch}"
+            said = wanted
+        steps = []
+        if wanted is None or wanted == base.name:
+            return Choice(base, said, steps)
         try:
-            v = registry.get(self.definition, name)
+            v = registry.get(self.definition, wanted)
         except KeyError:
-            self._warn_once(("unknown", name), f"router for {arch} names unknown variant {name!r}")
-            return base
-        if v.why_not(arch) is not None or not v.supports(axes):
-            return base
-        return v
+            known = ", ".join(x.name for x in registry.variants(self.definition))
+            steps.append(f"{source}: names unknown variant {wanted!r} (known: {known}); serving the baseline")
+            return Choice(base, said, steps)
+        why = v.why_not(arch)
+        if why is None and (wanted, arch, tuple(axes.items())) in self._failed:
+            why = "raised on this shape earlier"
+        if why is None and (declined := v.declines(axes)) is not None:
+            why = f"declines {axes}: {declined}"
+        if why is not None:
+            steps.append(f"{source}: {wanted!r} {why}; serving the baseline {base.name!r}")
+            return Choice(base, said, steps)
+        return Choice(v, said, steps)
 
     def router(self, arch: str):
         if arch not in self._routers:

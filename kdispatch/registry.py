@@ -3,17 +3,23 @@
 A variant module registers itself with the `variant` decorator:
 
     @variant("gdn_decode", "triton_splitv", backend="triton", archs=("sm90",),
-             supports=lambda f: f["batch_size"] <= 64)
+             supports=lambda f: None if f["batch_size"] <= 64 else "more than 64 sequences")
     def gdn_decode_splitv(q, k, v, state, A_log, a, dt_bias, b, scale): ...
 
-`discover()` imports `kdispatch.baselines` and every module under `kdispatch.kernels`; a module
-that fails to import (a missing package, say) is recorded with the reason and `kdispatch list`
-shows it. Baselines: per (definition, architecture) the registered `baseline=True` variant that
-can run there, else the project's reference (registered for every device as "reference").
+`supports(features)` is a cheap pure function of the shape features (the variable axes): None (or
+True) when the variant takes the shape, else a short reason (False: no reason given);
+`Variant.declines` returns that reason, which `kdispatch explain` shows. Provenance is computed,
+not listed (kdispatch/provenance.py): the defining module, the project modules and kernel sources it
+uses, transitively, and for a library variant the library's version.
+
+`discover()` imports `kdispatch.baselines` (the reference of every definition) and every module
+under `kdispatch.kernels`; a module that fails to import (a missing package, say) is recorded with
+the reason and `kdispatch list` shows it. Baselines: per (definition, architecture) the registered
+`baseline=True` variant that can run there, else the definition's reference ("reference", on every
+device).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -23,15 +29,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from kdispatch import definitions
+from kdispatch import definitions, provenance
 
 ANY_ARCH = "*"
 BACKENDS = ("triton", "cuda", "cute", "library", "torch")
 REFERENCE = "reference"
 
 
-def _always(_features: dict) -> bool:
-    return True
+def _always(_features: dict) -> None:
+    return None
 
 
 @dataclass
@@ -41,24 +47,40 @@ class Variant:
     fn: Callable
     backend: str
     archs: tuple[str, ...]  # e.g. ("sm90", "sm100"); ("*",) runs on any device, CPU included
-    supports: Callable[[dict], bool] = _always  # pure predicate over the shape features
+    supports: Callable[[dict], object] = _always  # shape features -> None/True, or why not (str/False)
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
-    sources: tuple[Path, ...] = ()
     baseline: bool = False
     meta: dict = field(default_factory=dict)  # provenance of landed candidates (author, parent, date)
 
     @cached_property
+    def source(self) -> Path:
+        """The file that defines the variant's callable."""
+        return Path(inspect.getsourcefile(inspect.unwrap(self.fn))).resolve()
+
+    @cached_property
+    def files(self) -> frozenset[Path]:
+        """Every file the variant depends on (kdispatch/provenance.py)."""
+        return provenance.files_of(self.source)
+
+    @cached_property
     def provenance(self) -> str:
-        """sha256 (16 hex) over the variant's source files: a changed file is a new variant."""
-        h = hashlib.sha256()
-        for p in sorted(self.sources):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-        return h.hexdigest()[:16]
+        """sha256 (16 hex) over its files, name and library versions: a change is a new variant."""
+        versions = provenance.library_versions(self.requires) if self.backend == "library" else None
+        return provenance.digest(self.name, self.files, versions)
 
     @cached_property
     def missing(self) -> tuple[str, ...]:
-        return tuple(m for m in self.requires if importlib.util.find_spec(m) is None)
+        return tuple(m for m in self.requires if not _importable(m))
+
+    def declines(self, features: dict) -> str | None:
+        """None when the variant takes this shape, else why not."""
+        try:
+            answer = self.supports(features)
+        except Exception as exc:
+            return f"supports raised {type(exc).__name__}: {exc}"
+        if answer is None or answer is True:
+            return None
+        return answer if isinstance(answer, str) and answer else "declined by its supports predicate"
 
     def why_not(self, arch: str) -> str | None:
         """None when the variant can run on `arch`, else the reason."""
@@ -69,46 +91,52 @@ class Variant:
         return None
 
 
+def _importable(module: str) -> bool:
+    """Can `module` be imported? Checks each parent first (find_spec of a dotted name imports the
+    parent and raises when it is missing), without importing the module itself."""
+    parts = module.split(".")
+    try:
+        return all(importlib.util.find_spec(".".join(parts[:i])) is not None for i in range(1, len(parts) + 1))
+    except (ImportError, ValueError):
+        return False
+
+
 _VARIANTS: dict[str, dict[str, Variant]] = {}
 _IMPORT_FAILURES: dict[str, str] = {}  # module -> reason
 _discovered = False
 
 
 def variant(definition: str, name: str, *, backend: str, archs, supports=None, requires=(),
-            sources=(), baseline: bool = False, meta=None):
-    """Register the decorated callable as a variant of `definition` (full or short name).
-
-    `sources`: extra files (e.g. a .cu kernel) hashed into the provenance with the defining module.
-    """
+            baseline: bool = False, meta=None):
+    """Register the decorated callable as a variant of `definition` (full or short name)."""
     if backend not in BACKENDS:
         raise ValueError(f"variant {name!r}: backend must be one of {BACKENDS}, got {backend!r}")
-    full = definitions.resolve_name(definition)
 
     def deco(fn):
-        own = Path(inspect.getsourcefile(inspect.unwrap(fn))).resolve()  # unwrap: @torch.no_grad() etc.
-        register(Variant(full, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
-                         (own, *(Path(s).resolve() for s in sources)), baseline, dict(meta or {})))
+        register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
+                         baseline, dict(meta or {})))
         return fn
 
     return deco
 
 
 def register(v: Variant) -> Variant:
+    v.definition = definitions.resolve_name(v.definition)
     table = _VARIANTS.setdefault(v.definition, {})
     old = table.get(v.name)
-    if old is not None and old.sources != v.sources:
-        raise ValueError(f"{v.definition}: variant name {v.name!r} registered twice ({old.sources[0]} and {v.sources[0]})")
+    if old is not None and old.source != v.source:
+        raise ValueError(f"{v.definition}: variant name {v.name!r} registered twice ({old.source} and {v.source})")
     table[v.name] = v
     return v
 
 
 def discover() -> None:
-    """Import the baselines and every kernel module once (later calls are free)."""
+    """Register every definition's reference and import every kernel module, once (later calls are free)."""
     global _discovered
     if _discovered:
         return
     _discovered = True
-    importlib.import_module("kdispatch.baselines")
+    _register_missing_references()
     import kdispatch.kernels as kernels
 
     for info in pkgutil.walk_packages(kernels.__path__, kernels.__name__ + "."):
@@ -123,15 +151,30 @@ def import_failures() -> dict[str, str]:
     return dict(_IMPORT_FAILURES)
 
 
+def _table(definition: str) -> dict[str, Variant]:
+    """The variants of a definition, its reference registered first if it was added after discovery."""
+    discover()
+    full = definitions.resolve_name(definition)
+    if REFERENCE not in _VARIANTS.get(full, {}):
+        _register_missing_references()
+    return _VARIANTS.get(full, {})
+
+
+def _register_missing_references() -> None:
+    baselines = importlib.import_module("kdispatch.baselines")
+    for d in definitions.all_definitions():
+        if REFERENCE not in _VARIANTS.get(d.name, {}):
+            baselines.register_reference(d)
+
+
 def variants(definition: str) -> list[Variant]:
     """Every registered variant of a definition, sorted by name."""
-    discover()
-    table = _VARIANTS.get(definitions.resolve_name(definition), {})
+    table = _table(definition)
     return [table[k] for k in sorted(table)]
 
 
 def get(definition: str, name: str) -> Variant:
-    discover()
+    _table(definition)
     full = definitions.resolve_name(definition)
     try:
         return _VARIANTS[full][name]
@@ -153,3 +196,8 @@ def unregister(definition: str, name: str) -> None:
     if name == REFERENCE:
         raise ValueError("the reference variant cannot be unregistered")
     _VARIANTS.get(definitions.resolve_name(definition), {}).pop(name, None)
+
+
+def forget_definition(definition: str) -> None:
+    """Drops every variant of a definition, its reference included (before `definitions.remove`)."""
+    _VARIANTS.pop(definitions.resolve_name(definition), None)

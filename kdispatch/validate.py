@@ -10,6 +10,9 @@ import math
 
 import torch
 
+from kdispatch import definitions
+from kdispatch.workloads import DTYPES
+
 # Constraints the contest's own workloads break; the definitions' semantics cover them, so they are
 # documented rather than enforced.
 NOT_ENFORCED = {
@@ -17,23 +20,18 @@ NOT_ENFORCED = {
     "topk <= max_num_pages * page_size",
 }
 
-_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "bool": torch.bool,
-}
 
 
 class Checker:
     """Checks one definition's argument tuple; `check(args)` returns the variable-axis values."""
 
-    def __init__(self, definition: dict, op_name: str):
+    def __init__(self, definition, op_name: str):
+        d = definitions.get(definition["name"] if isinstance(definition, dict) else definition)
         self.op = op_name
-        self.inputs = list(definition["inputs"].items())
-        self.axes = definition["axes"]
-        self.const = {k: a["value"] for k, a in self.axes.items() if a["type"] == "const"}
-        self.var_axes = [k for k, a in self.axes.items() if a["type"] == "var"]
-        self.constraints = [c for c in definition.get("constraints", []) if c not in NOT_ENFORCED]
+        self.inputs = list(d.data["inputs"].items())
+        self.const = d.const_axes
+        self.var_axes = d.var_axes
+        self.constraints = [c for c in d.data.get("constraints", []) if c not in NOT_ENFORCED]
         self.tensor_positions = tuple(i for i, (_, s) in enumerate(self.inputs) if s["shape"] is not None)
 
     def _fail(self, arg: str, expected: str, given) -> ValueError:
@@ -55,7 +53,7 @@ class Checker:
                 continue
             if not isinstance(x, torch.Tensor):
                 raise self._fail(name, f"a torch.Tensor of {spec['dtype']}", type(x).__name__)
-            want = _DTYPES[spec["dtype"]]
+            want = DTYPES[spec["dtype"]]
             if x.dtype != want:
                 raise self._fail(name, f"dtype {spec['dtype']}", str(x.dtype).replace("torch.", ""))
             shape = spec["shape"]

@@ -105,8 +105,8 @@ def test_gate_rejects_a_broken_selection():
 def test_registration_and_supports():
     registry.discover()
     radix = registry.get(DEF, "triton_fp8_radix")
-    assert radix.supports({"batch_size": 4, "max_num_pages": 128, "num_pages": 10})
-    assert not radix.supports({"batch_size": 4, "max_num_pages": 129, "num_pages": 10})
+    assert radix.declines({"batch_size": 4, "max_num_pages": 128, "num_pages": 10}) is None
+    assert "8192 tokens" in radix.declines({"batch_size": 4, "max_num_pages": 129, "num_pages": 10})
     assert registry.get(DEF, "triton_fp8_torch_topk").backend == "triton"
     with pytest.raises(ValueError):
         X.indexer_radix(*_inputs(1, 129, seed=6, num_pages=200))

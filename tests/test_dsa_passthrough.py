@@ -19,7 +19,7 @@ def test_passthrough_selects_every_token(batch, pages):
     seq_lens = args[3]
     seq_lens[0] = 0 if batch > 1 else seq_lens[0]  # an empty sequence gives an all -1 row
     v = registry.get(INDEXER, "torch_passthrough")
-    assert v.supports({"batch_size": batch, "max_num_pages": pages, "num_pages": 256})
+    assert v.declines({"batch_size": batch, "max_num_pages": pages, "num_pages": 256}) is None
     got = v.fn(*args)
     ref = registry.get(INDEXER, "reference").fn(*args)
     assert got.dtype == torch.int32 and got.shape == (batch, 2048)
@@ -30,7 +30,7 @@ def test_passthrough_selects_every_token(batch, pages):
 
 def test_passthrough_declines_long_contexts():
     v = registry.get(INDEXER, "torch_passthrough")
-    assert not v.supports({"batch_size": 1, "max_num_pages": 33, "num_pages": 256})
+    assert "top-k is needed" in v.declines({"batch_size": 1, "max_num_pages": 33, "num_pages": 256})
 
 
 def test_comparison_can_fail():

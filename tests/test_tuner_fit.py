@@ -2,6 +2,7 @@
 unseen shapes go to their region, output is byte-deterministic, failures exclude a variant from
 their region, generated routers drive kdispatch dispatch, and the store makes re-tuning incremental."""
 import ast
+import importlib.util
 import json
 import os
 import random
@@ -318,6 +319,14 @@ def write_traces(root: Path, batch_sizes):
     p.write_text("\n".join(lines) + "\n")
 
 
+def _register_candidate(name: str, path):
+    """A fake CPU variant defined in `path`, so its provenance is that file's hash."""
+    spec = importlib.util.spec_from_file_location(f"_cand_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    registry.register(Variant(DECODE, name, mod.run, "torch", ("cpu",)))
+
+
 @pytest.fixture
 def candidates(tmp_path):
     """Two fake CPU variants whose provenance is the hash of a file the test can edit."""
@@ -325,9 +334,9 @@ def candidates(tmp_path):
     files = {}
     for name in ("cand_a", "cand_b"):
         f = tmp_path / f"{name}.py"
-        f.write_text(f"# {name} v1\n")
+        f.write_text(f"# {name} v1\ndef run(*args):\n    return None\n")
         files[name] = f
-        registry.register(Variant(DECODE, name, lambda *a: None, "torch", ("cpu",), sources=(f,)))
+        _register_candidate(name, f)
     yield files
     for name in files:
         registry.unregister(DECODE, name)
@@ -351,8 +360,9 @@ def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
     assert MEASURED == [], "nothing changed: nothing measured"
     assert (tmp_path / "routers" / "cpu" / f"{DECODE}.py").read_bytes() == router, "same store, same bytes"
 
-    candidates["cand_a"].write_text("# cand_a v2\n")  # a changed variant is a new variant
-    registry.register(Variant(DECODE, "cand_a", lambda *a: None, "torch", ("cpu",), sources=(candidates["cand_a"],)))
+    candidates["cand_a"].write_text("# cand_a v2\ndef run(*args):\n    return None\n")  # a new variant
+    registry.unregister(DECODE, "cand_a")
+    _register_candidate("cand_a", candidates["cand_a"])
     _tune(tmp_path)
     assert sorted(MEASURED) == [("cand_a", "w1"), ("cand_a", "w16"), ("cand_a", "w4")]
 

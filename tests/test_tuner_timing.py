@@ -3,7 +3,7 @@ number of sets follows the L2 rule, and a real job (materialise -> gate -> time)
 import torch
 
 from kdispatch import definitions
-from kdispatch.tuner import gate, stats, timing
+from kdispatch.tuner import stats, timing
 from kdispatch.tuner.job import Job, run_job
 from kdispatch.workloads import materialize
 

@@ -131,60 +131,80 @@ def cmd_route(args) -> int:
 def _parse_axes(items) -> dict:
     out = {}
     for it in items:
-        if "=" not in it:
-            raise SystemExit(f"expected key=value, got {it!r}")
-        k, v = it.split("=", 1)
-        out[k.strip()] = int(v)
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise SystemExit(f"kdispatch explain: expected key=value, got {it!r}")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise SystemExit(f"kdispatch explain: {k.strip()} must be an integer, got {v!r}") from None
     return out
 
 
+def _source_of(v) -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(v.source.relative_to(root))
+    except ValueError:
+        return str(v.source)
+
+
 def cmd_explain(args) -> int:
+    """What the dispatcher itself would call for a shape (its router, the run-time switches,
+    availability, `declines`, remembered failures), then the measurements behind the region."""
+    import kdispatch.ops
     from kdispatch import arch as _arch
     from kdispatch import definitions as defs
 
     from . import codegen, features
     from . import fit as fitting
-    from .runner import ROUTERS_DIR
+    from .plan import ROUTERS_DIR
 
-    d = defs.resolve_name(args.definition)
+    try:
+        d = defs.get(args.definition)
+    except ValueError as exc:
+        raise SystemExit(f"kdispatch explain: {exc}") from None
     axes = _parse_axes(args.axes)
-    var = features.var_axes(d)
-    if "len_cu_seqlens" in var and "len_cu_seqlens" not in axes and "num_seqs" in axes:
-        axes["len_cu_seqlens"] = axes["num_seqs"] + 1
-    missing = [a for a in var if a not in axes]
-    if missing:
-        raise SystemExit(f"{d}: give every variable axis: missing {missing} (axes: {var})")
+    unknown = sorted(set(axes) - set(d.var_axes))
+    if unknown:
+        raise SystemExit(f"kdispatch explain: {unknown} are not variable axes of {d.short} (axes: {d.var_axes})")
+    from kdispatch.workloads import resolve_axes
+
+    try:
+        axes = {k: v for k, v in resolve_axes(d, axes).items() if k in d.var_axes}
+    except ValueError as exc:
+        raise SystemExit(f"kdispatch explain: {exc}") from None
     arch = args.arch or (_arch.local_arch() if _arch.local_arch().startswith("sm") else "sm90")
-    path = Path(args.routers or ROUTERS_DIR) / arch / f"{d}.py"
-    f = features.compute(d, axes)
-    print(f"{defs.get(d).short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
-    if not path.exists():
-        print(f"no router {path}: the dispatcher serves the baseline")
-        return 0
-    route, regions = codegen.load_route(path)
-    name = route(**{a: axes[a] for a in var})
-    print(f"router {path} -> {name}")
-    region = None
-    for r in regions:
-        box = fitting.Region(r["bounds"], r["variant"], [])
-        if box.contains(f):
-            region = r
-            break
+    dispatcher = kdispatch.ops.DISPATCHERS[d.short]
+    if args.routers:
+        path = Path(args.routers) / arch / f"{d.name}.py"
+        dispatcher.set_router(arch, codegen.load_route(path)[0] if path.exists() else None)
+    else:
+        path = ROUTERS_DIR / arch / f"{d.name}.py"
+    f = features.compute(d.name, axes)
+    print(f"{d.short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
+    choice = dispatcher.explain(arch, axes)
+    if choice.router_says is not None:
+        print(f"router {path} -> {choice.router_says}")
+    for step in choice.steps:
+        print(step)
+    v = choice.variant
+    print(f"serves: {v.name} ({v.backend}, {_source_of(v)})")
+    regions = codegen.load_route(path)[1] if path.exists() else ()
+    region = next((r for r in regions if fitting.Region(r["bounds"], r["variant"], []).contains(f)), None)
     if region is not None:
-        cond = codegen._cond(d, region["bounds"]) or "every shape"
+        cond = codegen._cond(d.name, region["bounds"]) or "every shape"
         sp = region["speedup"]
         print(f"region {region['region']}: {cond} -> {region['variant']} (tuned on {region['workloads']} workloads"
               + (f"; speedup over the baseline {sp[1]:.2f}x geomean, {sp[0]:.2f}x .. {sp[2]:.2f}x" if sp else "")
               + ")")
-        if region["variant"] != name:
-            print(f"warning: route() returned {name!r} but the region table says {region['variant']!r}")
     try:
-        store = _stores(args)
-        table = fitting.load_table(store, d, arch)
+        table = fitting.load_table(_stores(args), d.name, arch)
     except Exception:
         table = None
     if table is None:
         return 0
+    var = d.var_axes
     same = [u for u in table.uuids if all(table.axes[u].get(a) == axes[a] for a in var)]
     near = same or [u for u in table.uuids if region is not None and
                     fitting.Region(region["bounds"], "", []).contains(table.features[u])]

@@ -70,7 +70,7 @@ def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", s
     for p in plans:
         stream.write(f"[tune] {defs.get(p.definition).short}: {len(p.workloads)} workloads, baseline "
                      f"{p.baseline}, variants {', '.join(sorted(p.variants))}; {len(p.pending)} to measure"
-                     + (f" ({p.skipped_unsupported} shapes declined by `supports`)" if p.skipped_unsupported else "")
+                     + (f" ({p.skipped_unsupported} shapes declined by their `supports`)" if p.skipped_unsupported else "")
                      + "\n")
     result = TuneResult(env, plans)
     info = {p.definition: p for p in plans}

@@ -90,8 +90,8 @@ def _check_new(definition: str, name: str, force: bool, target: Path, ignore=Non
         return
     if old is ignore:  # the candidate itself, registered by its trial import
         return
-    if not force or not old.sources or old.sources[0].resolve() != target.resolve():
-        raise LandingError(f"{definition}: a variant named {name!r} exists ({old.sources[0] if old.sources else '?'}); "
+    if not force or old.source != target.resolve():
+        raise LandingError(f"{definition}: a variant named {name!r} exists ({old.source}); "
                            "pick another name (or --force to replace an earlier landed candidate of the same file)")
 
 
@@ -140,7 +140,7 @@ def _registered() -> dict[tuple[str, str], registry.Variant]:
 def _add_module(path: Path, author, parent, force, kernels_dir: Path, date, verify_import) -> dict:
     if force:  # forget an earlier landed copy of this file, so the candidate can register its names
         for (d, n), v in _registered().items():
-            src = v.sources[0].resolve() if v.sources else None
+            src = v.source
             if src is not None and src.name == path.name and kernels_dir.resolve() in src.parents \
                     and n not in _protected(d):
                 registry.unregister(d, n)
@@ -177,7 +177,8 @@ def _add_module(path: Path, author, parent, force, kernels_dir: Path, date, veri
                 registry.get(v.definition, parent)  # KeyError names the known variants
         if target.exists() and not force:
             raise LandingError(f"{target} exists (use --force to replace an earlier landed candidate)")
-        extras = sorted({s for v in new for s in v.sources[1:] if s.parent == path.resolve().parent})
+        # Kernel sources beside the candidate that its provenance found (e.g. a .cu) travel with it.
+        extras = sorted({s for v in new for s in v.files if s.parent == path.resolve().parent and s != v.source})
     finally:
         for v in new:
             registry.unregister(v.definition, v.name)
@@ -247,7 +248,7 @@ def _build():
     return _built["definition"], _built["runnable"]
 
 
-@variant(_DEFINITION, {name!r}, backend={backend!r}, archs={archs!r}, requires={requires!r}, sources=(_SOLUTION,),
+@variant(_DEFINITION, {name!r}, backend={backend!r}, archs={archs!r}, requires={requires!r},
          meta={meta!r})
 def {fn_name}(*args):
     definition, run = _build()

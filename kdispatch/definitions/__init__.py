@@ -103,8 +103,10 @@ def remove(name: str) -> None:
     _BY_NAME.pop(resolve_name(name), None)
 
 
-def get(name: str) -> Definition:
-    """The Definition for a full or short name; ValueError naming the known ones otherwise."""
+def get(name) -> Definition:
+    """The Definition for a full or short name (or a Definition); ValueError naming the known ones."""
+    if isinstance(name, Definition):
+        return name
     _discover()
     d = _BY_NAME.get(name)
     if d is None:

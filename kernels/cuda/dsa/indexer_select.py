@@ -34,7 +34,8 @@ def kernel() -> nvrtc.Kernel:
 
 
 @variant("dsa_topk_indexer", "cuda_radix_select", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
-         sources=(CU, Path(indexer_fp8.__file__)), supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH)
+         supports=lambda f: None if f["max_num_pages"] * PAGE_SIZE <= MAX_WIDTH else
+         f"rows over {MAX_WIDTH} tokens ({MAX_WIDTH // PAGE_SIZE} pages)")
 def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *,
                                   pages: int | None = None):
     out, complete = new_output(block_table, "cuda_radix_select")

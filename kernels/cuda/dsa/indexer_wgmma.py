@@ -66,8 +66,8 @@ def score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, 
 
 
 @variant("dsa_topk_indexer", "cuda_wgmma_radix", backend="cuda", archs=("sm90",), requires=("cuda.core",),
-         sources=(CU, indexer_select.CU, Path(indexer_select.__file__)),
-         supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= indexer_select.MAX_WIDTH)
+         supports=lambda f: None if f["max_num_pages"] * PAGE_SIZE <= indexer_select.MAX_WIDTH else
+         f"rows over {indexer_select.MAX_WIDTH} tokens ({indexer_select.MAX_WIDTH // PAGE_SIZE} pages)")
 def dsa_indexer_cuda_wgmma_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     out, complete = indexer_select.new_output(block_table, "cuda_wgmma_radix")
     if complete:

@@ -76,8 +76,7 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-@variant("dsa_sparse_attention", "cuda_splitk", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
-         sources=(CU, Path(triton_splitk.__file__)))
+@variant("dsa_sparse_attention", "cuda_splitk", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"))
 def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, *,
                                      cfg: tuple[int, int, int] | None = None):
     T = q_nope.shape[0]

@@ -48,8 +48,7 @@ def kernel(rows: int, cs: bool = False) -> nvrtc.Kernel:
     return kern
 
 
-@variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
-         sources=(CU,))
+@variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",))
 def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int | None = None,
                          cs: bool | None = None):
     B = q.shape[0]

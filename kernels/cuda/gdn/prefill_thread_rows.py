@@ -63,8 +63,7 @@ def kernel(ksplit: int, rows: int, chunk: int = 8) -> nvrtc.Kernel:
     return kern
 
 
-@variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
-         sources=(CU,))
+@variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",))
 def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                             cfg: tuple[int, int, int] | None = None):
     T, N = q.shape[0], cu_seqlens.shape[0] - 1

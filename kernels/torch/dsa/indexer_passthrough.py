@@ -20,7 +20,8 @@ TOPK = 2048
 
 
 @variant("dsa_topk_indexer", "torch_passthrough", backend="torch", archs=("*",),
-         supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= TOPK)
+         supports=lambda f: None if f["max_num_pages"] * PAGE_SIZE <= TOPK else
+         f"more than {TOPK} cached tokens a row: a top-k is needed")
 def indexer_passthrough(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     batch, pages = block_table.shape
     if pages * PAGE_SIZE > TOPK:

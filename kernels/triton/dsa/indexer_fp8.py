@@ -209,7 +209,8 @@ def indexer_torch_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_
 
 
 @variant("dsa_topk_indexer", "triton_fp8_radix", backend="triton", archs=("sm90",), requires=("triton",),
-         supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= RADIX_MAX_WIDTH)
+         supports=lambda f: None if f["max_num_pages"] * PAGE_SIZE <= RADIX_MAX_WIDTH else
+         f"rows over {RADIX_MAX_WIDTH} tokens ({RADIX_MAX_WIDTH // PAGE_SIZE} pages)")
 def dsa_indexer_triton_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     return indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
 

@@ -28,7 +28,8 @@ def _passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, max_pages, s_bt,
 
 
 @variant("dsa_topk_indexer", "triton_passthrough", backend="triton", archs=("sm90",), requires=("triton",),
-         supports=lambda f: f["max_num_pages"] * PAGE_SIZE <= TOPK)
+         supports=lambda f: None if f["max_num_pages"] * PAGE_SIZE <= TOPK else
+         f"more than {TOPK} cached tokens a row: a top-k is needed")
 def indexer_passthrough_triton(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     batch, pages = block_table.shape
     if pages * PAGE_SIZE > TOPK:
