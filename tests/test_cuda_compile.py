@@ -245,4 +245,4 @@ def test_cuda_variants_are_registered():
     for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu"), (a, "sparse_attention_splitk.cu"),
                   (r, "topk_select.cu"), (w, "indexer_score.cu"), (w, "topk_select.cu")):
         assert v.backend == "cuda" and v.archs == ("sm90",)
-        assert any(s.name == cu for s in v.sources)  # the kernel source is in the provenance hash
+        assert any(s.name == cu for s in v.files)  # the kernel source is in the provenance hash

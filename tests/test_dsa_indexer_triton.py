@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from kdispatch import registry, workloads  # noqa: E402
+from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
 from kdispatch.tuner import gate  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.dsa.indexer_fp8"
@@ -47,7 +48,7 @@ def _verdict(args, out):
 def test_scores_match_reference_scoring():
     args = _inputs(3, 36, seed=0)
     scores = X.score_pages(*args)
-    want, _ = gate.indexer_scores(*args)
+    want, _ = dsa_spec.indexer_scores(*args)
     live = torch.isfinite(want)
     assert live.sum() > 0
     torch.testing.assert_close(scores[live], want[live], rtol=1e-4, atol=1e-4 * float(want[live].abs().max()))
@@ -93,7 +94,7 @@ def test_gate_rejects_a_broken_selection():
     dup[0, 5] = dup[0, 6]
     assert not _verdict(args, dup).passed
     worst = out.clone()  # swap a selected token for the lowest-scoring one not selected
-    scores, ids = gate.indexer_scores(*args)
+    scores, ids = dsa_spec.indexer_scores(*args)
     chosen = set(out[0].tolist())
     order = scores[0].argsort()
     lowest = next(int(ids[0, j]) for j in order.tolist() if int(ids[0, j]) not in chosen and ids[0, j] >= 0)

@@ -374,7 +374,7 @@ def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
     (tmp_path / "store" / "fake.sqlite").unlink()
     _tune(tmp_path)
     assert MEASURED == []
-    assert (tmp_path / "store" / "fake.jsonl").exists()
+    assert (tmp_path / "store" / "traces" / "fake.jsonl").exists()
 
 
 def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):

@@ -1,5 +1,5 @@
-"""Results store (keys, missing pairs, text twin), FlashInfer-Bench trace export, the route /
-explain commands from a store alone, and candidate landing (`kdispatch add`)."""
+"""Results store (keys, missing pairs, its FlashInfer-Bench trace twin), the route / explain commands
+from a store alone, and candidate landing (`kdispatch add`)."""
 import json
 import textwrap
 
@@ -8,7 +8,7 @@ import pytest
 from kdispatch import registry
 from kdispatch.tuner import cli as tcli
 from kdispatch.tuner import landing
-from kdispatch.tuner.store import Result, Store
+from kdispatch.tuner.store import STATUSES, Result, Store
 
 DECODE = "gdn_decode_qk4_v8_d128_k_last"
 ENV = {"device": "Fake GPU", "arch": "sm90", "driver": "1", "torch": "2", "triton": "3", "cuda": "13", "flashinfer": "0"}
@@ -45,33 +45,67 @@ def test_missing_pairs_follow_hash_env_and_uuid():
 def test_text_twin_round_trip_is_byte_stable(tmp_path):
     s, _ = filled(tmp_path / "a.sqlite")
     s.dump_jsonl()
-    text = (tmp_path / "a.jsonl").read_text()
-    (tmp_path / "b.jsonl").write_text(text)
-    t = Store.open(tmp_path / "b.sqlite")  # a fresh clone: only the .jsonl exists
-    assert len(t.results()) == len(s.results())
+    text = (tmp_path / "traces" / "a.jsonl").read_text()
+    fresh = tmp_path / "clone"
+    (fresh / "traces").mkdir(parents=True)
+    (fresh / "traces" / "b.jsonl").write_text(text)
+    t = Store.open(fresh / "b.sqlite")  # a fresh clone: only the twin exists
+    assert {r.key: r for r in t.results()} == {r.key: r for r in s.results()}
     t.dump_jsonl()
-    assert (tmp_path / "b.jsonl").read_text() == text
-    assert all(json.loads(line)["kind"] in ("env", "workload", "result") for line in text.splitlines())
+    assert (fresh / "traces" / "b.jsonl").read_text() == text
 
 
-def test_export_traces_is_valid_flashinfer_bench(tmp_path):
+def test_statuses_are_flashinfer_bench_evaluation_statuses():
     pytest.importorskip("flashinfer_bench")
-    from flashinfer_bench.data import Trace, TraceSet
+    from flashinfer_bench.data import EvaluationStatus
 
-    s, _ = filled()
-    paths = s.export_traces(tmp_path)
-    lines = paths[0].read_text().splitlines()
-    traces = [Trace.model_validate_json(line) for line in lines]
+    assert set(STATUSES) == {s.value for s in EvaluationStatus}
+    s, eid = filled()
+    with pytest.raises(ValueError, match="unknown status"):
+        s.put(row(eid, "fast", "w1", 1.0, status="MOSTLY_FINE"))
+
+
+def test_the_twin_is_a_flashinfer_bench_trace_set(tmp_path):
+    pytest.importorskip("flashinfer_bench")
+    from flashinfer_bench.data import TraceSet
+
+    s, _ = filled(tmp_path / "fake.sqlite")
+    s.dump_jsonl()
+    ts = TraceSet.from_path(str(tmp_path))
+    traces = ts.traces[DECODE]
     assert len(traces) == 9
+    want = {(r.variant, r.uuid): r.status for r in s.results()}
+    assert {(t.solution, t.workload.uuid): t.evaluation.status.value for t in traces} == want
     fast1 = next(t for t in traces if t.solution == "fast" and t.workload.uuid == "w1")
-    assert fast1.evaluation.status.value == "PASSED"
     perf = fast1.evaluation.performance
     assert abs(perf.latency_ms - 0.006) < 1e-9 and abs(perf.reference_latency_ms - 0.011) < 1e-9
-    assert abs(perf.speedup_factor - 11 / 6) < 1e-6
+    assert abs(perf.speedup_factor - 11 / 6) < 1e-5  # 6 significant digits in the twin
     broken = next(t for t in traces if t.solution == "broken")
     assert broken.evaluation.status.value == "INCORRECT_NUMERICAL" and broken.evaluation.performance is None
-    ts = TraceSet.from_path(str(tmp_path))
-    assert len(ts.traces[DECODE]) == 9
+
+
+def test_the_committed_results_load_as_a_trace_set(tmp_path):
+    """tuner/results/ itself: FlashInfer-Bench reads every committed row, with the store's statuses."""
+    pytest.importorskip("flashinfer_bench")
+    import shutil
+
+    from flashinfer_bench.data import TraceSet
+
+    from kdispatch.tuner.store import RESULTS_DIR
+
+    twins = sorted((RESULTS_DIR / "traces").glob("*.jsonl"))
+    assert twins, "committed results"
+    ts = TraceSet.from_path(str(RESULTS_DIR))
+    got = {(t.definition, t.solution, t.workload.uuid, t.evaluation.environment.hardware,
+            t.evaluation.timestamp): t.evaluation.status.value for v in ts.traces.values() for t in v}
+    (tmp_path / "traces").mkdir()
+    want = {}
+    for twin in twins:  # opened from a copy: the test never writes into the repository
+        shutil.copy(twin, tmp_path / "traces" / twin.name)
+        store = Store.open(tmp_path / f"{twin.stem}.sqlite")
+        envs = {e["id"]: e["device"] for e in store.envs()}
+        want.update({(r.definition, r.variant, r.uuid, envs[r.env], r.measured_at): r.status for r in store.results()})
+    assert got == want
 
 
 def test_route_and_explain_from_the_store(tmp_path, capsys):
@@ -116,7 +150,7 @@ def test_add_lands_a_module_with_provenance(tmp_path):
         assert side["variants"][0]["name"] == "agent_decode_v1" and prov["files"]
         assert (kernels / "triton" / "__init__.py").exists() and (kernels / "triton" / "gdn" / "__init__.py").exists()
         v = registry.get(DECODE, "agent_decode_v1")
-        assert v.sources[0] == landed.resolve()
+        assert v.source == landed.resolve() and landed.resolve() in v.files
     finally:
         registry.unregister(DECODE, "agent_decode_v1")
 

@@ -175,9 +175,8 @@ def open_stores(paths=None) -> Store:
     if paths:
         files = [Path(p) for p in paths]
     else:
-        stems = sorted({p.with_suffix("") for p in RESULTS_DIR.glob("*.sqlite")} |
-                       {p.with_suffix("") for p in RESULTS_DIR.glob("*.jsonl")})
-        files = [s.with_suffix(".sqlite") for s in stems]
+        stems = sorted({p.stem for p in RESULTS_DIR.glob("*.sqlite")} | {p.stem for p in RESULTS_DIR.glob("traces/*.jsonl")})
+        files = [RESULTS_DIR / f"{stem}.sqlite" for stem in stems]
     if len(files) == 1:
         return Store.open(files[0])
     import tempfile

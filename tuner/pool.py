@@ -17,10 +17,10 @@ import traceback
 from typing import Callable
 
 from kdispatch import definitions as defs
+from kdispatch.checks import RUNTIME_ERROR, TIMEOUT
 
 from .job import Job, now
 from .plan import JOB_IDS
-from .store import RUNTIME_ERROR, TIMEOUT
 
 
 # ----------------------------------------------------------------------------------------------

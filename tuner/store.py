@@ -1,20 +1,30 @@
-"""The results store: one SQLite file per device, plus its committed text twin.
+"""The results store: one SQLite file per device, plus its committed text twin in FlashInfer-Bench's
+trace format.
 
 Every measurement is one `result` row keyed by
 
     (env, definition, variant, variant_hash, uuid)
 
 where `env` names the device (name, SM architecture, driver) and the software (torch, triton,
-CUDA, flashinfer) it was measured with. A new or changed variant (new source hash), a new workload
-(new uuid), a new device or a new library version is a missing key, so it is measured; everything
-else is not (`Store.missing`). Old rows are kept: the router compiler picks, per definition and
-architecture, the most recently measured environment and, per variant, its most recently measured
-source hash (see `tuner/fit.py`).
+CUDA, flashinfer) it was measured with. A new or changed variant (new provenance hash), a new
+workload (new uuid), a new device or a new library version is a missing key, so it is measured;
+everything else is not (`Store.missing`). Old rows are kept: the router compiler picks, per
+definition and architecture, the most recently measured environment and, per variant, its most
+recently measured hash (see `tuner/fit.py`).
 
-Files. The working store is `tuner/results/<device-slug>.sqlite` (git-ignored); after every change
-the tuner also writes `tuner/results/<device-slug>.jsonl`, a sorted, one-row-per-line text dump
-that is committed (diffable, byte-stable). Opening a store whose `.sqlite` is missing, or older
-than its `.jsonl` (a teammate's tune pulled from git), merges the `.jsonl` in first (per key, the
+Files. The working store is `tuner/results/<device-slug>.sqlite` (git-ignored, the local index).
+After every change the tuner also writes its twin `tuner/results/traces/<device-slug>.jsonl`
+(committed, diffable, byte-stable): one FlashInfer-Bench `Trace` per result row, sorted, so that
+`flashinfer_bench.data.TraceSet.from_path("tuner/results")` loads kdispatch's results as they are:
+`definition`, `workload` (axes, inputs, uuid), `solution` = the variant's name, `evaluation`
+(`status` an `EvaluationStatus`; `environment` = device and library versions; `timestamp`; `log` =
+the failure reason or timing note; `correctness` for PASSED and INCORRECT_NUMERICAL; `performance`
+for PASSED: the routing latency and the baseline's on the same workload and environment).
+Everything else kdispatch keeps about a row goes into ONE extension object per line, `"kdispatch"`
+(FlashInfer-Bench's models ignore unknown keys): the architecture and driver, the variant's hash,
+backend and baseline role, the timing method, median/p10/p90/eager microseconds, sets and
+repetitions, and the gate's metrics and raw errors. Opening a store whose `.sqlite` is missing, or
+older than its twin (a teammate's tune pulled from git), merges the twin in first (per key, the
 later `measured_at` wins), so `kdispatch route` works on a fresh clone without a GPU.
 
 Schema (SQLite):
@@ -43,19 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, STATUSES
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA_VERSION = 1
 ENV_FIELDS = ("device", "arch", "driver", "torch", "triton", "cuda", "flashinfer")
 
-# FlashInfer-Bench EvaluationStatus values.
-PASSED = "PASSED"
-INCORRECT_SHAPE = "INCORRECT_SHAPE"
-INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
-INCORRECT_DTYPE = "INCORRECT_DTYPE"
-RUNTIME_ERROR = "RUNTIME_ERROR"
-COMPILE_ERROR = "COMPILE_ERROR"
-TIMEOUT = "TIMEOUT"
-STATUSES = (PASSED, INCORRECT_SHAPE, INCORRECT_NUMERICAL, INCORRECT_DTYPE, RUNTIME_ERROR, COMPILE_ERROR, TIMEOUT)
+LIBS = ("torch", "triton", "cuda", "flashinfer")  # the environment fields a trace's `libs` holds
+EXTENSION = "kdispatch"  # the one key of a trace line that FlashInfer-Bench does not define
 
 # Timing methods a non-baseline variant may be routed on. The two "events:" fallbacks mean the
 # variant could not be captured in a CUDA graph (it raised) or its work escaped the capture: in a
@@ -139,6 +144,11 @@ def default_path(device_name: str) -> Path:
     return RESULTS_DIR / f"{slug(device_name)}.sqlite"
 
 
+def twin_of(path: Path) -> Path:
+    """The committed trace twin of a store file: <folder>/traces/<stem>.jsonl."""
+    return path.parent / "traces" / f"{path.stem}.jsonl"
+
+
 def _round(x):
     return None if x is None else float(f"{x:.6g}")
 
@@ -171,10 +181,11 @@ class Store:
     def open(cls, path: str | Path) -> "Store":
         """Open (or create) `path`, first merging its `.jsonl` twin when that is new to it."""
         path = Path(path)
-        if path.suffix == ".jsonl":
-            path = path.with_suffix(".sqlite")
+        if path.suffix == ".jsonl":  # the twin itself: its store sits one folder up
+            path = path.parent.parent / f"{path.stem}.sqlite" if path.parent.name == "traces" else \
+                path.with_suffix(".sqlite")
         store = cls(path)
-        twin = path.with_suffix(".jsonl")
+        twin = twin_of(path)
         if twin.exists():
             digest = hashlib.sha256(twin.read_bytes()).hexdigest()
             if store.meta("jsonl_digest") != digest:
@@ -184,7 +195,7 @@ class Store:
 
     @property
     def twin(self) -> Path | None:
-        return None if self.path is None else self.path.with_suffix(".jsonl")
+        return None if self.path is None else twin_of(self.path)
 
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -195,22 +206,20 @@ class Store:
         self.db.commit()
 
     def dump_jsonl(self, path: str | Path | None = None) -> Path:
-        """Writes every env, workload and result as sorted JSON lines (byte-stable for equal data)."""
+        """Writes every result as a FlashInfer-Bench trace line, sorted (byte-stable for equal data)."""
         path = Path(path) if path is not None else self.twin
         if path is None:
             raise ValueError("an in-memory store needs an explicit dump path")
-        lines = []
-        for e in self.envs():
-            lines.append({"kind": "env", **e})
+        envs = {e["id"]: e for e in self.envs()}
+        workloads = {}
         for d, u, axes, inputs in self.db.execute("SELECT definition, uuid, axes, inputs FROM workload"):
-            lines.append({"kind": "workload", "definition": d, "uuid": u, "axes": json.loads(axes),
-                          "inputs": json.loads(inputs)})
-        for r in self.results():
-            lines.append({"kind": "result", **_canon(dataclasses.asdict(r))})
-        order = {"env": 0, "workload": 1, "result": 2}
-        lines.sort(key=lambda x: (order[x["kind"]], x.get("id", ""), x.get("definition", ""), x.get("variant", ""),
-                                  x.get("variant_hash", ""), x.get("uuid", ""), x.get("env", "")))
-        text = "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
+            workloads[(d, u)] = {"axes": json.loads(axes), "inputs": json.loads(inputs), "uuid": u}
+        rows = self.results()
+        base = {(r.env, r.definition, r.uuid): r for r in rows if r.baseline and r.passed}
+        lines = sorted(((r.definition, r.variant, r.variant_hash, r.uuid, r.env),
+                        _trace_line(r, envs[r.env], workloads.get((r.definition, r.uuid)),
+                                    base.get((r.env, r.definition, r.uuid)))) for r in rows)
+        text = "".join(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n" for _, line in lines)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         if self.path is not None and path == self.twin:
@@ -218,33 +227,29 @@ class Store:
         return path
 
     def load_jsonl(self, path: str | Path) -> None:
-        """Merges a dump in: envs and workloads are upserted; per result key the later row wins."""
+        """Merges a trace twin in: environments and workloads are upserted; per result key the
+        later row wins."""
         for line in Path(path).read_text().splitlines():
             if not line.strip():
                 continue
-            x = json.loads(line)
-            kind = x.pop("kind")
-            if kind == "env":
-                x.pop("id", None)
-                self.add_env(x)
-            elif kind == "workload":
-                self.put_workload(x["definition"], x["uuid"], x["axes"], x.get("inputs", {}), commit=False)
-            elif kind == "result":
-                r = Result(**{k: v for k, v in x.items() if k in _COLUMNS})
-                old = self.get(r.key)
-                if old is None or old.measured_at <= r.measured_at:
-                    self.put(r, commit=False)
+            env, workload, r = _from_trace_line(json.loads(line))
+            r.env = self.add_env(env, commit=False)
+            self.put_workload(r.definition, r.uuid, workload["axes"], workload.get("inputs", {}), commit=False)
+            old = self.get(r.key)
+            if old is None or old.measured_at <= r.measured_at:
+                self.put(r, commit=False)
         self.db.commit()
 
     # ---- environments and workloads ----------------------------------------------------------
-    def add_env(self, env: dict) -> str:
+    def add_env(self, env: dict, commit: bool = True) -> str:
         missing = [k for k in ENV_FIELDS if k not in env]
         if missing:
             raise ValueError(f"environment lacks {missing}")
         eid = env_id(env)
         self.db.execute("INSERT OR IGNORE INTO env VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (eid, *(str(env[k]) for k in ENV_FIELDS)))
-        self.db.commit()
+        if commit:
+            self.db.commit()
         return eid
 
     def envs(self) -> list[dict]:
@@ -341,72 +346,46 @@ class Store:
         self.db.commit()
         return cur.rowcount
 
-    # ---- FlashInfer-Bench traces -------------------------------------------------------------
-    def export_traces(self, out_dir: str | Path, definitions: Iterable[str] | None = None) -> list[Path]:
-        """Writes `<out_dir>/traces/<op_type>/<definition>.jsonl`: one FlashInfer-Bench Trace per
-        result row (solution = the variant name), validated with flashinfer_bench's models when
-        that package is installed. `reference_latency_ms` is the latency of the definition's
-        baseline on that (device, versions, workload) — the reference where no library runs —
-        and `speedup_factor` = reference_latency_ms / latency_ms. Also writes the definitions
-        (and the workloads the store knows) when `out_dir` lacks them, so the folder is a TraceSet.
-        """
-        from kdispatch import definitions as defs
 
-        try:
-            from flashinfer_bench.data import Trace
-        except ImportError:  # the format is still written; only the validation is skipped
-            Trace = None
-        out_dir = Path(out_dir)
-        envs = {e["id"]: e for e in self.envs()}
-        names = sorted({r.definition for r in self.results()} if definitions is None
-                       else {defs.resolve_name(d) for d in definitions})
-        written = []
-        for name in names:
-            op_type = defs.load(name)["op_type"]
-            rows = self.results(name)
-            base = {(r.env, r.uuid): r for r in rows if r.baseline and r.passed}
-            known = self.workloads(name)
-            lines = []
-            for r in rows:
-                e = envs[r.env]
-                w = known.get(r.uuid) or {"uuid": r.uuid, "axes": r.axes, "inputs": {}}
-                ev = {"status": r.status, "timestamp": r.measured_at,
-                      "environment": {"hardware": e["device"], "libs": {k: e[k] for k in
-                                                                         ("torch", "triton", "cuda", "flashinfer")}},
-                      "log": r.reason}
-                if r.status in (PASSED, INCORRECT_NUMERICAL):
-                    extra = dict(r.metrics)
-                    ev["correctness"] = {"max_absolute_error": _nonneg(r.max_abs_err),
-                                         "max_relative_error": _nonneg(r.max_rel_err), "extra": extra or None}
-                if r.status == PASSED:
-                    lat = (r.median_us or 0.0) / 1e3
-                    b = base.get((r.env, r.uuid))
-                    ref = (b.median_us or 0.0) / 1e3 if b is not None else 0.0
-                    ev["performance"] = {"latency_ms": lat, "reference_latency_ms": ref,
-                                         "speedup_factor": (ref / lat) if lat > 0 and ref > 0 else 0.0}
-                trace = {"definition": name, "workload": {"axes": w["axes"], "inputs": w["inputs"], "uuid": r.uuid},
-                         "solution": r.variant, "evaluation": ev}
-                if Trace is not None:
-                    trace = Trace.model_validate(trace).model_dump(mode="json")
-                lines.append(json.dumps(trace, sort_keys=True))
-            path = out_dir / "traces" / op_type / f"{name}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(line + "\n" for line in lines))
-            written.append(path)
-            dpath = out_dir / "definitions" / op_type / f"{name}.json"
-            if not dpath.exists():
-                dpath.parent.mkdir(parents=True, exist_ok=True)
-                dpath.write_bytes(defs.path(name).read_bytes())
-            wpath = out_dir / "workloads" / op_type / f"{name}.jsonl"
-            if not wpath.exists() and known:
-                wpath.parent.mkdir(parents=True, exist_ok=True)
-                wpath.write_text("".join(json.dumps({"definition": name, "workload": w, "solution": None,
-                                                     "evaluation": None}, sort_keys=True) + "\n"
-                                         for w in known.values()))
-        return written
+# ---- the trace twin's lines ------------------------------------------------------------------
+
+_EXTENSION_FIELDS = ("variant_hash", "baseline", "backend", "method", "median_us", "p10_us", "p90_us", "eager_us",
+                     "sets", "reps", "metrics", "max_abs_err", "max_rel_err", "axes")
 
 
-def _nonneg(x):
+def _nonneg(x) -> float:
+    """FlashInfer-Bench's correctness errors are non-negative or NaN; unknown is 0."""
     if x is None:
         return 0.0
     return x if x != x or x >= 0 else 0.0
+
+
+def _trace_line(r: Result, env: dict, workload: dict | None, base: Result | None) -> dict:
+    """One result row as a FlashInfer-Bench Trace (plus the kdispatch extension object)."""
+    ev = {"status": r.status, "timestamp": r.measured_at, "log": r.reason,
+          "environment": {"hardware": env["device"], "libs": {k: env[k] for k in LIBS}}}
+    if r.status in (PASSED, INCORRECT_NUMERICAL):
+        ev["correctness"] = {"max_absolute_error": _nonneg(r.max_abs_err), "max_relative_error": _nonneg(r.max_rel_err),
+                             "extra": None}
+    if r.status == PASSED:
+        lat = (r.median_us or 0.0) / 1e3
+        ref = (base.median_us or 0.0) / 1e3 if base is not None else 0.0
+        ev["performance"] = {"latency_ms": lat, "reference_latency_ms": ref,
+                             "speedup_factor": ref / lat if lat > 0 and ref > 0 else 0.0}
+    ext = {k: getattr(r, k) for k in _EXTENSION_FIELDS}
+    ext["env"] = {"arch": env["arch"], "driver": env["driver"]}
+    return _canon({"definition": r.definition, "solution": r.variant, "evaluation": ev,
+                   "workload": workload or {"axes": r.axes, "inputs": {}, "uuid": r.uuid}, EXTENSION: ext})
+
+
+def _from_trace_line(x: dict) -> tuple[dict, dict, Result]:
+    """(environment, workload, Result) of one twin line (the Result's env id is filled by the caller)."""
+    ev, ext = x["evaluation"], x[EXTENSION]
+    env = {"device": ev["environment"]["hardware"], **ev["environment"]["libs"], **ext["env"]}
+    fields = {k: ext[k] for k in _EXTENSION_FIELDS}
+    for k in ("max_abs_err", "max_rel_err", "median_us", "p10_us", "p90_us", "eager_us"):
+        if isinstance(fields[k], str):  # non-finite floats are stored as their repr
+            fields[k] = float(fields[k])
+    r = Result(env="", definition=x["definition"], variant=x["solution"], uuid=x["workload"]["uuid"],
+               status=ev["status"], measured_at=ev["timestamp"], reason=ev.get("log", ""), **fields)
+    return env, x["workload"], r
