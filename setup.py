@@ -34,8 +34,8 @@ setup(
     extras_require={
         "triton": ["triton"],
         "cuda": ["cuda-python", "nvidia-cuda-nvrtc"],
-        "tune": ["scikit-learn", "flashinfer-bench", "matplotlib"],
-        "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "scikit-learn", "safetensors"],
+        "tune": ["flashinfer-bench", "matplotlib"],
+        "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "safetensors"],
     },
     entry_points={"console_scripts": ["kdispatch = kdispatch.cli:main"]},
 )

@@ -8,7 +8,7 @@ Submodules load on first use so that `import kdispatch` stays cheap.
 import importlib
 
 __version__ = "0.1.0"
-_LAZY = ("ops", "registry", "definitions", "workloads", "dispatch", "arch", "nvrtc")
+_LAZY = ("ops", "registry", "definitions", "spec", "checks", "workloads", "dispatch", "arch", "nvrtc", "provenance")
 
 
 def __getattr__(name):
