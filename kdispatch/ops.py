@@ -1,7 +1,9 @@
 """Drop-in operators: `kdispatch.ops.<op>(...)` where SGLang or vLLM call FlashInfer today.
 
 Arguments and outputs follow the definitions (kdispatch/definitions/); each call goes through the
-definition's generated router for the device's architecture (kdispatch/dispatch.py).
+definition's generated router for the device's architecture (kdispatch/dispatch.py), which the
+run-time switches KDISPATCH_DISABLE and KDISPATCH_FORCE_<OP> can override. Bad input (dtype, shape,
+device, contiguity, a broken constraint) raises ValueError naming the argument before any kernel runs.
 
 GDN state contract: when `state` is given it is updated in place and returned as `new_state`
 (serving engines keep one state per sequence in a pool, as FlashInfer's decode does); when it
@@ -13,6 +15,7 @@ import math
 
 import torch
 
+from kdispatch import definitions
 from kdispatch.dispatch import Dispatcher
 
 _moe_fp8 = Dispatcher("moe_fp8")
@@ -23,39 +26,126 @@ _gdn_prefill = Dispatcher("gdn_prefill")
 
 DISPATCHERS = {d.short: d for d in (_moe_fp8, _dsa_topk_indexer, _dsa_sparse_attention, _gdn_decode, _gdn_prefill)}
 
-_GDN_HEADS, _GDN_DIM = 8, 128
-_GDN_DEFAULT_SCALE = 1.0 / math.sqrt(_GDN_DIM)
+
+def _zero_state(definition: str, num_states: int, device) -> torch.Tensor:
+    ax = definitions.get(definition).const_axes
+    return torch.zeros(num_states, ax["num_v_heads"], ax["head_size"], ax["head_size"], dtype=torch.float32,
+                       device=device)
+
+
+def _default_scale(definition: str) -> float:
+    return 1.0 / math.sqrt(definitions.get(definition).const_axes["head_size"])
 
 
 def moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
             gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
             routed_scaling_factor):
-    """DeepSeek-V3 FP8 block-scale MoE on one EP rank -> output bf16 [seq_len, 7168]."""
+    """DeepSeek-V3 FP8 block-scale MoE on one expert-parallel rank (32 of 256 experts, top-8 of
+    4 of 8 groups).
+
+    Args:
+        routing_logits: float32 [T, 256], router logits; scores are sigmoid(logits).
+        routing_bias: bfloat16 [256], added to the scores to choose experts, not to weight them.
+        hidden_states: float8_e4m3fn [T, 7168], token activations.
+        hidden_states_scale: float32 [56, T], one scale per 128 hidden columns of each token
+            (block-major).
+        gemm1_weights: float8_e4m3fn [32, 4096, 7168], per local expert the gate/up projection:
+            rows [0, 2048) times silu of rows [2048, 4096).
+        gemm1_weights_scale: float32 [32, 32, 56], per 128 x 128 block of gemm1_weights.
+        gemm2_weights: float8_e4m3fn [32, 7168, 2048], per local expert the down projection.
+        gemm2_weights_scale: float32 [32, 56, 16], per 128 x 128 block of gemm2_weights.
+        local_expert_offset: int, global id of this rank's first expert.
+        routed_scaling_factor: float, multiplies the routing weights after normalisation.
+
+    Returns:
+        output: bfloat16 [T, 7168], the sum over each token's chosen local experts of
+        routing weight * expert output.
+    """
     return _moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                     routed_scaling_factor)
 
 
 def dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
-    """DeepSeek-V3.2 indexer -> topk_indices int32 [batch_size, 2048] (global token ids, -1 padded)."""
+    """DeepSeek-V3.2 sparse-attention indexer: the 2048 highest-scoring cached tokens per sequence.
+
+    Args:
+        q_index_fp8: float8_e4m3fn [B, 64, 128], indexer query of each sequence's current token.
+        k_index_cache_fp8: int8 [num_pages, 64, 1, 132], the paged FP8 key cache as raw bytes in
+            deep_gemm layout: per page 64 x 128 FP8 key bytes, then 64 float32 per-token scales.
+        weights: float32 [B, 64], per-head weight of relu(q . k) in a token's score.
+        seq_lens: int32 [B], cached tokens per sequence (0 gives an all -1 row).
+        block_table: int32 [B, max_num_pages], page ids of each sequence in token order; entries
+            past ceil(seq_len / 64) are not read.
+
+    Returns:
+        topk_indices: int32 [B, 2048], global token ids (page * 64 + slot) of the
+        min(2048, seq_len) best tokens, best first, then -1.
+    """
     return _dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
 
 
 def dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
-    """DeepSeek-V3.2 sparse MLA attention -> (output bf16 [T, 16, 512], lse fp32 base-2 [T, 16])."""
+    """DeepSeek-V3.2 sparse MLA attention (16 heads) over the tokens the indexer selected.
+
+    Args:
+        q_nope: bfloat16 [T, 16, 512], query in the compressed-KV space (weight-absorbed MLA).
+        q_pe: bfloat16 [T, 16, 64], rotary part of the query.
+        ckv_cache: bfloat16 [num_pages, 64, 512], paged compressed KV (keys' first 512 dims and values).
+        kpe_cache: bfloat16 [num_pages, 64, 64], paged rotary part of the keys.
+        sparse_indices: int32 [T, 2048], global cache token ids (page * 64 + slot) per query
+            token; -1 entries are ignored.
+        sm_scale: float, softmax scale of the logits (1/sqrt(192) in DeepSeek-V3.2).
+
+    Returns:
+        (output bfloat16 [T, 16, 512], lse float32 [T, 16]): the attention output and the base-2
+        log-sum-exp of the scaled logits; zeros and -inf for a token without a valid index.
+    """
     return _dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
 
 
 def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
-    """Gated DeltaNet decode -> (output bf16 [B, 1, 8, 128], new_state fp32 [B, 8, 128, 128])."""
+    """Gated DeltaNet (Qwen3-Next) decode: one new token per sequence.
+
+    Args:
+        q: bfloat16 [B, 1, 4, 128], query, L2-normalised per head.
+        k: bfloat16 [B, 1, 4, 128], key, L2-normalised per head (each q/k head serves two value heads).
+        v: bfloat16 [B, 1, 8, 128], value.
+        state: float32 [B, 8, 128, 128] (k-last: [V, K] per head), or None for zeros; updated in place.
+        A_log: float32 [8], per-head log decay rate.
+        a: bfloat16 [B, 1, 8], decay logit: g = exp(-exp(A_log) * softplus(a + dt_bias)).
+        dt_bias: float32 [8], added to a before softplus.
+        b: bfloat16 [B, 1, 8], write-gate logit: beta = sigmoid(b).
+        scale: float, output scale; None or 0 means 1/sqrt(128).
+
+    Returns:
+        (output bfloat16 [B, 1, 8, 128], new_state float32 [B, 8, 128, 128]); new_state is `state`.
+    """
     if state is None:
-        state = torch.zeros(q.shape[0], _GDN_HEADS, _GDN_DIM, _GDN_DIM, dtype=torch.float32, device=q.device)
-    return _gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale or _GDN_DEFAULT_SCALE)
+        state = _zero_state(_gdn_decode.definition, q.shape[0], q.device)
+    return _gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale or _default_scale(_gdn_decode.definition))
 
 
 def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
-    """Gated DeltaNet prefill over packed sequences -> (output bf16 [T, 8, 128], new_state fp32 [N, 8, 128, 128])."""
+    """Gated DeltaNet (Qwen3-Next) prefill over sequences packed along the token axis.
+
+    Args:
+        q: bfloat16 [T, 4, 128], queries of all sequences, L2-normalised per head.
+        k: bfloat16 [T, 4, 128], keys, L2-normalised per head.
+        v: bfloat16 [T, 8, 128], values.
+        state: float32 [N, 8, 128, 128] initial state per sequence (k-last), or None for zeros;
+            updated in place with each sequence's final state.
+        A_log: float32 [8], per-head log decay rate.
+        a: bfloat16 [T, 8], per-token decay logit.
+        dt_bias: float32 [8], added to a before softplus.
+        b: bfloat16 [T, 8], per-token write-gate logit.
+        cu_seqlens: int64 [N + 1], sequence boundaries: sequence n owns tokens
+            cu_seqlens[n] .. cu_seqlens[n+1] - 1; starts at 0 and ends at T.
+        scale: float, output scale; None or 0 means 1/sqrt(128).
+
+    Returns:
+        (output bfloat16 [T, 8, 128], new_state float32 [N, 8, 128, 128]); new_state is `state`.
+    """
     if state is None:
-        state = torch.zeros(cu_seqlens.shape[0] - 1, _GDN_HEADS, _GDN_DIM, _GDN_DIM, dtype=torch.float32,
-                            device=q.device)
-    return _gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale or _GDN_DEFAULT_SCALE)
+        state = _zero_state(_gdn_prefill.definition, cu_seqlens.shape[0] - 1, q.device)
+    return _gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale or _default_scale(_gdn_prefill.definition))

@@ -8,14 +8,11 @@ compared.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
+from conftest import official_definition
 from kdispatch import definitions
 
-OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions"
 NAMES = definitions.names()
 
 
@@ -48,21 +45,14 @@ def test_reference_text_is_the_module(name):
     assert definitions.load(name)["reference"] == definitions.reference_path(name).read_text()
 
 
-def _official(name: str) -> dict:
-    hits = sorted(OFFICIAL_DIR.glob(f"*/{name}.json")) if OFFICIAL_DIR.is_dir() else []
-    if not hits:
-        pytest.skip(f"official definition {name} not found under {OFFICIAL_DIR}")
-    return json.loads(hits[0].read_text())
-
-
 def _tensor_facts(tensors: dict) -> list:
     """(name, shape, dtype, optional) in definition order: the order is the call signature."""
     return [(n, t.get("shape"), t["dtype"], bool(t.get("optional", False))) for n, t in tensors.items()]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_definition_facts_equal_official(name):
-    official = _official(name)
+def test_definition_facts_equalofficial_definition(name):
+    official = official_definition(name)
     ours = definitions.load(name)
     assert ours["name"] == official["name"]
     assert ours["op_type"] == official["op_type"]
@@ -82,12 +72,12 @@ def test_definition_facts_equal_official(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_validated_models_agree_with_official(name):
+def test_validated_models_agree_withofficial_definition(name):
     """The same comparison on the pydantic models (what FlashInfer-Bench itself reads)."""
     pytest.importorskip("flashinfer_bench")
     from flashinfer_bench.data import Definition
 
-    official = Definition.model_validate(_official(name))
+    official = Definition.model_validate(official_definition(name))
     ours = definitions.as_fib(name)
     strip = {"description"}
     assert {k: v.model_dump(exclude=strip) for k, v in ours.axes.items()} == {

@@ -5,16 +5,13 @@ through the tuner's correctness gate, i.e. FlashInfer-Bench's indexer semantics:
 reachable ids, no duplicates, -1 padding, sorted scores equal to the reference's top scores. Ties
 at the k-th score and an empty sequence are covered by handcrafted inputs.
 """
-import importlib
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU in CI)
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from conftest import kernel_module  # noqa: E402
 from kdispatch import registry, workloads  # noqa: E402
 from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
 from kdispatch.tuner import gate  # noqa: E402
@@ -23,15 +20,9 @@ _MOD = "kdispatch.kernels.triton.dsa.indexer_fp8"
 DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
-def _load(name):
-    mod = importlib.import_module(name)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        if type(mod._score_pages_kernel).__name__ != "InterpretedFunction":
-            mod = importlib.reload(mod)
-    return mod
 
 
-X = _load(_MOD)
+X = kernel_module(_MOD)
 SELECTORS = {"radix": X.indexer_radix, "torch_topk": X.indexer_torch_topk}
 
 
@@ -113,9 +104,7 @@ def test_registration_and_supports():
         X.indexer_radix(*_inputs(1, 129, seed=6, num_pages=200))
 
 
-P = importlib.import_module("kdispatch.kernels.triton.dsa.indexer_passthrough")
-if os.environ.get("TRITON_INTERPRET") == "1" and type(P._passthrough_kernel).__name__ != "InterpretedFunction":
-    P = importlib.reload(P)
+P = kernel_module("kdispatch.kernels.triton.dsa.indexer_passthrough")
 
 
 @pytest.mark.parametrize("batch,max_pages", [(1, 1), (3, 5), (4, 32)])

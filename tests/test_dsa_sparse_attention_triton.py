@@ -7,35 +7,22 @@ handcrafted index rows (all -1, scattered -1, a single valid index): output in b
 lse in fp32 tolerance, no NaN/Inf except the -inf lse of a row without a valid index. Shapes are small
 (few pages, few tokens, small split counts): the interpreter runs each program in Python.
 """
-import importlib
 import math
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU in CI)
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from conftest import DEVICE, kernel_module  # noqa: E402
 from kdispatch import registry, workloads  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.dsa.sparse_attention_splitk"
 DEF = "dsa_sparse_attention"
 
 
-def _load(name):
-    """Import the kernel module so that its kernels run where the tensors live: a module imported
-    earlier without the interpreter (e.g. by registry.discover()) is reloaded under it."""
-    mod = importlib.import_module(name)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        if type(mod._dsa_splitk_partial_kernel).__name__ != "InterpretedFunction":
-            mod = importlib.reload(mod)
-    return mod
-
-
-S = _load(_MOD)
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+S = kernel_module(_MOD)
+DEV = DEVICE
 OUT_TOL = dict(atol=2e-2, rtol=2e-2)
 LSE_TOL = dict(atol=1e-3, rtol=1e-3)
 

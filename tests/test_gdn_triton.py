@@ -5,13 +5,7 @@ kdispatch's references (and, where ../shared/fib is present, the official FlashI
 fresh random inputs: output in bf16 tolerance, new state in fp32 tolerance, the state updated in
 place. Shapes are kept small: the interpreter runs each program in Python.
 """
-import importlib
-import json
 import math
-import os
-from pathlib import Path
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU in CI)
 
 import pytest
 import torch
@@ -19,27 +13,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from conftest import DEVICE as DEV  # noqa: E402
+from conftest import kernel_module, official_run  # noqa: E402
 from kdispatch.references import gdn_decode as ref_decode  # noqa: E402
 from kdispatch.references import gdn_prefill as ref_prefill  # noqa: E402
 
-_MODS = ("kdispatch.kernels.triton.gdn.decode_splitv", "kdispatch.kernels.triton.gdn.prefill_recurrent")
-
-
-def _load(name):
-    """Import a kernel module so that its kernels run where the tensors live: a module imported
-    earlier without the interpreter (e.g. by registry.discover()) is reloaded under it."""
-    mod = importlib.import_module(name)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        kern = next(v for k, v in vars(mod).items() if k.endswith("_kernel"))
-        if type(kern).__name__ != "InterpretedFunction":
-            mod = importlib.reload(mod)
-    return mod
-
-
-D = _load(_MODS[0])
-P = _load(_MODS[1])
-
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+D = kernel_module("kdispatch.kernels.triton.gdn.decode_splitv")
+P = kernel_module("kdispatch.kernels.triton.gdn.prefill_recurrent")
 HQK, HV, K, V = 4, 8, 128, 128
 SCALE = 1.0 / math.sqrt(K)
 
@@ -201,20 +181,8 @@ def test_comparison_rejects_wrong_results():
 
 
 # ------------------------------------------------------------- official FlashInfer-Bench references
-_FIB = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions" / "gdn"
-
-
-def _official(name):
-    path = _FIB / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    ns = {}
-    exec(compile(json.loads(path.read_text())["reference"], str(path), "exec"), ns)
-    return ns["run"]
-
-
 def test_decode_matches_official_reference():
-    run = _official("gdn_decode_qk4_v8_d128_k_last")
+    run = official_run("gdn_decode")
     inputs = decode_inputs(2, seed=40)
     ref_out, ref_state = run(*inputs)
     out, new_state = D.gdn_decode_splitv(*inputs, BV=64)
@@ -222,7 +190,7 @@ def test_decode_matches_official_reference():
 
 
 def test_prefill_matches_official_reference():
-    run = _official("gdn_prefill_qk4_v8_d128_k_last")
+    run = official_run("gdn_prefill")
     inputs = prefill_inputs([0, 1, 4], seed=41)
     ref_out, ref_state = run(*inputs)
     out, new_state = P.gdn_prefill_recurrent(*inputs, BV=64)

@@ -5,31 +5,22 @@ intermediate (2048 -> 128) sizes and keep the routing (256 experts, 8 groups, to
 experts; a float64 dense computation of the reference's formula is the expected value. Also the
 expert-sorted layout on its own (every local pair exactly once, in its expert's blocks).
 """
-import importlib
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU in CI)
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from conftest import kernel_module  # noqa: E402
 from kdispatch import registry  # noqa: E402
 from kdispatch.references import moe_fp8 as ref  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.moe.fp8_grouped"
 
 
-def _load(name):
-    mod = importlib.import_module(name)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        if type(mod._gemm1_swiglu_kernel).__name__ != "InterpretedFunction":
-            mod = importlib.reload(mod)
-    return mod
 
 
-M = _load(_MOD)
+M = kernel_module(_MOD)
 HIDDEN, INTER, LOCAL = 256, 128, 32
 FP8 = torch.float8_e4m3fn
 

@@ -15,7 +15,6 @@ with KDISPATCH_SKIP_OFFICIAL_MOE=1.
 from __future__ import annotations
 
 import ast
-import json
 import math
 import os
 import subprocess
@@ -29,10 +28,10 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a script (the MoE subprocess): make `kdispatch` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conftest import official_definition, official_run, standalone_run
 from kdispatch import definitions
 from kdispatch.references import dsa_sparse_attention, dsa_topk_indexer, gdn_decode, gdn_prefill, moe_fp8
 
-OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions"
 REFERENCE_MODULES = {
     "gdn_decode": gdn_decode,
     "gdn_prefill": gdn_prefill,
@@ -44,28 +43,6 @@ REFERENCE_MODULES = {
 # Measured on the 24 GiB dev machine: peak RSS of the official MoE reference with 4 tokens.
 OFFICIAL_MOE_PEAK_GIB = 17.4
 OFFICIAL_MOE_NEEDS_GIB = OFFICIAL_MOE_PEAK_GIB + 1.5
-
-
-def official_definition(short: str) -> dict:
-    name = definitions.resolve_name(short)
-    hits = sorted(OFFICIAL_DIR.glob(f"*/{name}.json")) if OFFICIAL_DIR.is_dir() else []
-    if not hits:
-        pytest.skip(f"official definition {name} not found under {OFFICIAL_DIR}")
-    return json.loads(hits[0].read_text())
-
-
-def official_run(short: str):
-    """The official reference's `run`, executed from its JSON text in a fresh namespace."""
-    namespace: dict = {}
-    exec(compile(official_definition(short)["reference"], f"<official {short}>", "exec"), namespace)
-    return namespace["run"]
-
-
-def standalone_run(short: str):
-    """Our reference's `run`, executed from the definition JSON text as FlashInfer-Bench does."""
-    namespace: dict = {}
-    exec(compile(definitions.load(short)["reference"], f"<kdispatch {short}>", "exec"), namespace)
-    return namespace["run"]
 
 
 def must_fail(check, *args, **kwargs):

@@ -1,0 +1,65 @@
+"""Shared test setup, loaded by pytest before any test module.
+
+Without a usable GPU, Triton kernels run on CPU tensors under the interpreter, which must be
+switched on before anything imports triton (kdispatch.registry.discover() imports every kernel
+module): it is set here, once, for the whole session, unless the caller chose TRITON_INTERPRET
+already. GPU tests (tests/gpu/) run without it on a machine with CUDA.
+
+Helpers the test modules import (`from conftest import ...`): `DEVICE`, `kernel_module`,
+`official_definition`, `official_run`, `standalone_run`.
+"""
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions"
+
+
+def kernel_module(name: str):
+    """A kernel module (e.g. "kdispatch.kernels.triton.gdn.decode_splitv"); the interpreter was set
+    before any import, so its kernels run where the tensors live."""
+    return importlib.import_module(name)
+
+
+def official_definition(short: str) -> dict:
+    """The official FlashInfer-Bench definition JSON of `short` (../shared/fib beside the checkout);
+    skips the test where it is absent."""
+    from kdispatch import definitions
+
+    name = definitions.resolve_name(short)
+    hits = sorted(OFFICIAL_DIR.glob(f"*/{name}.json")) if OFFICIAL_DIR.is_dir() else []
+    if not hits:
+        pytest.skip(f"official definition {name} not found under {OFFICIAL_DIR}")
+    return json.loads(hits[0].read_text())
+
+
+def _run_of(text: str, label: str):
+    namespace: dict = {}
+    exec(compile(text, label, "exec"), namespace)  # definition references are plain modules
+    return namespace["run"]
+
+
+def official_run(short: str):
+    """The official reference's `run`, executed from its JSON text in a fresh namespace."""
+    return _run_of(official_definition(short)["reference"], f"<official {short}>")
+
+
+def standalone_run(short: str):
+    """kdispatch's reference `run`, executed from the definition JSON text as FlashInfer-Bench does."""
+    from kdispatch import definitions
+
+    return _run_of(definitions.load(short)["reference"], f"<kdispatch {short}>")
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE

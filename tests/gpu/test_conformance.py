@@ -1,0 +1,41 @@
+"""Every variant that runs on this GPU through the correctness gate, on small contest-like shapes
+(tests/test_conformance.py does the CPU-runnable ones in CI). Skipped without CUDA."""
+import pytest
+import torch
+
+from kdispatch import arch, definitions, registry
+from kdispatch.tuner import gate
+from kdispatch.workloads import materialize
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SHAPES = {
+    "gdn_decode": [{"batch_size": 1}, {"batch_size": 33}],
+    "gdn_prefill": [{"total_seq_len": 1, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 4}],
+    "dsa_topk_indexer": [{"batch_size": 2, "max_num_pages": 20, "num_pages": 400},
+                         {"batch_size": 4, "max_num_pages": 90, "num_pages": 2000}],
+    "dsa_sparse_attention": [{"num_tokens": 1, "num_pages": 2000}, {"num_tokens": 8, "num_pages": 2000}],
+    "moe_fp8": [{"seq_len": 1}, {"seq_len": 80}],
+}
+
+
+def cases():
+    for d in definitions.all_definitions():
+        for v in registry.variants(d.name):
+            for i, axes in enumerate(SHAPES.get(d.short, [])):
+                yield pytest.param(d.short, v.name, axes, id=f"{d.short}-{v.name}-{i}")
+
+
+@pytest.mark.parametrize("short,name,axes", list(cases()))
+def test_variant_passes_the_gate_on_the_gpu(short, name, axes):
+    v = registry.get(short, name)
+    why = v.why_not(arch.local_arch()) or v.declines(axes)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    w = {"uuid": f"gpu-conformance-{short}-{'-'.join(map(str, axes.values()))}", "axes": axes, "inputs": {}}
+    trials = []
+    for t in range(2):
+        args = list(materialize(short, gate.trial_workload(w, t), device="cuda"))
+        trials.append((args, gate.reference(short, args)))
+    verdict = gate.run_gate(short, v.fn, trials)
+    assert verdict.passed, f"{short} {name} {axes}: {verdict.status} {verdict.reason}"
