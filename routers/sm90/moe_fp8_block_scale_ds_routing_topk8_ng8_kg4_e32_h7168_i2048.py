@@ -5,42 +5,40 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T20:53:43Z
+# measured    up to 2026-11-23T21:09:48Z
 # workloads   19 (workload-set digest 046fad58567f69ef)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference           c16a3bde9b55b3d2  19/19  1.00x
-#   triton_grouped_m16  dc9be4a41e24a800  19/19  17.79x
-#   triton_grouped_m32  defe3ebdac52d6ac  19/19  18.39x
-#   triton_grouped_m64  f8eaf7a12f117939  19/19  17.27x
+#   triton_grouped_m16  dc9be4a41e24a800  19/19  19.55x
+#   triton_grouped_m32  defe3ebdac52d6ac  19/19  20.18x
+#   triton_grouped_m64  f8eaf7a12f117939  19/19  19.01x
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
-# held out    5-fold over workloads: regret vs the best variant 38.20% mean, 704.45% max;
-#             15.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    5-fold over workloads: regret vs the best variant 0.19% mean, 3.68% max;
+#             17.733x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. seq_len <= 10: reference (baseline), 2 workloads
-#   2. 10 < seq_len <= 71: triton_grouped_m16, 13 workloads, 22.78x (18.69x .. 24.83x) over reference
-#   3. 71 < seq_len <= 6424: triton_grouped_m32, 2 workloads, 22.53x (21.35x .. 23.78x) over reference
-#   4. seq_len > 6424: triton_grouped_m64, 2 workloads, 10.14x (9.82x .. 10.47x) over reference
+#   1. seq_len <= 71: triton_grouped_m16, 15 workloads, 23.01x (10.09x .. 27.65x) over reference
+#   2. 71 < seq_len <= 6424: triton_grouped_m32, 2 workloads, 26.02x (24.72x .. 27.39x) over reference
+#   3. seq_len > 6424: triton_grouped_m64, 2 workloads, 10.42x (10.28x .. 10.56x) over reference
 
 REGIONS = (
-    {'region': 1, 'variant': 'reference', 'bounds': {'seq_len': (None, 10)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0)},
-    {'region': 2, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (10, 71)}, 'workloads': 13, 'speedup': (18.69, 22.78, 24.83)},
-    {'region': 3, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (71, 6424)}, 'workloads': 2, 'speedup': (21.35, 22.53, 23.78)},
-    {'region': 4, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (6424, None)}, 'workloads': 2, 'speedup': (9.82, 10.14, 10.47)},
+    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 71)}, 'workloads': 15, 'speedup': (10.09, 23.01, 27.65)},
+    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (71, 6424)}, 'workloads': 2, 'speedup': (24.72, 26.02, 27.39)},
+    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (6424, None)}, 'workloads': 2, 'speedup': (10.28, 10.42, 10.56)},
 )
 
 
 def route(seq_len):
-    # region 2: 13 workloads, 22.78x (18.69x .. 24.83x) over reference
-    if 10 < seq_len <= 71:
+    # region 1: 15 workloads, 23.01x (10.09x .. 27.65x) over reference
+    if seq_len <= 71:
         return 'triton_grouped_m16'
-    # region 3: 2 workloads, 22.53x (21.35x .. 23.78x) over reference
+    # region 2: 2 workloads, 26.02x (24.72x .. 27.39x) over reference
     if 71 < seq_len <= 6424:
         return 'triton_grouped_m32'
-    # region 4: 2 workloads, 10.14x (9.82x .. 10.47x) over reference
+    # region 3: 2 workloads, 10.42x (10.28x .. 10.56x) over reference
     if seq_len > 6424:
         return 'triton_grouped_m64'
     return 'reference'
