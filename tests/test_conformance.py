@@ -2,7 +2,7 @@
 
 Variants are discovered from the registry, so a newly registered one is covered without editing
 this file. On the CPU: variants that run on any device, and Triton variants under the interpreter
-(conftest.py switches it on); CUDA and library variants need a GPU (tests/gpu/test_conformance.py
+(conftest.py switches it on); CUDA and library variants need a GPU (tests/gpu/test_gpu_conformance.py
 runs every variant there). A shape the variant declines (`Variant.declines`) is skipped with its
 reason.
 """
