@@ -187,12 +187,6 @@ class Policy:
                 return r.variant
         return self.baseline
 
-    def region_of(self, features: dict) -> int | None:
-        for i, r in enumerate(self.regions):
-            if r.contains(features):
-                return i
-        return None
-
 
 class _Matrix:
     """Dense arrays over (variant, workload) for one table."""

@@ -335,17 +335,6 @@ class Store:
         uuids = sorted(set(uuids))
         return [(name, u) for name in sorted(variants) for u in uuids if (name, variants[name], u) not in have]
 
-    def delete(self, env: str | None = None, definition: str | None = None, variant: str | None = None) -> int:
-        """Forget results (e.g. `tune --force`); returns the number of rows removed."""
-        clauses, params = [], []
-        for col, val in (("env", env), ("definition", definition), ("variant", variant)):
-            if val is not None:
-                clauses.append(f"{col} = ?")
-                params.append(val)
-        cur = self.db.execute("DELETE FROM result" + ((" WHERE " + " AND ".join(clauses)) if clauses else ""), params)
-        self.db.commit()
-        return cur.rowcount
-
 
 # ---- the trace twin's lines ------------------------------------------------------------------
 
