@@ -150,7 +150,7 @@ def _warn_stale(table, stream) -> None:
             except KeyError:
                 continue
             if v.provenance != h:
-                stream.write(f"[route] warning: {defs.get(table.definition).short} {name}: source changed since "
+                stream.write(f"[route] warning: {defs.get(table.definition).short} {name}: provenance changed since "
                              f"it was measured ({h} -> {v.provenance}); re-run `kdispatch tune`\n")
     except Exception:
         pass
