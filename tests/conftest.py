@@ -5,8 +5,8 @@ switched on before anything imports triton (kdispatch.registry.discover() import
 module): it is set here, once, for the whole session, unless the caller chose TRITON_INTERPRET
 already. GPU tests (tests/gpu/) run without it on a machine with CUDA.
 
-Helpers the test modules import (`from conftest import ...`): `DEVICE`, `kernel_module`,
-`official_definition`, `official_run`, `standalone_run`.
+Helpers the test modules import (`from conftest import ...`): `INTERPRETED`, `DEVICE`,
+`kernel_module`, `official_definition`, `official_run`, `standalone_run`.
 """
 import importlib
 import json
@@ -25,9 +25,28 @@ OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definit
 
 
 def kernel_module(name: str):
-    """A kernel module (e.g. "kdispatch.kernels.triton.gdn.decode_splitv"); the interpreter was set
-    before any import, so its kernels run where the tensors live."""
-    return importlib.import_module(name)
+    """Import a kernel module (e.g. "kdispatch.kernels.triton.gdn.decode_splitv") whose kernels run
+    where the tensors live. Triton decides at decoration time whether a kernel is interpreted, so a
+    module imported before TRITON_INTERPRET was set (by a plugin, say) holds compiled kernels that
+    fail on CPU tensors: that is an error naming the cause here, not dozens of obscure failures."""
+    module = importlib.import_module(name)
+    if INTERPRETED:
+        compiled = sorted(attr for attr, obj in vars(module).items() if _is_compiled_kernel(obj))
+        if compiled:
+            raise RuntimeError(f"{name} was imported before TRITON_INTERPRET=1 was set: {compiled} are "
+                               "compiled, not interpreted; nothing may import kernel modules before "
+                               "tests/conftest.py runs")
+    return module
+
+
+def _is_compiled_kernel(obj) -> bool:
+    """A @triton.jit kernel that is not interpreted, looking through autotune/heuristics wrappers."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    while isinstance(obj, KernelInterface) and not isinstance(obj, (JITFunction, InterpretedFunction)):
+        obj = getattr(obj, "fn", None)
+    return isinstance(obj, JITFunction)
 
 
 def official_definition(short: str) -> dict:
@@ -58,8 +77,3 @@ def standalone_run(short: str):
     from kdispatch import definitions
 
     return _run_of(definitions.load(short)["reference"], f"<kdispatch {short}>")
-
-
-@pytest.fixture
-def device() -> str:
-    return DEVICE

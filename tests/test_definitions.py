@@ -51,7 +51,7 @@ def _tensor_facts(tensors: dict) -> list:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_definition_facts_equalofficial_definition(name):
+def test_definition_facts_equal_official(name):
     official = official_definition(name)
     ours = definitions.load(name)
     assert ours["name"] == official["name"]
@@ -72,7 +72,7 @@ def test_definition_facts_equalofficial_definition(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_validated_models_agree_withofficial_definition(name):
+def test_validated_models_agree_with_official(name):
     """The same comparison on the pydantic models (what FlashInfer-Bench itself reads)."""
     pytest.importorskip("flashinfer_bench")
     from flashinfer_bench.data import Definition

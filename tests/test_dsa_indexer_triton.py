@@ -5,7 +5,6 @@ through the tuner's correctness gate, i.e. FlashInfer-Bench's indexer semantics:
 reachable ids, no duplicates, -1 padding, sorted scores equal to the reference's top scores. Ties
 at the k-th score and an empty sequence are covered by handcrafted inputs.
 """
-
 import pytest
 import torch
 
@@ -18,8 +17,6 @@ from kdispatch.tuner import gate  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.dsa.indexer_fp8"
 DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
-
-
 
 
 X = kernel_module(_MOD)

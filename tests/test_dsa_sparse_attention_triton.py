@@ -14,7 +14,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import DEVICE, kernel_module  # noqa: E402
+from conftest import DEVICE as DEV  # noqa: E402
+from conftest import kernel_module  # noqa: E402
 from kdispatch import registry, workloads  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.dsa.sparse_attention_splitk"
@@ -22,7 +23,6 @@ DEF = "dsa_sparse_attention"
 
 
 S = kernel_module(_MOD)
-DEV = DEVICE
 OUT_TOL = dict(atol=2e-2, rtol=2e-2)
 LSE_TOL = dict(atol=1e-3, rtol=1e-3)
 

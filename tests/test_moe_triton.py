@@ -5,7 +5,6 @@ intermediate (2048 -> 128) sizes and keep the routing (256 experts, 8 groups, to
 experts; a float64 dense computation of the reference's formula is the expected value. Also the
 expert-sorted layout on its own (every local pair exactly once, in its expert's blocks).
 """
-
 import pytest
 import torch
 
@@ -16,8 +15,6 @@ from kdispatch import registry  # noqa: E402
 from kdispatch.references import moe_fp8 as ref  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.moe.fp8_grouped"
-
-
 
 
 M = kernel_module(_MOD)

@@ -17,6 +17,7 @@ CASES = [("gdn_decode", "fla_fused_recurrent", {"batch_size": 1}),
          ("gdn_decode", "fla_fused_recurrent", {"batch_size": 48}),
          ("gdn_prefill", "fla_chunk", {"total_seq_len": 7, "num_seqs": 2}),
          ("gdn_prefill", "fla_chunk", {"total_seq_len": 1000, "num_seqs": 3})]
+IDS = [f"{name}-{'-'.join(map(str, axes.values()))}" for _, name, axes in CASES]
 
 
 def _args(short, axes, trial=0):
@@ -24,7 +25,7 @@ def _args(short, axes, trial=0):
     return list(materialize(short, gate.trial_workload(w, trial), device="cuda"))
 
 
-@pytest.mark.parametrize("short,name,axes", CASES)
+@pytest.mark.parametrize("short,name,axes", CASES, ids=IDS)
 def test_gate_and_in_place_state(short, name, axes):
     fn = registry.get(short, name).fn
     trials = [(a, gate.reference(short, a)) for a in (_args(short, axes, t) for t in range(3))]
@@ -36,7 +37,7 @@ def test_gate_and_in_place_state(short, name, axes):
     assert new_state is args[3] and not torch.equal(new_state, before)
 
 
-@pytest.mark.parametrize("short,name,axes", CASES)
+@pytest.mark.parametrize("short,name,axes", CASES, ids=IDS)
 def test_graph_replay_equals_eager(short, name, axes):
     fn = registry.get(short, name).fn
     args = _args(short, axes)

@@ -12,11 +12,9 @@ eager per-call times, the host cost of one launch, and register/spill counts.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -41,29 +39,12 @@ PREFILL_CONFIGS = [] if _why else [(ks, r, c) for c, layouts in P.CHUNKS.items()
 
 
 # ------------------------------------------------------------------------------------------ references
-def _official(name):
-    """run() of the official reference code in ../shared/fib/definitions/gdn/<name>.json."""
-    for root in (Path(__file__).resolve().parents[2] / "shared", Path(__file__).resolve().parents[3] / "shared"):
-        p = root / "fib" / "definitions" / "gdn" / f"{name}.json"
-        if p.is_file():
-            ns = {}
-            exec(compile(json.loads(p.read_text())["reference"], str(p), "exec"), ns)  # noqa: S102
-            return ns["run"]
-    return None
-
-
 def _reference(kind):
-    try:
-        if kind == "decode":
-            from kdispatch.references.gdn_decode import run
-        else:
-            from kdispatch.references.gdn_prefill import run
-        return run
-    except ImportError:
-        run = _official(f"gdn_{kind}_qk4_v8_d128_k_last")
-        if run is None:
-            pytest.skip("no GDN reference (kdispatch.references nor ../shared/fib)")
-        return run
+    if kind == "decode":
+        from kdispatch.references.gdn_decode import run
+    else:
+        from kdispatch.references.gdn_prefill import run
+    return run
 
 
 # ------------------------------------------------------------------------------------------ inputs

@@ -26,6 +26,10 @@ def cases():
                 yield pytest.param(d.short, v.name, axes, id=f"{d.short}-{v.name}-{i}")
 
 
+def test_every_kernel_module_imports():
+    assert registry.import_failures() == {}  # a module that fails to import hides its variants
+
+
 @pytest.mark.parametrize("short,name,axes", list(cases()))
 def test_variant_passes_the_gate_on_the_gpu(short, name, axes):
     v = registry.get(short, name)
