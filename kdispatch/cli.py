@@ -1,5 +1,5 @@
 """The `kdispatch` command. `kdispatch list` shows every definition, its baseline and variants here;
-the tuning commands (`tune`, `route`, `bench`, `explain`, `report`, `add`, `export-traces`) live in
+the tuning commands (`tune`, `route`, `bench`, `explain`, `report`, `add`) live in
 kdispatch.tuner and load only when asked for."""
 from __future__ import annotations
 

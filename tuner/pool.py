@@ -17,7 +17,7 @@ import traceback
 from typing import Callable
 
 from kdispatch import definitions as defs
-from kdispatch.checks import RUNTIME_ERROR, TIMEOUT
+from kdispatch.checks import PASSED, RUNTIME_ERROR, TIMEOUT
 
 from .job import Job, now
 from .plan import JOB_IDS
@@ -174,7 +174,7 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
                     row = payload[0]
                     on_row(_job.definition, row)
                     if progress:
-                        progress.update(_job.definition, row["variant"], row["status"] == "PASSED")
+                        progress.update(_job.definition, row["variant"], row["status"] == PASSED)
             _resolve(job.executor)(job, emit)
         return True
     import multiprocessing as mp
@@ -198,7 +198,7 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
             deaths_without_progress[w.id] = 0
             on_row(w.job.definition, row)
             if progress:
-                progress.update(w.job.definition, row["variant"], row["status"] == "PASSED")
+                progress.update(w.job.definition, row["variant"], row["status"] == PASSED)
         elif kind == "done":
             w.job = None
         elif kind == "fatal":

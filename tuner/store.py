@@ -182,8 +182,10 @@ class Store:
         """Open (or create) `path`, first merging its `.jsonl` twin when that is new to it."""
         path = Path(path)
         if path.suffix == ".jsonl":  # the twin itself: its store sits one folder up
-            path = path.parent.parent / f"{path.stem}.sqlite" if path.parent.name == "traces" else \
-                path.with_suffix(".sqlite")
+            if path.parent.name != "traces":
+                raise ValueError(f"{path}: a store's twin lives in <folder>/traces/<name>.jsonl; give that "
+                                 "file or the store's .sqlite")
+            path = path.parent.parent / f"{path.stem}.sqlite"
         store = cls(path)
         twin = twin_of(path)
         if twin.exists():
@@ -215,7 +217,11 @@ class Store:
         for d, u, axes, inputs in self.db.execute("SELECT definition, uuid, axes, inputs FROM workload"):
             workloads[(d, u)] = {"axes": json.loads(axes), "inputs": json.loads(inputs), "uuid": u}
         rows = self.results()
-        base = {(r.env, r.definition, r.uuid): r for r in rows if r.baseline and r.passed}
+        base: dict[tuple, Result] = {}  # the newest passing baseline row per (env, definition, workload)
+        for r in rows:
+            k = (r.env, r.definition, r.uuid)
+            if r.baseline and r.passed and (k not in base or r.measured_at > base[k].measured_at):
+                base[k] = r
         lines = sorted(((r.definition, r.variant, r.variant_hash, r.uuid, r.env),
                         _trace_line(r, envs[r.env], workloads.get((r.definition, r.uuid)),
                                     base.get((r.env, r.definition, r.uuid)))) for r in rows)
@@ -229,10 +235,14 @@ class Store:
     def load_jsonl(self, path: str | Path) -> None:
         """Merges a trace twin in: environments and workloads are upserted; per result key the
         later row wins."""
-        for line in Path(path).read_text().splitlines():
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
             if not line.strip():
                 continue
-            env, workload, r = _from_trace_line(json.loads(line))
+            try:
+                env, workload, r = _from_trace_line(json.loads(line))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{n}: not a kdispatch trace line ({type(exc).__name__}: {exc}); "
+                                 f"each line needs the {EXTENSION!r} extension object") from None
             r.env = self.add_env(env, commit=False)
             self.put_workload(r.definition, r.uuid, workload["axes"], workload.get("inputs", {}), commit=False)
             old = self.get(r.key)
@@ -338,8 +348,10 @@ class Store:
 
 # ---- the trace twin's lines ------------------------------------------------------------------
 
+# The row's axes are the trace's workload axes; everything else FlashInfer-Bench has no field for
+# (or rounds: errors must be non-negative there) is here.
 _EXTENSION_FIELDS = ("variant_hash", "baseline", "backend", "method", "median_us", "p10_us", "p90_us", "eager_us",
-                     "sets", "reps", "metrics", "max_abs_err", "max_rel_err", "axes")
+                     "sets", "reps", "metrics", "max_abs_err", "max_rel_err")
 
 
 def _nonneg(x) -> float:
@@ -376,5 +388,6 @@ def _from_trace_line(x: dict) -> tuple[dict, dict, Result]:
         if isinstance(fields[k], str):  # non-finite floats are stored as their repr
             fields[k] = float(fields[k])
     r = Result(env="", definition=x["definition"], variant=x["solution"], uuid=x["workload"]["uuid"],
-               status=ev["status"], measured_at=ev["timestamp"], reason=ev.get("log", ""), **fields)
+               axes=x["workload"]["axes"], status=ev["status"], measured_at=ev["timestamp"], reason=ev.get("log", ""),
+               **fields)
     return env, x["workload"], r
