@@ -52,7 +52,7 @@ def launcher(source: Path, ksplit: int, rows: int, chunk: int, N: int):
 
     def call(q, k, v, state, A_log, a, dt_bias, b, cu):
         out = torch.empty(q.shape[0], 8, 128, dtype=torch.bfloat16, device=q.device)
-        kern.launch(N * 8 * (128 // rows), rows * ksplit, q, k, v, state, A_log, a, dt_bias, b, cu, out, 128 ** -0.5)
+        kern.launch(N * 8 * (128 // rows), rows * ksplit, q, k, v, state, A_log, a, dt_bias, b, cu, out, 128 ** -0.5, q.shape[0])
         return out
     return call
 

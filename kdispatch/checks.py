@@ -100,3 +100,11 @@ def combine(verdicts: list[Verdict]) -> Verdict:
         if not v.passed and out.passed:
             out.status, out.reason = v.status, v.reason
     return out
+
+
+def first_bad(mask: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True element of `mask` (row-major), or None: where a value rule breaks."""
+    hit = torch.nonzero(mask.reshape(-1))
+    if hit.numel() == 0:
+        return None
+    return tuple(int(i) for i in torch.unravel_index(hit[0, 0], mask.shape))

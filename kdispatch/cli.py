@@ -22,6 +22,7 @@ def _shown_path(path: Path) -> str:
 
 def cmd_list(args) -> int:
     from kdispatch import arch, definitions, registry
+    from kdispatch.dispatch import HOST_ARCHS
 
     here = args.arch or arch.local_arch()
     print(f"architecture here: {here}")
@@ -37,6 +38,14 @@ def cmd_list(args) -> int:
         base = registry.baseline(name, here)
         print(f"\n{d.short}  ({name})")
         print(f"  baseline on {here}: {base.name}")
+        has_router = importlib.util.find_spec(f"kdispatch.routers.{here}.{name}") is not None \
+            if importlib.util.find_spec(f"kdispatch.routers.{here}") is not None else False
+        if here not in HOST_ARCHS:
+            if not has_router:
+                print(f"  no router for {here}: every call gets the baseline")
+            gaps = registry.baseline_gaps(name, here)
+            if gaps:
+                print(f"  WARNING: the baseline here is the torch reference (far slower than a kernel): {'; '.join(gaps)}")
         for v in registry.variants(name):
             why = v.why_not(here)
             state = "runs here" if why is None else f"not here: {why}"
@@ -52,7 +61,10 @@ def cmd_list(args) -> int:
 
 
 def main(argv=None) -> int:
+    from kdispatch import __version__
+
     parser = argparse.ArgumentParser(prog="kdispatch", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kdispatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="definitions, baselines and variants, and whether each runs here")
     p.add_argument("definition", nargs="?", help="only this definition (full or short name)")

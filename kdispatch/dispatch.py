@@ -8,6 +8,8 @@ signature. Nothing here reads device memory, so dispatch is safe under CUDA-grap
 Fallbacks to the definition's baseline: no router for the architecture, the router names an
 unknown or unavailable variant, the variant declines the shape (`Variant.declines`), or it raises
 (then a warning is printed once per variant and the signature keeps the baseline from then on).
+Where the torch reference serves a call on a GPU (orders of magnitude slower than a kernel), a
+warning says so once per op, architecture and reason.
 
 Run-time switches (environment variables, read when a Dispatcher is made and again by
 `reload_switches()`, which also forgets every cached decision):
@@ -16,6 +18,13 @@ Run-time switches (environment variables, read when a Dispatcher is made and aga
                                              e.g. KDISPATCH_FORCE_GDN_DECODE=cuda_decode_warp_rows;
                                              where it cannot (unknown name, not runnable here, a
                                              declined shape) the baseline serves, with a warning once
+    KDISPATCH_CHECK=1                        checked mode: every call is validated in full, index
+                                             values included (the spec's `check_values`), which
+                                             synchronises with the device; a bad value raises
+                                             ValueError naming the argument and its first bad position
+Off the checked mode, index values are never read on the host: kernels treat out-of-range values
+as padding (each definition's JSON says how). Constraints over scalar arguments alone are checked
+on every call (validate.Checker.check_scalars).
 `explain(arch, axes)` tells which variant a shape gets and why, through the same code as a call.
 """
 from __future__ import annotations
@@ -65,6 +74,8 @@ class _Entry:
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
+CHECK_VAR = "KDISPATCH_CHECK"
+HOST_ARCHS = ("cpu", "meta")  # where the reference is what runs anyway: no warning
 
 
 def force_var(short: str) -> str:
@@ -88,6 +99,8 @@ class Dispatcher:
         d = definitions.get(definition)
         self.definition, self.short = d.name, d.short
         self.checker = Checker(d, f"kdispatch.ops.{self.short}")
+        self._input_names = [n for n, _ in self.checker.inputs]
+        self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._routers: dict = {}  # arch -> route(**axes) -> variant name, or None
@@ -96,12 +109,19 @@ class Dispatcher:
         self.reload_switches()
 
     def reload_switches(self) -> None:
-        """Reads KDISPATCH_DISABLE and KDISPATCH_FORCE_<OP> again; forgets every cached decision."""
+        """Reads KDISPATCH_DISABLE, KDISPATCH_CHECK and KDISPATCH_FORCE_<OP> again; forgets every
+        cached decision."""
         self.disabled = os.environ.get(DISABLE_VAR, "").strip() not in ("", "0")
+        self.checked = os.environ.get(CHECK_VAR, "").strip() not in ("", "0")
         self.forced = os.environ.get(force_var(self.short), "").strip() or None
+        # run before every call: the full check in the checked mode, else the scalar constraints, if any
+        self._per_call = (self.check_call if self.checked else
+                          self.checker.check_scalars if self.checker.scalar_constraints else None)
         self.reset()
 
     def __call__(self, *args):
+        if self._per_call is not None:
+            self._per_call(args)
         try:
             ts = self._tensors(args)
             bucket = self._entries.get(ts[0].shape, ())
@@ -114,6 +134,16 @@ class Dispatcher:
                 except Exception as exc:
                     return self._variant_failed(e, exc, args)
         return self._new_signature(args)
+
+    def check_call(self, args) -> None:
+        """The checked mode's validation of one call: shapes, dtypes and constraints (device values
+        included), then the definition's index-value rules. Synchronises with the device."""
+        self.checker.check(args, sync=True)
+        if self._check_values is not None:
+            problem = self._check_values(dict(zip(self._input_names, args)))
+            if problem is not None:
+                arg, what = problem
+                raise ValueError(f"kdispatch.ops.{self.short}: argument {arg!r}: {what} ({CHECK_VAR} is set)")
 
     # ---- slow path -------------------------------------------------------------------------
     def _new_signature(self, args):
@@ -135,7 +165,19 @@ class Dispatcher:
         for step in c.steps:  # a forced variant that does not serve, or a router naming an unknown one
             if step.startswith(force_var(self.short)) or "unknown variant" in step:
                 self._warn_once(("choice", step.split(";")[0]), step)
+        if c.variant.name == registry.REFERENCE and arch not in HOST_ARCHS:
+            why = self.reference_reasons(arch, c)
+            self._warn_once(("reference", arch, why[0]),
+                            f"serving the torch reference on {arch} (far slower than a kernel): {'; '.join(why)}")
         return c.variant
+
+    def reference_reasons(self, arch: str, choice: Choice) -> list[str]:
+        """Why a call on `arch` gets the torch reference (what the fallback warning and
+        `kdispatch list` say)."""
+        why = list(choice.steps) if choice.steps else (
+            [f"the router for {arch} names the reference for this shape"] if choice.router_says == registry.REFERENCE
+            else [f"no router for {arch}"] if self.router(arch) is None else [])
+        return why + registry.baseline_gaps(self.definition, arch)
 
     def explain(self, arch: str, axes: dict) -> Choice:
         """The variant a call with these shape features gets on `arch`, with the reasons for every

@@ -4,6 +4,9 @@ Arguments and outputs follow the definitions (kdispatch/definitions/); each call
 definition's generated router for the device's architecture (kdispatch/dispatch.py), which the
 run-time switches KDISPATCH_DISABLE and KDISPATCH_FORCE_<OP> can override. Bad input (dtype, shape,
 device, contiguity, a broken constraint) raises ValueError naming the argument before any kernel runs.
+Index values (block tables, sparse indices, sequence boundaries) are not read on the host: no value
+makes a kernel read or write outside its tensors, and each op's docstring says what an out-of-range
+value means; KDISPATCH_CHECK=1 validates them on every call instead (synchronising).
 
 GDN state contract: when `state` is given it is updated in place and returned as `new_state`
 (serving engines keep one state per sequence in a pool, as FlashInfer's decode does); when it
@@ -33,8 +36,15 @@ def _zero_state(definition: str, num_states: int, device) -> torch.Tensor:
                        device=device)
 
 
-def _default_scale(definition: str) -> float:
-    return 1.0 / math.sqrt(definitions.get(definition).const_axes["head_size"])
+def _scale(op: str, definition: str, scale) -> float:
+    """`scale` as given, 1/sqrt(head_size) for None; 0 is refused (the kernels would read it as
+    "use the default", which is not what a caller passing 0 means)."""
+    if scale is None:
+        return 1.0 / math.sqrt(definitions.get(definition).const_axes["head_size"])
+    if scale == 0:
+        raise ValueError(f"kdispatch.ops.{op}: argument 'scale' must be nonzero, got {scale!r} "
+                         "(pass None for 1/sqrt(head_size))")
+    return scale
 
 
 def moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -54,7 +64,8 @@ def moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, ge
         gemm1_weights_scale: float32 [32, 32, 56], per 128 x 128 block of gemm1_weights.
         gemm2_weights: float8_e4m3fn [32, 7168, 2048], per local expert the down projection.
         gemm2_weights_scale: float32 [32, 56, 16], per 128 x 128 block of gemm2_weights.
-        local_expert_offset: int, global id of this rank's first expert.
+        local_expert_offset: int, global id of this rank's first expert, in [0, 224] (checked on
+            every call: ValueError otherwise).
         routed_scaling_factor: float, multiplies the routing weights after normalisation.
 
     Returns:
@@ -74,13 +85,17 @@ def dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_ta
         k_index_cache_fp8: int8 [num_pages, 64, 1, 132], the paged FP8 key cache as raw bytes in
             deep_gemm layout: per page 64 x 128 FP8 key bytes, then 64 float32 per-token scales.
         weights: float32 [B, 64], per-head weight of relu(q . k) in a token's score.
-        seq_lens: int32 [B], cached tokens per sequence (0 gives an all -1 row).
+        seq_lens: int32 [B], cached tokens per sequence (0 gives an all -1 row); values outside
+            [0, max_num_pages * 64] are clamped into it.
         block_table: int32 [B, max_num_pages], page ids of each sequence in token order; entries
-            past ceil(seq_len / 64) are not read.
+            past ceil(seq_len / 64) are not read; an id outside [0, num_pages) is padding (its 64
+            tokens are never read nor selected).
+        With KDISPATCH_CHECK=1 an out-of-range seq_lens or reached block_table entry raises ValueError.
 
     Returns:
         topk_indices: int32 [B, 2048], global token ids (page * 64 + slot) of the
-        min(2048, seq_len) best tokens, best first, then -1.
+        min(2048, n) best of the sequence's n valid tokens, then -1 (the order among the selected
+        tokens is the variant's: the set is the contract).
     """
     return _dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
 
@@ -94,7 +109,8 @@ def dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_
         ckv_cache: bfloat16 [num_pages, 64, 512], paged compressed KV (keys' first 512 dims and values).
         kpe_cache: bfloat16 [num_pages, 64, 64], paged rotary part of the keys.
         sparse_indices: int32 [T, 2048], global cache token ids (page * 64 + slot) per query
-            token; -1 entries are ignored.
+            token; -1 entries, and any value outside [0, num_pages * 64), are ignored (never read;
+            KDISPATCH_CHECK=1: ValueError for a value other than -1 outside that range).
         sm_scale: float, softmax scale of the logits (1/sqrt(192) in DeepSeek-V3.2).
 
     Returns:
@@ -116,14 +132,14 @@ def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
         a: bfloat16 [B, 1, 8], decay logit: g = exp(-exp(A_log) * softplus(a + dt_bias)).
         dt_bias: float32 [8], added to a before softplus.
         b: bfloat16 [B, 1, 8], write-gate logit: beta = sigmoid(b).
-        scale: float, output scale; None or 0 means 1/sqrt(128).
+        scale: float, output scale, honoured as given; None means 1/sqrt(128); 0 raises ValueError.
 
     Returns:
         (output bfloat16 [B, 1, 8, 128], new_state float32 [B, 8, 128, 128]); new_state is `state`.
     """
     if state is None:
         state = _zero_state(_gdn_decode.definition, q.shape[0], q.device)
-    return _gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale or _default_scale(_gdn_decode.definition))
+    return _gdn_decode(q, k, v, state, A_log, a, dt_bias, b, _scale("gdn_decode", _gdn_decode.definition, scale))
 
 
 def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
@@ -140,12 +156,15 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
         dt_bias: float32 [8], added to a before softplus.
         b: bfloat16 [T, 8], per-token write-gate logit.
         cu_seqlens: int64 [N + 1], sequence boundaries: sequence n owns tokens
-            cu_seqlens[n] .. cu_seqlens[n+1] - 1; starts at 0 and ends at T.
-        scale: float, output scale; None or 0 means 1/sqrt(128).
+            cu_seqlens[n] .. cu_seqlens[n+1] - 1; starts at 0, never decreases, ends at T. Checked
+            on the device without a host sync: any other values zero the output and leave every
+            state untouched (KDISPATCH_CHECK=1: ValueError naming the first bad entry).
+        scale: float, output scale, honoured as given; None means 1/sqrt(128); 0 raises ValueError.
 
     Returns:
         (output bfloat16 [T, 8, 128], new_state float32 [N, 8, 128, 128]); new_state is `state`.
     """
     if state is None:
         state = _zero_state(_gdn_prefill.definition, cu_seqlens.shape[0] - 1, q.device)
-    return _gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale or _default_scale(_gdn_prefill.definition))
+    return _gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                        _scale("gdn_prefill", _gdn_prefill.definition, scale))

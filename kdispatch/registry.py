@@ -191,6 +191,17 @@ def baseline(definition: str, arch: str) -> Variant:
     return get(definition, REFERENCE)
 
 
+def baseline_gaps(definition: str, arch: str) -> list[str]:
+    """Why no library baseline serves (definition, arch), so that the reference does; [] when one does."""
+    base = baseline(definition, arch)
+    if base.name != REFERENCE:
+        return []
+    libs = [v for v in variants(definition) if v.baseline]
+    if not libs:
+        return ["no library baseline is registered for this definition"]
+    return [f"baseline {v.name!r} {v.why_not(arch) or 'is not registered for ' + arch}" for v in libs]
+
+
 def unregister(definition: str, name: str) -> None:
     """Remove a variant (tests, and candidates that are withdrawn). The reference cannot be removed."""
     if name == REFERENCE:

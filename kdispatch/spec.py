@@ -9,7 +9,8 @@ beside the JSON in `kdispatch/definitions/<op_type>/spec.py`:
 - routing facts: derived shape features (Python expressions over the axes, pasted verbatim into the
   generated routers) and which features the fitter may split on;
 - correctness facts: outputs that are inputs updated in place, inputs shared between calls (pools,
-  weights), tolerances, and a special check where elementwise comparison is not the contract;
+  weights), tolerances, a special check where elementwise comparison is not the contract, and the
+  value rules of index inputs that the checked mode (KDISPATCH_CHECK=1) enforces;
 - timing facts: which input rotates between timed sets and how, the bytes a set reads, whether the
   reference can be captured in a CUDA graph, how much a variant's time varies between processes;
 - the floor: bytes and FLOPs one call cannot avoid, for the benchmarks' fraction-of-floor numbers.
@@ -80,6 +81,11 @@ class Spec:
     # variant -> fraction its time varies between processes (it must beat the baseline by at least that)
     run_to_run: dict[str, float] = field(default_factory=dict)
     floor: Callable[[dict, dict], Floor] | None = None  # (args, axes) -> Floor
+    # constraints the ops add to the JSON's (which stays the official definition's), in its syntax
+    constraints: tuple[str, ...] = ()
+    # (args) -> None, or (argument, what is wrong at its first bad position): the value rules of index
+    # inputs, which kernels otherwise treat as padding; run on every call in the checked mode (syncs)
+    check_values: Callable[[dict], tuple[str, str] | None] | None = None
 
     def tolerance(self, output: str) -> Tol:
         return self.tolerances.get(output, DEFAULT_TOL)

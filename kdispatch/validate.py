@@ -1,11 +1,15 @@
 """Argument checking against a definition: dtype, rank, constant and shared axes, device, constraints.
 
-Runs on the slow path only (a call whose tensor signature the dispatcher has not seen), so it may
-be thorough; it never reads device memory (no sync): value constraints such as
-`total_seq_len == cu_seqlens[-1].item()` are evaluated only for CPU tensors.
+`check` runs on the slow path only (a call whose tensor signature the dispatcher has not seen), so it
+may be thorough; it never reads device memory (no sync) unless asked to (`sync=True`, the checked
+mode KDISPATCH_CHECK=1): value constraints such as `total_seq_len == cu_seqlens[-1].item()` are
+otherwise evaluated only for CPU tensors. Constraints over scalar arguments alone (e.g. MoE's
+`local_expert_offset` range) change from call to call without changing the tensor signature:
+`check_scalars` evaluates them, and the dispatcher runs it on every call of such a definition.
 """
 from __future__ import annotations
 
+import ast
 import math
 
 import torch
@@ -31,13 +35,17 @@ class Checker:
         self.inputs = list(d.data["inputs"].items())
         self.const = d.const_axes
         self.var_axes = d.var_axes
-        self.constraints = [c for c in d.data.get("constraints", []) if c not in NOT_ENFORCED]
+        self.constraints = [c for c in [*d.data.get("constraints", []), *d.spec.constraints] if c not in NOT_ENFORCED]
         self.tensor_positions = tuple(i for i, (_, s) in enumerate(self.inputs) if s["shape"] is not None)
+        scalars = {n for n, s in self.inputs if s["shape"] is None}
+        self.scalar_constraints = [c for c in self.constraints if _names(c) & scalars and _names(c) <= scalars | set(self.const)]
 
     def _fail(self, arg: str, expected: str, given) -> ValueError:
         return ValueError(f"{self.op}: argument {arg!r} expected {expected}, got {given}")
 
-    def check(self, args) -> dict[str, int]:
+    def check(self, args, sync: bool = False) -> dict[str, int]:
+        """The variable axes of a valid call; ValueError naming the argument otherwise. `sync`: also
+        evaluate the constraints that read device memory."""
         if len(args) != len(self.inputs):
             names = [n for n, _ in self.inputs]
             raise ValueError(f"{self.op}: expected {len(self.inputs)} arguments {names}, got {len(args)}")
@@ -75,7 +83,7 @@ class Checker:
                 raise self._fail(name, f"device {device} (like {first!r})", f"device {x.device}")
             if not x.is_contiguous():
                 raise self._fail(name, "a contiguous tensor", f"strides {tuple(x.stride())}")
-        self._check_constraints(args, bound, where, device)
+        self._check_constraints(args, bound, where, device, sync)
         return {k: bound[k] for k in self.var_axes if k in bound}
 
     def _check_scalar(self, name, spec, x):
@@ -87,11 +95,20 @@ class Checker:
             raise self._fail(name, f"a finite Python {'int' if spec['dtype'].startswith('int') else 'float'}",
                              repr(x))
 
-    def _check_constraints(self, args, bound, where, device):
+    def check_scalars(self, args) -> None:
+        """ValueError if a constraint over the scalar arguments alone does not hold (every call)."""
+        env = dict(self.const)
+        env.update({n: x for (n, _), x in zip(self.inputs, args)})
+        for c in self.scalar_constraints:
+            if not eval(c, {"__builtins__": {}}, env):
+                given = ", ".join(f"{n}={env[n]!r}" for n, _ in self.inputs if n in _names(c))
+                raise ValueError(f"{self.op}: constraint `{c}` does not hold ({given})")
+
+    def _check_constraints(self, args, bound, where, device, sync=False):
         env = {**self.const, **bound}
         env.update({n: x for (n, _), x in zip(self.inputs, args)})
         for c in self.constraints:
-            if ".item()" in c and (device is None or device.type != "cpu"):
+            if ".item()" in c and not sync and (device is None or device.type != "cpu"):
                 continue  # would need a device sync
             try:
                 ok = eval(c, {"__builtins__": {}}, env)  # definition constraints are plain expressions
@@ -101,3 +118,7 @@ class Checker:
                 shown = ", ".join(f"{k}={v} from {where[k]!r}" for k, v in bound.items() if k in c)
                 args_in = [n for n, _ in self.inputs if n in c]
                 raise ValueError(f"{self.op}: constraint `{c}` does not hold ({shown or ', '.join(args_in)})")
+
+
+def _names(expr: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}

@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 
 
+DEFAULT_REPORT_DIR = "kdispatch-report"  # under the current folder: never a tracked file unless asked
+
+
 def _defs_arg(p):
     p.add_argument("--definitions", nargs="+", metavar="D", help="definitions (short or full names); default: all")
 
@@ -80,7 +83,8 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("report", help="Markdown report (regions, speedups, regret) with a plot per definition")
     _store_arg(p)
-    p.add_argument("--out", default=None, help="folder (default: tuner/results/report)")
+    p.add_argument("--out", default=None, help=f"folder (default: ./{DEFAULT_REPORT_DIR}; the committed report is "
+                                               "tuner/results/report, written only when named)")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_report)
 
@@ -94,15 +98,32 @@ def add_commands(sub) -> None:
 
 
 
+def _fail(args, message: str):
+    """A user's mistake: one line on stderr, exit status 2, no traceback."""
+    print(f"kdispatch {args.command}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _stores(args):
     from .flows import open_stores
 
-    return open_stores(getattr(args, "store", None))
+    given = getattr(args, "store", None)
+    for path in given or ():  # never create a store that was only named (a typo would make an empty one)
+        if not Path(path).exists():
+            _fail(args, f"no results store at {path}")
+    return open_stores(given)
+
+
+def _check_workloads(args) -> None:
+    root = Path(args.workloads)
+    if not (root / "workloads").is_dir():
+        _fail(args, f"{root} is not a FlashInfer-Bench trace set (no folder {root / 'workloads'})")
 
 
 def cmd_tune(args) -> int:
     from .flows import tune
 
+    _check_workloads(args)
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes)
@@ -133,11 +154,11 @@ def _parse_axes(items) -> dict:
     for it in items:
         k, sep, v = it.partition("=")
         if not sep:
-            raise SystemExit(f"kdispatch explain: expected key=value, got {it!r}")
+            _fail(argparse.Namespace(command="explain"), f"expected key=value, got {it!r}")
         try:
             out[k.strip()] = int(v)
         except ValueError:
-            raise SystemExit(f"kdispatch explain: {k.strip()} must be an integer, got {v!r}") from None
+            _fail(argparse.Namespace(command="explain"), f"{k.strip()} must be an integer, got {v!r}")
     return out
 
 
@@ -163,17 +184,17 @@ def cmd_explain(args) -> int:
     try:
         d = defs.get(args.definition)
     except ValueError as exc:
-        raise SystemExit(f"kdispatch explain: {exc}") from None
+        _fail(args, str(exc))
     axes = _parse_axes(args.axes)
     unknown = sorted(set(axes) - set(d.var_axes))
     if unknown:
-        raise SystemExit(f"kdispatch explain: {unknown} are not variable axes of {d.short} (axes: {d.var_axes})")
+        _fail(args, f"{unknown} are not variable axes of {d.short} (axes: {d.var_axes})")
     from kdispatch.workloads import resolve_axes
 
     try:
         axes = {k: v for k, v in resolve_axes(d, axes).items() if k in d.var_axes}
     except ValueError as exc:
-        raise SystemExit(f"kdispatch explain: {exc}") from None
+        _fail(args, str(exc))
     arch = args.arch or (_arch.local_arch() if _arch.local_arch().startswith("sm") else "sm90")
     dispatcher = kdispatch.ops.DISPATCHERS[d.short]
     if args.routers:
@@ -230,6 +251,7 @@ def cmd_bench(args) -> int:
 
     from .flows import bench, bench_table
 
+    _check_workloads(args)
     store, info = bench(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
                         quick=args.quick,
                         trials=args.trials, timeout=args.timeout)
@@ -263,9 +285,8 @@ def cmd_bench(args) -> int:
 
 def cmd_report(args) -> int:
     from .report import write_report
-    from .store import RESULTS_DIR
 
-    path = write_report(_stores(args), args.out or RESULTS_DIR / "report", args.arch)
+    path = write_report(_stores(args), args.out or DEFAULT_REPORT_DIR, args.arch)
     print(f"written {path}")
     return 0
 

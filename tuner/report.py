@@ -4,7 +4,7 @@ Per definition: the environment, the regions of the fitted router with their mea
 the held-out regret, a table per variant (passed / measured, geomean speedup over the baseline,
 first failure), and a PNG of latency against the definition's main feature (tuner/features.py)
 for every variant, with the router's choice on each workload circled. The PNG needs matplotlib;
-without it the report says so and has no plots.
+without it the report says so and links the plots an earlier run left in the folder.
 """
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
                 continue
             policy = fitting.fit(table, params)
             md += _section(policy, table)
+            png = out_dir / f"{a}-{defs.get(d).short}.png"
             if plt is not None:
-                png = out_dir / f"{a}-{defs.get(d).short}.png"
                 _plot(plt, policy, table, png)
-                md += [f"![{defs.get(d).short} on {a}]({png.name})", ""]
+            if png.exists():  # without matplotlib, an earlier run's plot is kept and linked, marked so
+                note = "" if plt is not None else " (plot from an earlier run: matplotlib is not installed)"
+                md += [f"![{defs.get(d).short} on {a}]({png.name}){note}", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

@@ -1,7 +1,8 @@
 """DeepSeek-V3.2 sparse MLA attention over top-k selected cache tokens (kdispatch reference).
 
 Each query token t attends, with all 16 heads, to the cache tokens listed in sparse_indices[t]
-(global ids page * 64 + slot; -1 marks an unused entry). Keys are the concatenation of the
+(global ids page * 64 + slot; -1 marks an unused entry, and so does any value outside
+[0, num_pages * 64): no index value reads outside the cache). Keys are the concatenation of the
 compressed KV (512) and the rope part (64); values are the compressed KV alone:
 
     logit[h, j] = sm_scale * (q_nope[t, h] . ckv[j] + q_pe[t, h] . kpe[j])
@@ -9,7 +10,7 @@ compressed KV (512) and the rope part (64); values are the compressed KV alone:
     lse[t, h]    = log2(sum_j exp(logit[h, j]))         (base 2)
 
 A token with no valid index gets a zero output and lse = -inf. Computed in float32 for a block of
-query tokens at a time, all heads and all selected tokens together, with -1 entries masked out.
+query tokens at a time, all heads and all selected tokens together, with unused entries masked out.
 """
 import math
 
@@ -27,7 +28,8 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
         q_pe: [num_tokens, 16, 64] bfloat16, rope part of the query.
         ckv_cache: [num_pages, 64, 512] bfloat16, compressed KV cache (keys and values).
         kpe_cache: [num_pages, 64, 64] bfloat16, rope key cache.
-        sparse_indices: [num_tokens, 2048] int32, global cache token ids, -1 for unused entries.
+        sparse_indices: [num_tokens, 2048] int32, global cache token ids; -1, or any value outside
+            [0, num_pages * 64), for unused entries.
         sm_scale: float, softmax scale applied to the logits.
 
     Returns:
@@ -50,10 +52,12 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
     output = torch.empty(num_tokens, num_heads, dim_ckv, dtype=torch.bfloat16, device=device)
     lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
 
+    if num_pages == 0:  # every index is unused
+        return output.zero_(), lse.fill_(float("-inf"))
     for lo in range(0, num_tokens, TOKENS_PER_BLOCK):
         hi = min(lo + TOKENS_PER_BLOCK, num_tokens)
         idx = sparse_indices[lo:hi].to(torch.long)  # [n, topk]
-        valid = idx != -1
+        valid = (idx >= 0) & (idx < num_pages * page_size)
         idx = torch.where(valid, idx, 0)
         ckv = ckv_flat[idx].to(torch.float32)  # [n, topk, 512]
         kpe = kpe_flat[idx].to(torch.float32)  # [n, topk, 64]

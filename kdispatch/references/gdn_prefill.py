@@ -16,6 +16,10 @@ every sequence and every head together at each step (sequences are padded to the
 padded step leaves that sequence's state untouched). All math in float32; outputs are rounded to
 bfloat16 once at the end. A sequence of length 0 returns its initial state unchanged (zeros when
 `state` is None). The caller's `state` is never written.
+
+Malformed boundaries (cu_seqlens[0] != 0, a decreasing step, or cu_seqlens[N] != T) are a whole-batch
+no-op: the output is all zeros and every state is returned unchanged, so no value of cu_seqlens makes
+a kernel read or write outside its tensors.
 """
 import math
 
@@ -38,7 +42,8 @@ def run(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
         a: [T, 8] bfloat16, input-dependent decay logit.
         dt_bias: [8] float32, bias added to `a` before softplus.
         b: [T, 8] bfloat16, write-gate logit (beta = sigmoid(b)).
-        cu_seqlens: [N + 1] int64, sequence boundaries (0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T).
+        cu_seqlens: [N + 1] int64, sequence boundaries (0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T;
+            any other values: zero output, states unchanged).
         scale: float (or None / 0 for 1/sqrt(128)), output scale.
 
     Returns:
@@ -76,6 +81,8 @@ def run(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     starts = cu[:-1]  # [N]
     lengths = cu[1:] - starts  # [N]
+    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
+        return out[:total].to(torch.bfloat16), S
     max_len = int(lengths.max())
     for step in range(max_len):
         active = step < lengths  # [N]

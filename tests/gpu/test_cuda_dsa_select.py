@@ -94,7 +94,7 @@ def _select(scores, seq_lens, block_table):
 
     out = torch.full((scores.shape[0], 2048), -7, dtype=torch.int32, device="cuda")
     S.kernel().launch(scores.shape[0], 1024, scores, seq_lens, block_table, out, scores.shape[1],
-                      block_table.stride(0))
+                      block_table.stride(0), 4096)  # the tables below draw page ids from 4096 pages
     torch.cuda.synchronize()
     return out
 

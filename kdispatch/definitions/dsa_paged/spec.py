@@ -21,7 +21,7 @@ import math
 import torch
 
 from kdispatch import workloads
-from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, Tol, Verdict, combine, compare
+from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, Tol, Verdict, combine, compare, first_bad
 from kdispatch.spec import Derived, Floor, Rotation, Spec
 
 MAX_CONTEXT = 131072  # DeepSeek-V3.2 context length: longest sequence a sparse_indices row comes from
@@ -144,26 +144,29 @@ def build_indexer(axes, given, ctx) -> dict:
 def indexer_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     """The reference's scoring of every cached token of every sequence.
 
-    Returns (scores [B, W] float32, -inf past a sequence's end; token_ids [B, W] int64, the global
-    id page * page_size + slot of position j, -1 past the end), W = max_num_pages * page_size."""
+    Returns (scores [B, W] float32, -inf at padding; token_ids [B, W] int64, the global id
+    page * page_size + slot of position j, -1 at padding), W = max_num_pages * page_size. Padding:
+    past a sequence's end, and the tokens of a page id outside [0, num_pages) (the reference's rule)."""
     batch, _, dim = q_index_fp8.shape
-    page = k_index_cache_fp8.shape[1]
+    num_pages, page = k_index_cache_fp8.shape[:2]
     max_pages = block_table.shape[1]
     width = max_pages * page
     device = q_index_fp8.device
     lens = seq_lens.to(device=device, dtype=torch.long)
-    if batch == 0 or width == 0:
-        return (torch.empty(batch, width, device=device), torch.full((batch, width), -1, dtype=torch.long, device=device))
-    page_used = torch.arange(max_pages, device=device)[None, :] * page < lens[:, None]
-    pages = torch.where(page_used, block_table.to(device=device, dtype=torch.long), 0)
+    if batch == 0 or width == 0 or num_pages == 0:
+        return (torch.full((batch, width), float("-inf"), device=device),
+                torch.full((batch, width), -1, dtype=torch.long, device=device))
+    table = block_table.to(device=device, dtype=torch.long)
+    page_ok = (torch.arange(max_pages, device=device)[None, :] * page < lens[:, None]) & (table >= 0) & (table < num_pages)
+    pages = torch.where(page_ok, table, 0)
     keys = dequantize_index_cache(k_index_cache_fp8[pages.reshape(-1)]).view(batch, width, dim)
     logits = torch.matmul(q_index_fp8.to(torch.float32), keys.transpose(1, 2))  # [B, H, W]
     scores = (torch.relu(logits) * weights.to(torch.float32)[:, :, None]).sum(dim=1)
     pos = torch.arange(width, device=device)
-    in_seq = pos[None, :] < lens[:, None]
-    scores = scores.masked_fill(~in_seq, float("-inf"))
+    valid = (pos[None, :] < lens[:, None]) & page_ok.repeat_interleave(page, dim=1)
+    scores = scores.masked_fill(~valid, float("-inf"))
     token_ids = torch.gather(pages, 1, (pos // page)[None, :].expand(batch, -1)) * page + pos % page
-    return scores, torch.where(in_seq, token_ids, torch.full_like(token_ids, -1))
+    return scores, torch.where(valid, token_ids, torch.full_like(token_ids, -1))
 
 
 def _indexer_reference_extra(args: dict) -> dict:
@@ -172,30 +175,46 @@ def _indexer_reference_extra(args: dict) -> dict:
     return {"scores": scores, "token_ids": token_ids}
 
 
+def check_indexer_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rules: seq_lens in [0, max_num_pages * 64]; the block-table entries a
+    sequence reaches are pages of the cache."""
+    seq_lens, table = args["seq_lens"], args["block_table"]
+    num_pages, page = args["k_index_cache_fp8"].shape[:2]
+    width = table.shape[1] * page
+    at = first_bad((seq_lens < 0) | (seq_lens > width))
+    if at is not None:
+        return "seq_lens", f"seq_lens[{at[0]}] = {int(seq_lens[at])} is outside [0, max_num_pages * {page} = {width}]"
+    reached = torch.arange(table.shape[1], device=table.device)[None, :] * page < seq_lens[:, None]
+    at = first_bad(reached & ((table < 0) | (table >= num_pages)))
+    if at is not None:
+        return "block_table", f"block_table[{at[0]}, {at[1]}] = {int(table[at])} is not a page id in [0, {num_pages})"
+    return None
+
+
 def _rows(mask: torch.Tensor) -> list[int]:
     return sorted({int(r) for r in torch.nonzero(mask)[:, 0].tolist()})[:5]
 
 
 def check_indexer(args: dict, out: dict, ref: dict, extra: dict) -> Verdict:
-    """Per row: the first min(topk, seq_len) entries are distinct token ids reachable through the
-    row's block table, the rest -1, and their reference scores sorted descending equal the
-    reference's top scores (atol as a fraction of the row's largest score: scores have no unit)."""
+    """Per row: the first min(topk, n) entries (n: the row's valid tokens, see `indexer_scores`) are
+    distinct token ids reachable through the row's block table, the rest -1, and their reference
+    scores sorted descending equal the reference's top scores (atol as a fraction of the row's
+    largest score: scores have no unit)."""
     idx = out["topk_indices"]
     scores, token_ids = extra["scores"], extra["token_ids"]
     tol = SPECS["dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"].tolerance("topk_indices")
     batch, k = idx.shape
     width = scores.shape[1]
     device = idx.device
-    lens = args["seq_lens"].to(device=device, dtype=torch.long)
-    n = lens.clamp(max=min(k, width))  # valid entries per row
+    n = (token_ids >= 0).sum(dim=1).to(device).clamp(max=k)  # entries that must be token ids, per row
     slot = torch.arange(k, device=device)
     want = slot[None, :] < n[:, None]
     ids = idx.to(torch.long)
     if bool((ids[~want] != -1).any()):
         return Verdict(INCORRECT_NUMERICAL, f"rows {_rows((ids != -1) & ~want)}: entries after the first "
-                                            "min(topk, seq_len) must be -1", metrics={"padding_ok": False})
+                                            "min(topk, valid tokens) must be -1", metrics={"padding_ok": False})
     if bool((ids[want] < 0).any()):
-        return Verdict(INCORRECT_NUMERICAL, f"rows {_rows((ids < 0) & want)}: fewer than min(topk, seq_len) indices",
+        return Verdict(INCORRECT_NUMERICAL, f"rows {_rows((ids < 0) & want)}: fewer than min(topk, valid tokens) indices",
                        metrics={"count_ok": False})
     if width == 0 or batch == 0:
         return Verdict(PASSED, "", 0.0, 0.0, {})
@@ -322,6 +341,16 @@ def build_sparse_attention(axes, given, ctx) -> dict:
     return out
 
 
+def check_sparse_attention_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rule: every index is -1 or a token of the cache."""
+    idx = args["sparse_indices"]
+    tokens = args["ckv_cache"].shape[0] * args["ckv_cache"].shape[1]
+    at = first_bad((idx != -1) & ((idx < 0) | (idx >= tokens)))
+    if at is not None:
+        return "sparse_indices", f"sparse_indices[{at[0]}, {at[1]}] = {int(idx[at])} is neither -1 nor in [0, {tokens})"
+    return None
+
+
 def check_sparse_attention(args: dict, out: dict, ref: dict, extra: dict) -> Verdict:
     """Output and base-2 lse elementwise; a row without any valid index must give exactly zeros
     and lse = -inf, and a row with valid indices a finite lse."""
@@ -377,7 +406,7 @@ SPECS = {
         tolerances={"topk_indices": Tol(1e-2, 1e-2)},  # on the selected scores, atol relative to the row max
         check=check_indexer, reference_extra=_indexer_reference_extra,
         rotation=Rotation("block_table", _rotate_block_table, _indexer_set_bytes),
-        floor=indexer_floor),
+        floor=indexer_floor, check_values=check_indexer_values),
     "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64": Spec(
         short="dsa_sparse_attention", family="dsa", build=build_sparse_attention,
         reference="kdispatch.references.dsa_sparse_attention",
@@ -390,5 +419,5 @@ SPECS = {
         tolerances={"output": Tol(1e-2, 1e-2), "lse": Tol(1e-2, 1e-2)},
         check=check_sparse_attention,
         rotation=Rotation("sparse_indices", _rotate_sparse_indices, _sparse_set_bytes),
-        floor=sparse_attention_floor),
+        floor=sparse_attention_floor, check_values=check_sparse_attention_values),
 }

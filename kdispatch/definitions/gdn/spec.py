@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from kdispatch.checks import Tol
+from kdispatch.checks import Tol, first_bad
 from kdispatch.spec import Derived, Floor, Rotation, Spec
 
 
@@ -100,6 +100,20 @@ def floor(args: dict, axes: dict) -> Floor:
     return Floor(2 * _state_bytes(args) + moved + args["v"].numel() * 2)
 
 
+def check_prefill_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rule: cu_seqlens runs from 0 to total_seq_len and never decreases."""
+    cu, total = args["cu_seqlens"], args["q"].shape[0]
+    if int(cu[0]) != 0:
+        return "cu_seqlens", f"cu_seqlens[0] = {int(cu[0])}, must be 0"
+    at = first_bad(cu[1:] < cu[:-1])
+    if at is not None:
+        i = at[0] + 1
+        return "cu_seqlens", f"cu_seqlens[{i}] = {int(cu[i])} is less than cu_seqlens[{i - 1}] = {int(cu[i - 1])}"
+    if int(cu[-1]) != total:
+        return "cu_seqlens", f"cu_seqlens[{cu.shape[0] - 1}] = {int(cu[-1])}, must be total_seq_len = {total}"
+    return None
+
+
 _COMMON = dict(family="gdn", in_place={"new_state": "state"}, rotation=STATE_ROTATION, floor=floor,
                model_scalars={"scale": 1.0 / math.sqrt(128)})  # Qwen3-Next: 1/sqrt(head_size)
 
@@ -125,5 +139,6 @@ SPECS = {
         # verified): fla-core autotunes its Triton kernels per process and does not always pick
         # the same configuration.
         run_to_run={"fla_chunk": 0.2},
+        check_values=check_prefill_values,
         **_COMMON),
 }

@@ -151,6 +151,9 @@ SPECS = {
             "local_expert_offset": 0,
         },
         shared=frozenset(WEIGHTS),
+        # An offset past the last rank selects no expert (or part of a rank): a caller's mistake, not
+        # a rank; checked on every call (a scalar).
+        constraints=("0 <= local_expert_offset <= num_experts - num_local_experts",),
         tolerances={"output": Tol(1.0, 0.3, matched_ratio=0.95)},  # flashinfer_bench 0.1.2's LowBitEvaluator
         rotation=Rotation("routing_logits", _rotate_logits, _set_bytes, max_sets=8),
         reference_graph_safe=False,  # picks the hit experts on the host

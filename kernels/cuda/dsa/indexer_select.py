@@ -23,7 +23,7 @@ from kdispatch.kernels.triton.dsa import indexer_fp8
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("topk_select.cu")
-SIGNATURE = "ppppii"  # scores seq_lens block_table out, width s_bt
+SIGNATURE = "ppppiii"  # scores seq_lens block_table out, width s_bt num_pages
 TOPK, PAGE_SIZE = 2048, 64
 MAX_WIDTH = 8192  # scores per row the CTA holds in registers (1024 threads x 8)
 
@@ -43,7 +43,7 @@ def dsa_indexer_cuda_radix_select(q_index_fp8, k_index_cache_fp8, weights, seq_l
         return out
     scores = indexer_fp8.score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
                                      skip_short=True, pages=pages)
-    return select(scores, seq_lens, block_table, out)
+    return select(scores, seq_lens, block_table, out, k_index_cache_fp8.shape[0])
 
 
 def new_output(block_table: torch.Tensor, variant_name: str) -> tuple[torch.Tensor, bool]:
@@ -59,13 +59,14 @@ def new_output(block_table: torch.Tensor, variant_name: str) -> tuple[torch.Tens
     return out, batch == 0 or max_pages == 0
 
 
-def select(scores, seq_lens, block_table, out, *, pdl: bool = False):
-    """Write the top-2048 token ids of each row of `scores` [B, max_num_pages * 64] into `out`
-    [B, 2048] (a row of at most 2048 tokens: all of them, its scores unread); returns `out`.
+def select(scores, seq_lens, block_table, out, num_pages: int, *, pdl: bool = False):
+    """Write the top-2048 valid token ids of each row of `scores` [B, max_num_pages * 64] into `out`
+    [B, 2048] (a row of at most 2048 valid tokens: all of them, its scores unread); returns `out`.
+    Valid: before seq_len, on a page id inside [0, num_pages) (the reference's padding rule).
     `pdl`: launch as a programmatic dependent of the scoring kernel just launched, which must
     execute `griddepcontrol.launch_dependents` (see kdispatch.nvrtc.Kernel)."""
     seq_lens = seq_lens.contiguous()
     block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
     kernel().launch(block_table.shape[0], 1024, scores, seq_lens, block_table, out, scores.shape[1],
-                    block_table.stride(0), stream=nvrtc.current_stream(block_table.get_device()), pdl=pdl)
+                    block_table.stride(0), num_pages, stream=nvrtc.current_stream(block_table.get_device()), pdl=pdl)
     return out

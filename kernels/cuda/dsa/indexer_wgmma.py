@@ -73,4 +73,4 @@ def dsa_indexer_cuda_wgmma_radix(q_index_fp8, k_index_cache_fp8, weights, seq_le
     if complete:
         return out
     scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
-    return indexer_select.select(scores, seq_lens, block_table, out, pdl=True)
+    return indexer_select.select(scores, seq_lens, block_table, out, k_index_cache_fp8.shape[0], pdl=True)

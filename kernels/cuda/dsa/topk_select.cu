@@ -4,12 +4,16 @@
 //   scores      [B, W] fp32   (slots at or past seq_len, and whole rows with seq_len <= 2048, are
 //                              never read: the scoring kernel leaves them unwritten)
 //   seq_lens    [B] int32     block_table [B, max_num_pages] int32 (row stride s_bt)
+//   num_pages   pages in the key cache: a page id outside [0, num_pages) makes its 64 tokens padding
+//               (never selected), and seq_len is clamped to [0, W] (the reference's padding rule)
 //   out         [B, 2048] int32: global token ids page * 64 + slot, then -1 padding; the selected
 //               set is exact (ties at the k-th score: any of the tied tokens), in no particular
 //               order, which is what the definition's evaluator compares (reachable, distinct,
 //               sorted scores equal).
 //
-// A row with seq_len <= 2048 takes every token (pass-through). Otherwise the row's scores sit in
+// The row's page ids are staged in shared memory once, with a block-wide scan of each page's valid
+// tokens. A row of at most 2048 valid tokens takes every one of them, in token order (pass-through;
+// its scores are not read). Otherwise the row's scores sit in
 // registers (up to 8 per thread of 1024, strided so the loads coalesce) as order-preserving 32-bit
 // keys, and up to three radix passes over 11, 11 and 10 bits find the k-th largest key: per pass a
 // 2048-bin shared-memory histogram of the digit among keys matching the prefix found so far, then
@@ -77,11 +81,12 @@ __device__ __forceinline__ unsigned int block_exclusive_scan(unsigned int x, uns
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_lens,
-                const int* __restrict__ block_table, int* __restrict__ out, int width, int s_bt) {
+                const int* __restrict__ block_table, int* __restrict__ out, int width, int s_bt, int num_pages) {
     __shared__ unsigned int hist[3][BINS];  // one per pass: all zeroed up front, behind one barrier
     __shared__ unsigned int sums[WARPS + 1];
     __shared__ unsigned int chosen[3];  // digit, keys still needed at it, 1 if its bin is all needed
-    __shared__ int pages[MAX_PAGES];  // the row's block table, read once
+    __shared__ int pages[MAX_PAGES];  // the row's block table, read once; -1 for an out-of-range id
+    __shared__ unsigned int page_first[MAX_PAGES];  // valid tokens on the row's earlier pages
     __shared__ unsigned int taken;  // output slots reserved so far (packed as in the last phase)
 
     const int b = blockIdx.x, t = threadIdx.x;
@@ -90,8 +95,24 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     seq_len = seq_len > 0 ? seq_len : 0;
     const int* bt = block_table + (long long)b * s_bt;
     int* o = out + (long long)b * TOPK;
-    if (seq_len <= TOPK) {  // every token is selected: no scores needed
-        for (int i = t; i < TOPK; i += THREADS) o[i] = i < seq_len ? bt[i / PAGE] * PAGE + i % PAGE : -1;
+    const int row_pages = (seq_len + PAGE - 1) / PAGE;  // <= MAX_PAGES <= THREADS
+    unsigned int page_valid = 0u;
+    if (t < row_pages) {
+        const int id = bt[t];
+        const bool ok = id >= 0 && id < num_pages;
+        pages[t] = ok ? id : -1;
+        page_valid = ok ? min(PAGE, seq_len - t * PAGE) : 0;
+    }
+    unsigned int n_valid;
+    const unsigned int first = block_exclusive_scan(page_valid, sums, &n_valid);
+    if (t < row_pages) page_first[t] = first;
+    __syncthreads();
+    if (n_valid <= TOPK) {  // every valid token is selected, in token order: no scores needed
+        for (int i = t; i < seq_len; i += THREADS) {
+            const int p = pages[i / PAGE];
+            if (p >= 0) o[page_first[i / PAGE] + i % PAGE] = p * PAGE + i % PAGE;
+        }
+        for (int i = n_valid + t; i < TOPK; i += THREADS) o[i] = -1;
         return;
     }
 
@@ -99,14 +120,15 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     // here while the scores are still being written: wait for that grid. A no-op in a normal launch.
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const float* row = scores + (long long)b * width;
-    unsigned int key[ITEMS];
+    unsigned int key[ITEMS], valid_bits = 0u;  // bit j: key[j] is a valid token's
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
         const int i = j * THREADS + t;
-        key[j] = i < seq_len ? order_key(row[i]) : 0u;
+        const bool valid = i < seq_len && pages[i / PAGE] >= 0;
+        key[j] = valid ? order_key(row[i]) : 0u;
+        valid_bits |= valid ? 1u << j : 0u;
     }
-    if (t < (seq_len + PAGE - 1) / PAGE) pages[t] = bt[t];
     if (t == 0) taken = 0u;
 #pragma unroll
     for (int k = 0; k < 3 * BPT; ++k) (&hist[0][0])[k * THREADS + t] = 0u;
@@ -121,7 +143,7 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
 #pragma unroll
         for (int j = 0; j < ITEMS; ++j) {
         if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
-            if (j * THREADS + t < seq_len && (key[j] & mask) == prefix) atomicAdd(&h[(key[j] >> shift) & digit_mask], 1u);
+            if (((valid_bits >> j) & 1u) && (key[j] & mask) == prefix) atomicAdd(&h[(key[j] >> shift) & digit_mask], 1u);
         }
         __syncthreads();
         // Thread t holds bins BINS-1-BPT*t-k (k = 0..BPT-1): descending digits along the block.
@@ -160,7 +182,7 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
-        const bool valid = j * THREADS + t < seq_len;
+        const bool valid = (valid_bits >> j) & 1u;
         const unsigned int m = key[j] & mask;
         packed += (valid && m > prefix) ? 1u : 0u;
         packed += (valid && m == prefix) ? 65536u : 0u;
@@ -179,7 +201,7 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     for (int j = 0; j < ITEMS; ++j) {
         if (j * THREADS >= seq_len) break;  // block-uniform: no thread has a key here
         const int i = j * THREADS + t;
-        const bool valid = i < seq_len;
+        const bool valid = (valid_bits >> j) & 1u;
         const unsigned int m = key[j] & mask;
         if (valid && m > prefix) o[above_before++] = pages[i / PAGE] * PAGE + i % PAGE;
         if (valid && m == prefix) {

@@ -12,7 +12,9 @@
 // computed as  out = scale * (g * (S_old[r] . q_t) + delta * (k_t . q_t)),  so that S.k and S.q come
 // from ONE pass over the old state and one (interleaved) reduction, and k_t . q_t once per token.
 // A sequence with no tokens keeps its state, as kdispatch's reference does (the official FIB
-// reference returns zeros there).
+// reference returns zeros there). cu_seqlens is checked by every block before any other read: a
+// batch whose boundaries are not 0 = cu[0] <= ... <= cu[N] = T zeroes the output and leaves every
+// state untouched (the reference's rule), so no value of cu_seqlens reads or writes out of bounds.
 //
 // Layout: KSPLIT adjacent threads own one V row; thread `sub` of a row holds the float4 chunks
 // j * KSPLIT + sub (j < 32 / KSPLIT) of its 128 fp32 state values in registers (fully unrolled,
@@ -76,7 +78,7 @@ __device__ __forceinline__ void gdn_prefill_rows(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
     float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
     const float* __restrict__ dt_bias, const bf16_t* __restrict__ b,
-    const long long* __restrict__ cu_seqlens, bf16_t* __restrict__ out, float scale) {
+    const long long* __restrict__ cu_seqlens, bf16_t* __restrict__ out, float scale, long long T) {
     constexpr int NT = ROWS * KSPLIT;   // threads
     constexpr int NC = 32 / KSPLIT;     // float4 chunks of the row per thread
     constexpr int VSPLIT = 128 / ROWS;  // blocks per (sequence, head)
@@ -95,6 +97,19 @@ __device__ __forceinline__ void gdn_prefill_rows(
     const int nh = blockIdx.x / VSPLIT;  // n * 8 + h
     const int row0 = (blockIdx.x - nh * VSPLIT) * ROWS;
     const int h = nh & 7, hk = h >> 1;
+    const int N = gridDim.x / (8 * VSPLIT);
+    bool bad = false;
+    for (int i = tid; i <= N; i += NT) {
+        const long long c = cu_seqlens[i];
+        bad |= i == 0 ? c != 0 : c < cu_seqlens[i - 1];
+        bad |= i == N && c != T;
+    }
+    if (__syncthreads_or(bad)) {  // malformed batch: zero this block's share of the output rows
+        const long long r0 = (nh >> 3) * T / N, r1 = ((nh >> 3) + 1) * T / N;
+        for (long long i = tid; i < (r1 - r0) * ROWS; i += NT)
+            out[(r0 + i / ROWS) * 1024 + h * 128 + row0 + i % ROWS] = (bf16_t)0;
+        return;
+    }
     const long long t0 = cu_seqlens[nh >> 3], t1 = cu_seqlens[(nh >> 3) + 1];
     if (t1 <= t0) return;  // an empty sequence keeps its state (kdispatch's reference)
 
@@ -242,9 +257,10 @@ __device__ __forceinline__ void gdn_prefill_rows(
             const bf16_t* __restrict__ v, float* __restrict__ state,                                \
             const float* __restrict__ A_log, const bf16_t* __restrict__ a,                          \
             const float* __restrict__ dt_bias, const bf16_t* __restrict__ b,                        \
-            const long long* __restrict__ cu_seqlens, bf16_t* __restrict__ out, float scale) {      \
+            const long long* __restrict__ cu_seqlens, bf16_t* __restrict__ out, float scale,        \
+            long long T) {                                                                          \
         gdn_prefill_rows<KSPLIT, ROWS, CHUNK>(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,     \
-                                              out, scale);                                          \
+                                              out, scale, T);                                       \
     }
 
 GDN_PREFILL_KERNEL(1, 128, 8)  // one thread per row, one block per (sequence, head)

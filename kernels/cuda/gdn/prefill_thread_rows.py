@@ -8,7 +8,8 @@ spend their time on launch latency and multi-kernel pipelines.
     scale       float (0 or None: 1/sqrt(128))
     returns     (out [T, 8, 128] bf16, state)
 
-One kernel launch, no host-device sync (CUDA-graph safe).  A block owns ROWS V rows of one
+One kernel launch, no host-device sync (CUDA-graph safe); every block checks cu_seqlens on the device
+first (a malformed batch: zero output, states untouched, as the reference).  A block owns ROWS V rows of one
 (sequence, v-head); KSPLIT adjacent threads share a row (KSPLIT = 1: one thread per row with its
 128 state values in registers); the inputs of CHUNK (8 or 16) tokens are staged per barrier.  Few sequences split each head's 128 rows over more blocks and
 threads, so that the sequential token loop runs on more SMs with shorter per-thread work.
@@ -24,7 +25,7 @@ from kdispatch import nvrtc
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_thread_rows.cu")
-SIGNATURE = "p" * 10 + "f"  # q k v state A_log a dt_bias b cu_seqlens out, scale
+SIGNATURE = "p" * 10 + "fl"  # q k v state A_log a dt_bias b cu_seqlens out, scale, T
 HEADS, DIM = 8, 128
 DEFAULT_SCALE = DIM ** -0.5
 CONFIGS = ((1, 128), (2, 64), (4, 32), (8, 16), (16, 8))  # (KSPLIT, ROWS) layouts: 128 threads
@@ -82,7 +83,7 @@ def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sc
     ksplit, rows, chunk = cfg or config(N, T)
     kernel(ksplit, rows, chunk).launch(N * HEADS * (DIM // rows), rows * ksplit,
                                 pq, pk, v, pst, A_log, a, dt_bias, b, cu_seqlens.contiguous(), out,
-                                scale or DEFAULT_SCALE, stream=nvrtc.current_stream(q.get_device()))
+                                scale or DEFAULT_SCALE, T, stream=nvrtc.current_stream(q.get_device()))
     if st is not state:
         state.copy_(st)
     return out, state

@@ -3,12 +3,14 @@ prefill on sm_90 and sm_100.
 
 FlashInfer updates the decode state in place; its prefill takes the gates already activated (in
 fp32) and writes the final state to a separate buffer, which is copied back into `state` to keep
-the ops' in-place contract.
+the ops' in-place contract. Prefill is bracketed by kernels/triton/gdn/prefill_guard.py: one launch
+before (cu_seqlens checked on the device, the gates activated) and one after (the state copy, which
+a malformed batch skips, zeroing the output instead), so no cu_seqlens value reaches FlashInfer
+unchecked.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kdispatch.registry import variant
 
@@ -24,15 +26,17 @@ def gdn_decode_flashinfer(q, k, v, state, A_log, a, dt_bias, b, scale):
     return out, state
 
 
-@variant("gdn_prefill", "flashinfer", **_FLASHINFER)
+@variant("gdn_prefill", "flashinfer", **{**_FLASHINFER, "requires": ("flashinfer", "triton")})
 def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-    alpha = torch.exp(-torch.exp(A_log) * F.softplus(a.float() + dt_bias))
-    beta = torch.sigmoid(b.float())
-    new_state = torch.empty_like(state)
+    from kdispatch.kernels.triton.gdn import prefill_guard  # imports triton: only when called
+
+    cu, ok, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=True, A_log=A_log, a=a,
+                                              dt_bias=dt_bias, b=b)
+    final = torch.empty_like(state)
     out = chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
-                                 output_final_state=True, cu_seqlens=cu_seqlens, output_state=new_state)
+                                 output_final_state=True, cu_seqlens=cu, output_state=final)
     if isinstance(out, tuple):
         out = out[0]
-    return out, state.copy_(new_state)
+    return prefill_guard.commit(state, final, out, ok)

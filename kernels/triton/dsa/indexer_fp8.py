@@ -15,9 +15,11 @@ dsa_topk_indexer.py). Two kernels, no host sync (CUDA-graph safe):
    skipped. Writes fp32 scores [B, max_num_pages * 64] (slots past seq_len hold garbage and are
    never selected).
 2. Selection, one of:
-   - `_radix_select_kernel`, one program per sequence with the whole row in registers. A row of at
-     most 2048 tokens takes all of them (its pages are not even scored). Otherwise it maps each
-     score to an order-preserving 32-bit key, finds the k-th largest key (k = min(seq_len, 2048))
+   - `_radix_select_kernel`, one program per sequence with the whole row in registers. Valid tokens
+     are those before seq_len on a page id inside [0, num_pages) (the reference's padding rule). A
+     row of at most 2048 valid tokens takes all of them (a row of at most 2048 tokens is not even
+     scored). Otherwise it maps each
+     score to an order-preserving 32-bit key, finds the k-th largest key (k = 2048)
      with four 8-bit radix passes (tl.histogram of the digit among keys matching the prefix found so
      far), then writes every key above it plus as many keys equal to it as are still needed
      (lowest positions first), as global token ids page * 64 + slot, then -1 padding. Not sorted
@@ -89,17 +91,19 @@ def _score_pages_kernel(
 @triton.jit
 def _radix_select_kernel(
     scores_ptr, seq_lens_ptr, block_table_ptr, out_ptr,
-    max_pages, s_bt,
+    max_pages, num_pages, s_bt,
     PS: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_pages * PS
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width)  # a seq_len past the table counts its pages
     offs = tl.arange(0, BLOCK)
-    valid = offs < seq_len
-    if seq_len <= TOPK:  # every token is selected: no scores needed
+    page = tl.load(block_table_ptr + b * s_bt + offs // PS, mask=offs < seq_len, other=-1)
+    valid = (offs < seq_len) & (page >= 0) & (page < num_pages)  # the reference's padding rule
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    if n_valid <= TOPK:  # every valid token is selected, in token order: no scores needed
         selected = valid
-        slot = offs
+        slot = tl.cumsum(valid.to(tl.int32), axis=0) - 1
     else:
         s = tl.load(scores_ptr + b * width + offs, mask=valid, other=0.0)
         # Order-preserving int32 key (flip the magnitude bits of negatives); `ukey` = key with the
@@ -108,8 +112,8 @@ def _radix_select_kernel(
         bits = s.to(tl.int32, bitcast=True)
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
         ukey = key ^ sign
-        need = tl.minimum(seq_len, TOPK)  # keys still to take among those matching the prefix
-        n_match = seq_len  # keys matching the prefix (all valid ones before the first pass)
+        need = tl.minimum(n_valid, TOPK)  # keys still to take among those matching the prefix
+        n_match = n_valid  # keys matching the prefix (all valid ones before the first pass)
         prefix = tl.zeros([], dtype=tl.int32)
         prefix_mask = tl.zeros([], dtype=tl.int32)
         digits = tl.arange(0, 256)
@@ -134,9 +138,8 @@ def _radix_select_kernel(
         equal_before = (ranks >> 16) - equal
         selected = (above == 1) | ((equal == 1) & (equal_before < need))
         slot = above_before + tl.minimum(equal_before, need)
-    page = tl.load(block_table_ptr + b * s_bt + offs // PS, mask=selected, other=0)
     tl.store(out_ptr + b * TOPK + slot, page * PS + offs % PS, mask=selected & (slot < TOPK))
-    n_out = tl.minimum(seq_len, TOPK)
+    n_out = tl.minimum(n_valid, TOPK)
     pad = tl.arange(0, TOPK)
     tl.store(out_ptr + b * TOPK + pad, tl.full([TOPK], -1, tl.int32), mask=pad >= n_out)
 
@@ -185,7 +188,8 @@ def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table
     if max_pages == 0:
         return out.fill_(-1)
     block = max(triton.next_power_of_2(max_pages * PAGE_SIZE), TOPK)
-    _radix_select_kernel[(batch,)](scores, seq_lens, block_table, out, max_pages, block_table.stride(0),
+    _radix_select_kernel[(batch,)](scores, seq_lens, block_table, out, max_pages, k_index_cache_fp8.shape[0],
+                                   block_table.stride(0),
                                    PS=PAGE_SIZE, TOPK=TOPK, BLOCK=block,
                                    num_warps=select_warps or (8 if block <= 4096 else 16))
     return out
@@ -199,12 +203,13 @@ def indexer_torch_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_
         return out
     scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, dot_fp32=dot_fp32)
     slot = torch.arange(width, device=scores.device)
-    in_seq = slot[None, :] < seq_lens[:, None]
-    scores = scores.masked_fill(~in_seq, float("-inf"))
+    table = block_table.repeat_interleave(PAGE_SIZE, dim=1)  # [B, width]
+    valid = (slot[None, :] < seq_lens[:, None]) & (table >= 0) & (table < k_index_cache_fp8.shape[0])
+    scores = scores.masked_fill(~valid, float("-inf"))
     k = min(TOPK, width)
     best = torch.topk(scores, k, dim=1).indices  # [B, k]
-    ids = torch.gather(block_table, 1, best // PAGE_SIZE) * PAGE_SIZE + (best % PAGE_SIZE).to(torch.int32)
-    out[:, :k] = torch.where(best < seq_lens[:, None], ids, -1)
+    ids = torch.gather(table, 1, best) * PAGE_SIZE + (best % PAGE_SIZE).to(torch.int32)
+    out[:, :k] = torch.where(torch.gather(valid, 1, best), ids, -1)
     return out
 
 

@@ -15,14 +15,15 @@ per-row update). A sequence with no tokens keeps its state unchanged, as in kdis
 (the official FlashInfer-Bench reference returns zeros for it; contest workloads have none).
 
 Kernel: one program per (sequence, v-head, block of BV rows of V); grid = N * HV * (V // BV). The
-program reads its sequence's bounds from cu_seqlens on the device (no host sync, CUDA-graph safe),
-loads its [BV, K] state block once, runs the recurrence over the sequence's tokens with the block in
-registers (the next token's q/k/v/gates are loaded before the current token is computed, so global
-latency overlaps the arithmetic), writes BV outputs per token, and stores the final block once. The
-per-token critical path is one K-reduction of S plus a few FMAs: S.k and S.q are both taken from the
-previous state (g and the delta term are applied after), and all tensors share one 2-D layout.
-Time ~ (longest sequence) x (per-token latency of one program): good for short sequences; long
-ones belong to a chunked kernel. `prefill_config(N)` is the launch heuristic.
+program checks all of cu_seqlens on the device first (no host sync, CUDA-graph safe; a malformed
+batch zeroes the output and leaves the states as they are, the reference's rule), reads its
+sequence's bounds, loads its [BV, K] state block once, runs the recurrence over the sequence's
+tokens with the block in registers (the next token's q/k/v/gates are loaded before the current token
+is computed, so global latency overlaps the arithmetic), writes BV outputs per token, and stores the
+final block once. The per-token critical path is one K-reduction of S plus a few FMAs: S.k and S.q
+are both taken from the previous state (g and the delta term are applied after), and all tensors
+share one 2-D layout. Time ~ (longest sequence) x (per-token latency of one program): good for short
+sequences; long ones belong to a chunked kernel. `prefill_config(N)` is the launch heuristic.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ from kdispatch.registry import variant
 @triton.jit
 def _gdn_prefill_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, state_ptr, A_log_ptr, a_ptr, dt_bias_ptr, b_ptr, cu_ptr, out_ptr,
-    scale,
+    scale, T, N,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,  # token and head strides (elements); last axis contiguous
     s_at, s_ah, s_bt, s_bh,
     s_sn, s_sh, s_sv,  # state strides of sequence, head, V row; K is contiguous
     HV: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    BLOCK_CU: tl.constexpr,  # a power of two > N: every program checks all of cu_seqlens
 ):
     NVB: tl.constexpr = V // BV
     pid = tl.program_id(0)
@@ -51,8 +53,17 @@ def _gdn_prefill_recurrent_kernel(
     i_n = (i_nh // HV).to(tl.int64)
     i_hk = i_h // (HV // HQK)
 
-    bos = tl.load(cu_ptr + i_n).to(tl.int64)
-    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    # A malformed batch (not 0 = cu[0] <= ... <= cu[N] = T) runs no sequence and leaves every state
+    # as it is; its programs zero the output rows [n T / N, (n + 1) T / N) of their head and V block.
+    offs_cu = tl.arange(0, BLOCK_CU)
+    cu = tl.load(cu_ptr + offs_cu, mask=offs_cu <= N, other=0)
+    cu_prev = tl.load(cu_ptr + offs_cu - 1, mask=(offs_cu >= 1) & (offs_cu <= N), other=0)
+    bad = ((offs_cu == 0) & (cu != 0)) | ((offs_cu <= N) & (cu < cu_prev)) | ((offs_cu == N) & (cu != T))
+    ok = tl.sum(bad.to(tl.int32), axis=0) == 0
+    bos = tl.where(ok, tl.load(cu_ptr + i_n), 0).to(tl.int64)
+    eos = tl.where(ok, tl.load(cu_ptr + i_n + 1), 0).to(tl.int64)
+    zero_lo = tl.where(ok, 0, i_n * T // N)
+    zero_hi = tl.where(ok, 0, (i_n + 1) * T // N)
 
     # Every tensor lives in the one 2-D [BV, K] layout ([1, K] rows, [BV, 1] columns), so the
     # per-token loop needs no layout conversion (no shared-memory round trip, no barrier).
@@ -112,6 +123,8 @@ def _gdn_prefill_recurrent_kernel(
         tl.store(o_base + t * (HV * V), o.to(out_ptr.dtype.element_ty))
 
     tl.store(s_ptrs, S)  # an empty sequence stores its initial state back unchanged
+    for t in range(zero_lo, zero_hi):
+        tl.store(o_base + t * (HV * V), tl.zeros([BV, 1], dtype=out_ptr.dtype.element_ty))
 
 
 # Launch heuristic, from a sweep on an H100 (CUDA-graph replay, equal-length sequences;
@@ -163,11 +176,11 @@ def gdn_prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scal
     grid = (N * HV * (V // BV),)
     _gdn_prefill_recurrent_kernel[grid](
         q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, out,
-        _resolve_scale(scale, K),
+        _resolve_scale(scale, K), T, N,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
-        HV=HV, HQK=HQK, K=K, V=V, BV=BV, num_warps=num_warps,
+        HV=HV, HQK=HQK, K=K, V=V, BV=BV, BLOCK_CU=triton.next_power_of_2(N + 1), num_warps=num_warps,
     )
     return out, state
 
