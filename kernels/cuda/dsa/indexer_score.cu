@@ -93,7 +93,8 @@ dsa_index_score(const unsigned char* __restrict__ q, const unsigned char* __rest
     // its launch and prologue overlap this grid's tail (it waits before reading the scores).
     asm volatile("griddepcontrol.launch_dependents;");
     const int b = blockIdx.x, p0 = blockIdx.y * pages_per_cta;
-    const int seq_len = seq_lens[b];
+    int seq_len = seq_lens[b];
+    seq_len = seq_len < max_pages * PAGE ? seq_len : max_pages * PAGE;  // as the select clamps it (no overflow below)
     if (seq_len <= TOPK || p0 * PAGE >= seq_len) return;  // short rows are passed through unscored
     const int last = (seq_len + PAGE - 1) / PAGE;  // pages this row reaches
     int p1 = p0 + pages_per_cta;

@@ -73,6 +73,23 @@ __device__ __forceinline__ void row_sum2(float& x, float& y) {  // both sums ove
     }
 }
 
+// The malformed-batch path, kept out of line: inlined, its registers pushed a layout into a stack frame.
+__device__ __noinline__ int cu_seqlens_bad(const long long* __restrict__ cu, int N, long long T, int tid, int nt) {
+    int bad = 0;
+    for (int i = tid; i <= N; i += nt) {
+        const long long c = cu[i];
+        bad |= i == 0 ? c != 0 : c < cu[i - 1];
+        bad |= i == N && c != T;
+    }
+    return bad;
+}
+
+// Zeroes rows [r0, r1) of out [T, 8, 128] at columns col .. col + rows - 1.
+__device__ __noinline__ void zero_rows(bf16_t* __restrict__ out, long long r0, long long r1, int col, int rows,
+                                       int tid, int nt) {
+    for (long long i = tid; i < (r1 - r0) * rows; i += nt) out[(r0 + i / rows) * 1024 + col + i % rows] = (bf16_t)0;
+}
+
 template <int KSPLIT, int ROWS, int CHUNK>  // CHUNK: tokens staged in shared memory at a time
 __device__ __forceinline__ void gdn_prefill_rows(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
@@ -98,16 +115,8 @@ __device__ __forceinline__ void gdn_prefill_rows(
     const int row0 = (blockIdx.x - nh * VSPLIT) * ROWS;
     const int h = nh & 7, hk = h >> 1;
     const int N = gridDim.x / (8 * VSPLIT);
-    bool bad = false;
-    for (int i = tid; i <= N; i += NT) {
-        const long long c = cu_seqlens[i];
-        bad |= i == 0 ? c != 0 : c < cu_seqlens[i - 1];
-        bad |= i == N && c != T;
-    }
-    if (__syncthreads_or(bad)) {  // malformed batch: zero this block's share of the output rows
-        const long long r0 = (nh >> 3) * T / N, r1 = ((nh >> 3) + 1) * T / N;
-        for (long long i = tid; i < (r1 - r0) * ROWS; i += NT)
-            out[(r0 + i / ROWS) * 1024 + h * 128 + row0 + i % ROWS] = (bf16_t)0;
+    if (__syncthreads_or(cu_seqlens_bad(cu_seqlens, N, T, tid, NT))) {  // malformed batch
+        zero_rows(out, (nh >> 3) * T / N, ((nh >> 3) + 1) * T / N, h * 128 + row0, ROWS, tid, NT);
         return;
     }
     const long long t0 = cu_seqlens[nh >> 3], t1 = cu_seqlens[(nh >> 3) + 1];

@@ -59,13 +59,17 @@ def _score_pages_kernel(
     b = tl.program_id(0).to(tl.int64)
     p0 = tl.program_id(1) * PAGES
     seq_len = tl.load(seq_lens_ptr + b)
+    offs_t = tl.arange(0, PS)
     if p0 * PS >= seq_len:
+        if not SKIP_SHORT:  # torch.topk reads whole rows: write the -inf it would mask there anyway
+            for i in tl.static_range(PAGES):
+                if p0 + i < max_pages:
+                    tl.store(scores_ptr + b * max_pages * PS + (p0 + i) * PS + offs_t, tl.full([PS], float("-inf"), tl.float32))
         return
     if SKIP_SHORT and seq_len <= TOPK:  # the selection takes every token of this row unscored
         return
     offs_h = tl.arange(0, H)
     offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, PS)
     q_t = tl.load(q_ptr + b * (H * D) + offs_h[None, :] * D + offs_d[:, None])  # [D, H] fp8
     w = tl.load(w_ptr + b * H + offs_h)  # [H] fp32
     if DOT_FP32:
@@ -86,6 +90,8 @@ def _score_pages_kernel(
             score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [PS]
             score = tl.where(ok, score, 0.0)
             tl.store(scores_ptr + b * width + pos * PS + offs_t, score)
+        elif (pos < max_pages) & (not SKIP_SHORT):
+            tl.store(scores_ptr + b * width + pos * PS + offs_t, tl.full([PS], float("-inf"), tl.float32))
 
 
 @triton.jit

@@ -1,0 +1,113 @@
+"""Every CUDA and Triton variant under compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
+small contest shapes and on fuzzed hostile index tensors (tests/hostile.py). Run on the GPU machine:
+
+    python tests/gpu/sanitize.py [--tools memcheck racecheck ...] [--json OUT.json]
+
+It runs the payload once plainly (compiling every kernel into the Triton and NVRTC caches, so the
+sanitized runs compile nothing), then once per tool under `compute-sanitizer --tool T`, and prints
+per tool the errors found and the kernels they name; exit status 1 if any tool found one. Do it
+again whenever a kernel changes. `--payload` runs the variants alone (what the sanitizer wraps).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: hostile.py
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+SHAPES = {  # one small contest-like shape each; the indexed ones also get hostile seeds
+    "gdn_decode": [{"batch_size": 3}],
+    "gdn_prefill": [{"total_seq_len": 37, "num_seqs": 3}],
+    "dsa_topk_indexer": [{"batch_size": 3, "max_num_pages": 20, "num_pages": 200},
+                         {"batch_size": 3, "max_num_pages": 60, "num_pages": 200}],
+    "dsa_sparse_attention": [{"num_tokens": 2, "num_pages": 100}],
+    "moe_fp8": [{"seq_len": 3}],
+}
+HOSTILE_SEEDS = range(7)
+SANITIZED_BACKENDS = ("cuda", "triton")
+
+
+def payload() -> list[str]:
+    """Calls every CUDA and Triton variant that runs here; returns what it ran."""
+    import torch
+
+    from hostile import INDEXED, hostile
+    from kdispatch import arch, definitions, registry
+    from kdispatch.workloads import materialize
+
+    here = arch.local_arch()
+    ran = []
+    for d in definitions.all_definitions():
+        for v in registry.variants(d.name):
+            if v.backend not in SANITIZED_BACKENDS or v.why_not(here) is not None:
+                continue
+            for axes in SHAPES[d.short]:
+                if v.declines(axes) is not None:
+                    continue
+                w = {"uuid": f"sanitize-{d.short}-{'-'.join(map(str, axes.values()))}", "axes": axes, "inputs": {}}
+                args = list(materialize(d.short, w, device="cuda"))
+                calls = [("valid", args)]
+                if d.short in INDEXED:
+                    calls += [(f"hostile{s}", hostile(d.short, [a.clone() if isinstance(a, torch.Tensor) else a
+                                                                  for a in args], s)) for s in HOSTILE_SEEDS]
+                for label, call_args in calls:
+                    v.fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in call_args])
+                    torch.cuda.synchronize()
+                    ran.append(f"{d.short}/{v.name}/{axes}/{label}")
+    return ran
+
+
+def sanitize(tool: str) -> dict:
+    # API errors are not reported: kdispatch.nvrtc counts a kernel's parameters by probing
+    # cuKernelGetParamInfo until it fails, by design.
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", "--print-limit", "50",
+           "--report-api-errors", "no",
+           sys.executable, str(Path(__file__).resolve()), "--payload"]
+    start = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    text = p.stdout + p.stderr
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    findings = list(dict.fromkeys(line.strip("= ") for line in text.splitlines() if line.startswith("=========")
+                                  and any(w in line for w in ("Invalid", "Race", "hazard", "Uninitialized",
+                                                              "Barrier", "Error", "by thread", "Program hit"))))
+    ran = int(m2.group(1)) if (m2 := re.search(r"payload ran (\d+) calls", text)) else 0
+    return {"tool": tool, "exit": p.returncode, "errors": int(m.group(1)) if m else None, "calls": ran,
+            "seconds": round(time.time() - start, 1), "findings": findings[:20],
+            "tail": "\n".join(text.splitlines()[-40:]) if p.returncode else ""}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--payload", action="store_true", help="run the variants (what the sanitizer wraps)")
+    ap.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    if args.payload:
+        ran = payload()
+        print(f"payload ran {len(ran)} calls")
+        return 0
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    start = time.time()
+    ran = payload()  # warm the kernel caches, and fail fast on a plain error
+    print(f"plain run: {len(ran)} calls in {time.time() - start:.0f} s")
+    results = [sanitize(t) for t in args.tools]
+    for r in results:
+        print(f"{r['tool']:<10} errors {r['errors']}  exit {r['exit']}  calls {r['calls']}  {r['seconds']} s"
+              + "".join(f"\n    {f}" for f in r["findings"]))
+        if r["tail"]:
+            print(r["tail"])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"calls": ran, "results": results}, indent=1) + "\n")
+    return 0 if all(r["errors"] == 0 and r["exit"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

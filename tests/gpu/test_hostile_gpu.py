@@ -1,0 +1,42 @@
+"""Fuzzed hostile index tensors through every variant of the three indexed definitions on the GPU:
+no illegal address, and the outputs equal the reference's padding semantics (the correctness gate
+on the corrupted inputs). Skipped without CUDA; tests/gpu/sanitize.py runs the same inputs under
+compute-sanitizer."""
+import pytest
+import torch
+
+from hostile import INDEXED, hostile
+from kdispatch import arch, definitions, registry
+from kdispatch.tuner import gate
+from kdispatch.workloads import materialize
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SHAPES = {
+    "dsa_topk_indexer": [{"batch_size": 6, "max_num_pages": 20, "num_pages": 400},
+                         {"batch_size": 6, "max_num_pages": 90, "num_pages": 600}],
+    "dsa_sparse_attention": [{"num_tokens": 3, "num_pages": 300}, {"num_tokens": 40, "num_pages": 300}],
+    "gdn_prefill": [{"total_seq_len": 40, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 5}],
+}
+SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)
+
+
+def cases():
+    for short in INDEXED:
+        for v in registry.variants(short):
+            for i, axes in enumerate(SHAPES[short]):
+                yield pytest.param(short, v.name, axes, id=f"{short}-{v.name}-{i}")
+
+
+@pytest.mark.parametrize("short,name,axes", list(cases()))
+def test_hostile_indices_are_padding(short, name, axes):
+    v = registry.get(short, name)
+    why = v.why_not(arch.local_arch()) or v.declines(axes)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    w = {"uuid": f"hostile-{short}-{'-'.join(map(str, axes.values()))}", "axes": axes, "inputs": {}}
+    for seed in SEEDS:
+        args = hostile(short, materialize(short, gate.trial_workload(w, seed), device="cuda"), seed)
+        verdict = gate.run_gate(short, v.fn, [(args, gate.reference(short, args))])
+        torch.cuda.synchronize()  # an illegal address surfaces here
+        assert verdict.passed, f"{short} {name} {axes} seed {seed}: {verdict.status} {verdict.reason}"

@@ -1,0 +1,71 @@
+"""Hostile index inputs for the three definitions whose tensors carry indices, shared by the CPU
+tests (tests/test_hostile_input.py), the GPU tests (tests/gpu/test_hostile_gpu.py) and the sanitizer
+script (tests/gpu/sanitize.py).
+
+`hostile(short, args, seed)` returns the call's arguments with its index tensors corrupted: random
+int32 values at the edges (negative, -1, just past the end, INT32_MAX / MIN) in a seeded fraction
+of the entries of a block table, sparse-index table or seq_lens, or one kind of malformed
+cu_seqlens per seed. The kernels must treat them as each definition's JSON says (padding, or a
+whole-batch no-op for cu_seqlens): the gate compares every variant with the reference on them.
+"""
+from __future__ import annotations
+
+import torch
+
+from kdispatch import definitions
+
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill")
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
+
+
+def _edge_values(limit: int) -> torch.Tensor:
+    return torch.tensor([INT32_MIN, INT32_MIN + 1, -65, -2, -1, limit, limit + 1, INT32_MAX], dtype=torch.int64)
+
+
+def _corrupt(t: torch.Tensor, limit: int, g: torch.Generator, fraction: float) -> torch.Tensor:
+    """`t` (int32) with about `fraction` of its entries replaced by edge values around [0, limit)."""
+    cpu = t.cpu().to(torch.int64)
+    hit = torch.rand(cpu.shape, generator=g) < fraction
+    edges = _edge_values(limit)
+    picks = edges[torch.randint(len(edges), cpu.shape, generator=g)]
+    return torch.where(hit, picks, cpu).clamp(INT32_MIN, INT32_MAX).to(torch.int32).to(t.device)
+
+
+def malformed_cu(cu: torch.Tensor, total: int, kind: str) -> torch.Tensor:
+    c = cu.cpu().clone()
+    n = c.shape[0] - 1
+    if kind == "start":
+        c[0] = 1
+    elif kind == "decreasing" and n >= 2:
+        c[1] = c[2] + 1
+    elif kind == "decreasing":
+        c[-1] = -1
+    elif kind == "short_end":
+        c[-1] = total - 1
+    elif kind == "long_end":
+        c[-1] = total + 7
+    elif kind == "negative":
+        c[n // 2] = -5
+    elif kind == "huge":
+        c[-1] = 2**62
+    return c.to(cu.device)
+
+
+def hostile(short: str, args, seed: int) -> list:
+    d = definitions.get(short)
+    a = dict(zip(d.inputs, args))
+    g = torch.Generator().manual_seed(seed)
+    if d.short == "dsa_topk_indexer":
+        num_pages, page = a["k_index_cache_fp8"].shape[:2]
+        width = a["block_table"].shape[1] * page
+        a["block_table"] = _corrupt(a["block_table"], num_pages, g, 0.3)
+        a["seq_lens"] = _corrupt(a["seq_lens"], width, g, 0.3)
+    elif d.short == "dsa_sparse_attention":
+        tokens = a["ckv_cache"].shape[0] * a["ckv_cache"].shape[1]
+        a["sparse_indices"] = _corrupt(a["sparse_indices"], tokens, g, 0.3)
+    elif d.short == "gdn_prefill":
+        a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
+    else:
+        raise ValueError(f"{short} has no index inputs")
+    return [a[n] for n in d.inputs]
