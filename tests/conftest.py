@@ -6,7 +6,8 @@ module): it is set here, once, for the whole session, unless the caller chose TR
 already. GPU tests (tests/gpu/) run without it on a machine with CUDA.
 
 Helpers the test modules import (`from conftest import ...`): `INTERPRETED`, `DEVICE`,
-`kernel_module`, `official_definition`, `official_run`, `standalone_run`.
+`kernel_module`, `official_definition`, `official_run`, `standalone_run`, `variant_cases`,
+`runnable_variant`.
 """
 import importlib
 import json
@@ -77,3 +78,23 @@ def standalone_run(short: str):
     from kdispatch import definitions
 
     return _run_of(definitions.load(short)["reference"], f"<kdispatch {short}>")
+
+
+def variant_cases(shapes: dict):
+    """pytest params (short, variant name, axes) for every variant of each definition in `shapes`
+    ({short: [axes, ...]}) on each of its shapes."""
+    from kdispatch import registry
+
+    return [pytest.param(short, v.name, axes, id=f"{short}-{v.name}-{i}")
+            for short, cases in shapes.items() for v in registry.variants(short) for i, axes in enumerate(cases)]
+
+
+def runnable_variant(short: str, name: str, axes: dict):
+    """The variant, or a skip saying why it cannot run this shape on this machine."""
+    from kdispatch import arch, registry
+
+    v = registry.get(short, name)
+    why = v.why_not(arch.local_arch()) or v.declines(axes)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    return v

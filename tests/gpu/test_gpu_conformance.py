@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kdispatch import arch, definitions, registry
+from conftest import runnable_variant, variant_cases
+from kdispatch import registry
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -19,23 +20,13 @@ SHAPES = {
 }
 
 
-def cases():
-    for d in definitions.all_definitions():
-        for v in registry.variants(d.name):
-            for i, axes in enumerate(SHAPES.get(d.short, [])):
-                yield pytest.param(d.short, v.name, axes, id=f"{d.short}-{v.name}-{i}")
-
-
 def test_every_kernel_module_imports():
     assert registry.import_failures() == {}  # a module that fails to import hides its variants
 
 
-@pytest.mark.parametrize("short,name,axes", list(cases()))
+@pytest.mark.parametrize("short,name,axes", variant_cases(SHAPES))
 def test_variant_passes_the_gate_on_the_gpu(short, name, axes):
-    v = registry.get(short, name)
-    why = v.why_not(arch.local_arch()) or v.declines(axes)
-    if why is not None:
-        pytest.skip(f"{name}: {why}")
+    v = runnable_variant(short, name, axes)
     w = {"uuid": f"gpu-conformance-{short}-{'-'.join(map(str, axes.values()))}", "axes": axes, "inputs": {}}
     trials = []
     for t in range(2):

@@ -5,8 +5,8 @@ compute-sanitizer."""
 import pytest
 import torch
 
+from conftest import runnable_variant, variant_cases
 from hostile import INDEXED, hostile
-from kdispatch import arch, definitions, registry
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -21,19 +21,9 @@ SHAPES = {
 SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)
 
 
-def cases():
-    for short in INDEXED:
-        for v in registry.variants(short):
-            for i, axes in enumerate(SHAPES[short]):
-                yield pytest.param(short, v.name, axes, id=f"{short}-{v.name}-{i}")
-
-
-@pytest.mark.parametrize("short,name,axes", list(cases()))
+@pytest.mark.parametrize("short,name,axes", variant_cases({short: SHAPES[short] for short in INDEXED}))
 def test_hostile_indices_are_padding(short, name, axes):
-    v = registry.get(short, name)
-    why = v.why_not(arch.local_arch()) or v.declines(axes)
-    if why is not None:
-        pytest.skip(f"{name}: {why}")
+    v = runnable_variant(short, name, axes)
     w = {"uuid": f"hostile-{short}-{'-'.join(map(str, axes.values()))}", "axes": axes, "inputs": {}}
     for seed in SEEDS:
         args = hostile(short, materialize(short, gate.trial_workload(w, seed), device="cuda"), seed)
