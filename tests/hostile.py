@@ -69,3 +69,14 @@ def hostile(short: str, args, seed: int) -> list:
     else:
         raise ValueError(f"{short} has no index inputs")
     return [a[n] for n in d.inputs]
+
+
+def sparse_attention_shapes(num_pages: int) -> list[dict]:
+    """One dsa_sparse_attention shape per kernel configuration that cuda_splitk's config() picks by
+    token count (the first count of each), so a fuzz or sanitizer run reaches every compiled kernel."""
+    from kdispatch.kernels.cuda.dsa.sparse_attention_splitk import MAX_CTAS, config
+
+    first: dict = {}
+    for tokens in range(1, MAX_CTAS + 1):  # past MAX_CTAS tokens the config no longer changes
+        first.setdefault(config(tokens), tokens)
+    return [{"num_tokens": t, "num_pages": num_pages} for t in first.values()]

@@ -16,7 +16,7 @@ from hostile import INDEXED, MALFORMED_CU, hostile
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
 from kdispatch.tuner import gate
-from kdispatch.workloads import materialize
+from kdispatch.workloads import materialize, meta_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = {
@@ -132,6 +132,10 @@ def test_scalar_mistakes_raise_on_every_call():
             moe(*fake, offset, 2.5)
     for offset in (0, 224):
         moe.checker.check_scalars([*fake, offset, 2.5])
+    tensors = meta_arguments("moe_fp8", {"seq_len": 1})[:8]
+    for offset in (1.5, True, "1", None):  # a non-int would pass the range check
+        with pytest.raises(ValueError, match="argument 'local_expert_offset' expected a finite Python int"):
+            moe(*tensors, offset, 2.5)
 
 
 def test_the_reference_on_a_gpu_says_so_once():

@@ -5,13 +5,13 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T21:09:09Z
+# measured    up to 2026-11-24T01:04:18Z
 # workloads   54 (workload-set digest 5be536a29c485755)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer             bdaf6e5ac0f51f6b  54/54  1.00x
+#   flashinfer             23508cc269fe7722  54/54  1.00x
 #   cuda_decode_warp_rows  25ecb569edbf590a  54/54  1.38x
-#   fla_fused_recurrent    63b9b0c470108766  54/54  0.78x
+#   fla_fused_recurrent    1bbd83927a36c348  54/54  0.78x
 #   triton_decode_splitv   3bd9f75d107db99a  54/54  1.35x
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than

@@ -5,46 +5,34 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T20:51:49Z
+# measured    up to 2026-11-24T01:04:03Z
 # workloads   100 (workload-set digest 99065d99a46fc4b3)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                bdaf6e5ac0f51f6b  100/100  1.00x
-#   cuda_prefill_thread_rows  cbd65bca80028934  100/100  1.33x
-#   fla_chunk                 64e53962bf7094cb  100/100  1.19x
-#   triton_prefill_recurrent  09b4e177d18341cc  100/100  0.95x
+#   flashinfer                53665fbbfeda06ce  100/100  1.00x
+#   cuda_prefill_thread_rows  86276d7e11d4e789  100/100  0.96x
+#   fla_chunk                 564b12289ce24bdf  100/100  0.03x  [100 not graph-safe]
+#   triton_prefill_recurrent  1b61fa10fb7e9611  100/100  0.62x
 # fit         threshold splits over total_seq_len, mean_seq_len, num_seqs; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and falls back to the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    5-fold over workloads: regret vs the best variant 1.40% mean, 38.06% max;
-#             1.558x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    5-fold over workloads: regret vs the best variant 0.54% mean, 34.03% max;
+#             1.318x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. total_seq_len <= 274: cuda_prefill_thread_rows, 56 workloads, 4.30x (1.60x .. 12.83x) over flashinfer
-#   2. 274 < total_seq_len <= 431: fla_chunk, 3 workloads, 1.53x (1.44x .. 1.61x) over flashinfer
-#   3. 431 < total_seq_len <= 1920 and mean_seq_len <= 599: fla_chunk, 13 workloads, 1.44x (1.29x .. 1.63x) over flashinfer
-#   4. 431 < total_seq_len <= 1920 and mean_seq_len > 599: flashinfer (baseline), 3 workloads
-#   5. total_seq_len > 1920: flashinfer (baseline), 25 workloads
+#   1. mean_seq_len <= 138: cuda_prefill_thread_rows, 58 workloads, 2.83x (1.05x .. 8.09x) over flashinfer
+#   2. mean_seq_len > 138: flashinfer (baseline), 42 workloads
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'total_seq_len': (None, 274)}, 'workloads': 56, 'speedup': (1.6, 4.3, 12.83)},
-    {'region': 2, 'variant': 'fla_chunk', 'bounds': {'total_seq_len': (274, 431)}, 'workloads': 3, 'speedup': (1.44, 1.53, 1.61)},
-    {'region': 3, 'variant': 'fla_chunk', 'bounds': {'mean_seq_len': (None, 599), 'total_seq_len': (431, 1920)}, 'workloads': 13, 'speedup': (1.29, 1.44, 1.63)},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (599, None), 'total_seq_len': (431, 1920)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0)},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'total_seq_len': (1920, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0)},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138)}, 'workloads': 58, 'speedup': (1.05, 2.83, 8.09)},
+    {'region': 2, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0)},
 )
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    # region 1: 56 workloads, 4.30x (1.60x .. 12.83x) over flashinfer
-    if total_seq_len <= 274:
+    # region 1: 58 workloads, 2.83x (1.05x .. 8.09x) over flashinfer
+    if mean_seq_len <= 138:
         return 'cuda_prefill_thread_rows'
-    # region 2: 3 workloads, 1.53x (1.44x .. 1.61x) over flashinfer
-    if 274 < total_seq_len <= 431:
-        return 'fla_chunk'
-    # region 3: 13 workloads, 1.44x (1.29x .. 1.63x) over flashinfer
-    if 431 < total_seq_len <= 1920 and mean_seq_len <= 599:
-        return 'fla_chunk'
     return 'flashinfer'

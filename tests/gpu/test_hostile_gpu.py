@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import runnable_variant, variant_cases
-from hostile import INDEXED, hostile
+from hostile import INDEXED, hostile, sparse_attention_shapes
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 SHAPES = {
     "dsa_topk_indexer": [{"batch_size": 6, "max_num_pages": 20, "num_pages": 400},
                          {"batch_size": 6, "max_num_pages": 90, "num_pages": 600}],
-    "dsa_sparse_attention": [{"num_tokens": 3, "num_pages": 300}, {"num_tokens": 40, "num_pages": 300}],
+    "dsa_sparse_attention": sparse_attention_shapes(num_pages=300),
     "gdn_prefill": [{"total_seq_len": 40, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 5}],
 }
 SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)

@@ -133,6 +133,9 @@ __device__ __forceinline__ void sparse_attn_cta(
     constexpr int NB = KPC / BN;    // blocks per CTA
     constexpr int NBG = NB / G;     // blocks per group
     static_assert(NB % G == 0 && ST >= 1 && G >= 1, "unsupported split count");
+    // A stage refilled inside the loop is read ST iterations later, after the group barriers of the
+    // iterations between (see `issue`): with ST = 1 nothing would separate them.
+    static_assert(ST >= 2 || NBG <= ST, "one stage per group needs every block issued up front");
     static_assert((G - 1) * XBUF_BYTES <= G * ST * STAGE_BYTES, "the hand-over reuses the rings");
 
     // The merge is launched as a programmatic dependent of this kernel and waits (griddepcontrol)
@@ -167,7 +170,10 @@ __device__ __forceinline__ void sparse_attn_cta(
     // Block i of this group (CTA block G i + group) into stage i % ST; issued by the group's warp 0,
     // one lane per key, from that key's index `r`. The producer reads the indices itself (no staging
     // through shared memory and a CTA barrier: the gathers start one dependent load after launch).
-    // Zero-fills and the valid-key mask come before the arrive (release), which covers them.
+    // Zero-fills and the valid-key mask come before the arrive (release), which orders them before
+    // the consumers' wait. compute-sanitizer's racecheck does not model mbarrier waits, so a group
+    // barrier also lies between every such write and its first read: after the first ST issues,
+    // and for a refill, the barriers of the iterations before its stage comes round again.
     auto issue = [&](int i, int r) {
         const int blk = G * i + group, stage = i % ST;
         const bool ok = r >= 0 && r < n_cache_tokens;
@@ -211,6 +217,7 @@ __device__ __forceinline__ void sparse_attn_cta(
             qa[j][3] = *(const u32*)(base + (g + 8) * stride + 8 + 2 * tq);
         }
     }
+    group_barrier(group);  // the first stages' zero-fills (see `issue`)
 
     float m_run[2] = {NEG_INF, NEG_INF};  // rows g and g + 8
     float l_run[2] = {0.f, 0.f};          // this thread's share of the row sums (quad-reduced at the end)

@@ -11,10 +11,10 @@
 //               order, which is what the definition's evaluator compares (reachable, distinct,
 //               sorted scores equal).
 //
-// The row's page ids are staged in shared memory once, with a block-wide scan of each page's valid
-// tokens. A row of at most 2048 valid tokens takes every one of them, in token order (pass-through;
-// its scores are not read). Otherwise the row's scores sit in
-// registers (up to 8 per thread of 1024, strided so the loads coalesce) as order-preserving 32-bit
+// The row's page ids are staged in shared memory once (with a block-wide scan of each page's valid
+// tokens only when some page id is out of range). A row of at most 2048 valid tokens takes every
+// one of them, in token order (pass-through; its scores are not read). Otherwise the row's scores
+// sit in registers (up to 8 per thread of 1024, strided so the loads coalesce) as order-preserving 32-bit
 // keys, and up to three radix passes over 11, 11 and 10 bits find the k-th largest key: per pass a
 // 2048-bin shared-memory histogram of the digit among keys matching the prefix found so far, then
 // one block-wide scan over the bins in descending order finds the digit where the count of larger
@@ -97,20 +97,26 @@ dsa_topk_select(const float* __restrict__ scores, const int* __restrict__ seq_le
     int* o = out + (long long)b * TOPK;
     const int row_pages = (seq_len + PAGE - 1) / PAGE;  // <= MAX_PAGES <= THREADS
     unsigned int page_valid = 0u;
+    bool ok = true;
     if (t < row_pages) {
         const int id = bt[t];
-        const bool ok = id >= 0 && id < num_pages;
+        ok = id >= 0 && id < num_pages;
         pages[t] = ok ? id : -1;
         page_valid = ok ? min(PAGE, seq_len - t * PAGE) : 0;
     }
-    unsigned int n_valid;
-    const unsigned int first = block_exclusive_scan(page_valid, sums, &n_valid);
-    if (t < row_pages) page_first[t] = first;
-    __syncthreads();
+    // Every page id in range (any valid input): one barrier, and token i goes to slot i. Otherwise
+    // a scan places each page's valid tokens after those of the valid pages before it.
+    const bool all_valid = __syncthreads_and(ok);
+    unsigned int n_valid = seq_len;
+    if (!all_valid) {  // block-uniform
+        const unsigned int first = block_exclusive_scan(page_valid, sums, &n_valid);
+        if (t < row_pages) page_first[t] = first;
+        __syncthreads();
+    }
     if (n_valid <= TOPK) {  // every valid token is selected, in token order: no scores needed
         for (int i = t; i < seq_len; i += THREADS) {
             const int p = pages[i / PAGE];
-            if (p >= 0) o[page_first[i / PAGE] + i % PAGE] = p * PAGE + i % PAGE;
+            if (p >= 0) o[(all_valid ? i - i % PAGE : page_first[i / PAGE]) + i % PAGE] = p * PAGE + i % PAGE;
         }
         for (int i = n_valid + t; i < TOPK; i += THREADS) o[i] = -1;
         return;
