@@ -88,7 +88,7 @@ class Choice:
     """Which variant a shape gets on an architecture, and the steps that led there."""
 
     variant: registry.Variant
-    router_says: str | None  # the router's answer (None: no router, or not consulted)
+    router_says: str | None  # the router's first choice (None: no router, or not consulted)
     steps: list[str] = field(default_factory=list)  # why each earlier candidate was passed over
 
 
@@ -186,31 +186,35 @@ class Dispatcher:
         if self.disabled:
             return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"])
         if self.forced is not None:
-            wanted, source, said = self.forced, force_var(self.short), None
+            chain, source, said = (self.forced,), force_var(self.short), None
         else:
             route = self.router(arch)
             if route is None:
                 return Choice(base, None, [f"no router for {arch}: the baseline serves"])
-            wanted, source = route(**axes), f"router for {arch}"
-            said = wanted
+            answer = route(**axes)  # a name, or the region's measured variants best first
+            chain, source = (answer,) if isinstance(answer, str) or answer is None else tuple(answer), f"router for {arch}"
+            said = chain[0] if chain else None
         steps = []
-        if wanted is None or wanted == base.name:
-            return Choice(base, said, steps)
-        try:
-            v = registry.get(self.definition, wanted)
-        except KeyError:
-            known = ", ".join(x.name for x in registry.variants(self.definition))
-            steps.append(f"{source}: names unknown variant {wanted!r} (known: {known}); serving the baseline")
-            return Choice(base, said, steps)
-        why = v.why_not(arch)
-        if why is None and (wanted, arch, tuple(axes.items())) in self._failed:
-            why = "raised on this shape earlier"
-        if why is None and (declined := v.declines(axes)) is not None:
-            why = f"declines {axes}: {declined}"
-        if why is not None:
-            steps.append(f"{source}: {wanted!r} {why}; serving the baseline {base.name!r}")
-            return Choice(base, said, steps)
-        return Choice(v, said, steps)
+        for wanted in chain:
+            if wanted is None or wanted == base.name:
+                return Choice(base, said, steps)
+            try:
+                v = registry.get(self.definition, wanted)
+            except KeyError:
+                known = ", ".join(x.name for x in registry.variants(self.definition))
+                steps.append(f"{source}: names unknown variant {wanted!r} (known: {known})")
+                continue
+            why = v.why_not(arch)
+            if why is None and (wanted, arch, tuple(axes.items())) in self._failed:
+                why = "raised on this shape earlier"
+            if why is None and (declined := v.declines(axes)) is not None:
+                why = f"declines {axes}: {declined}"
+            if why is None:
+                return Choice(v, said, steps)
+            steps.append(f"{source}: {wanted!r} {why}")
+        if steps:
+            steps[-1] += f"; serving the baseline {base.name!r}"
+        return Choice(base, said, steps)
 
     def router(self, arch: str):
         if arch not in self._routers:
@@ -235,11 +239,15 @@ class Dispatcher:
         if e.variant is base:
             raise exc
         self._failed.add((e.variant.name, e.arch, e.axes))
+        nxt = self.choose(e.arch, dict(e.axes))  # the router's next choice for the shape, or the baseline
         self._warn_once(("failed", e.variant.name),
                         f"variant {e.variant.name!r} raised {type(exc).__name__}: {exc} on {dict(e.axes)}; "
-                        f"serving the baseline {base.name!r} for this shape from now on")
-        e.fn, e.variant = base.fn, base
-        return base.fn(*args)
+                        f"serving {'the baseline ' if nxt is base else ''}{nxt.name!r} for this shape from now on")
+        e.fn, e.variant = nxt.fn, nxt
+        try:
+            return nxt.fn(*args)
+        except Exception as again:
+            return self._variant_failed(e, again, args)
 
     def _warn_once(self, key, msg: str) -> None:
         if key not in self._warned:

@@ -84,6 +84,44 @@ def test_exception_falls_back_once_and_remembers(fake):
     torch.testing.assert_close(out, out2)
 
 
+@pytest.fixture
+def chain(fake):
+    """A second fake variant, `second_cpu`, and a router answering (fake_cpu, second_cpu)."""
+    seconds = []
+
+    def fn(q, k, v, state, A_log, a, dt_bias, b, scale):
+        seconds.append(q.shape[0])
+        return torch.full((q.shape[0], 1, 8, 128), 5.0, dtype=torch.bfloat16), state
+
+    registry.register(Variant(DECODE, "second_cpu", fn, "torch", ("cpu", "meta"),
+                              supports=lambda f: f["batch_size"] <= 4))
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", lambda batch_size: ("fake_cpu", "second_cpu"))
+    d._warned.clear()  # warnings are once per process: earlier tests said theirs
+    yield (*fake, seconds)
+    registry.unregister(DECODE, "second_cpu")
+
+
+def test_a_declined_shape_goes_to_the_next_variant_of_the_chain(chain):
+    calls, behaviour, seconds = chain
+    behaviour["max_batch"] = 2
+    out, _ = kdispatch.ops.gdn_decode(*decode_args(3))
+    assert calls == [] and seconds == [3] and torch.all(out == 5)
+    out, _ = kdispatch.ops.gdn_decode(*decode_args(6))  # both decline: the baseline
+    assert seconds == [3] and not torch.all(out == 5) and not torch.all(out == 7)
+    c = kdispatch.ops.DISPATCHERS["gdn_decode"].explain("cpu", {"batch_size": 6})
+    assert c.router_says == "fake_cpu" and len(c.steps) == 2 and "serving the baseline" in c.steps[-1]
+
+
+def test_a_raising_variant_hands_its_shape_to_the_next_of_the_chain(chain):
+    calls, behaviour, seconds = chain
+    behaviour["raise"] = True
+    with pytest.warns(RuntimeWarning, match="serving 'second_cpu'"):
+        out, _ = kdispatch.ops.gdn_decode(*decode_args(2))
+    out2, _ = kdispatch.ops.gdn_decode(*decode_args(2))
+    assert calls == [2] and seconds == [2, 2] and torch.all(out == 5) and torch.all(out2 == 5)
+
+
 def test_unknown_variant_name_goes_to_baseline(fake):
     d = kdispatch.ops.DISPATCHERS["gdn_decode"]
     d.set_router("cpu", lambda batch_size: "no_such_variant")

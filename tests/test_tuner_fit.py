@@ -89,6 +89,25 @@ def test_unseen_shapes_route_to_their_region(tmp_path):
     assert len(regions) == 2
 
 
+def test_regions_carry_fallback_chains_inside_the_measured_range(tmp_path):
+    """Where A and B both beat the baseline, A's region names B next; beyond the tuned batch sizes
+    (1..128) the router trusts only the region's own choice."""
+    def lat(name, axes):
+        b = axes["batch_size"]
+        return {"flashinfer": 100.0, "A": 50.0 if b < 16 else 200.0, "B": 70.0 if b < 16 else 60.0}[name]
+
+    pol = fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90"))
+    assert [(r.variant, r.fallbacks) for r in pol.regions] == [("A", ["B"]), ("B", [])]
+    assert pol.measured == {"batch_size": (1, 128)}
+    assert pol.chain({"batch_size": 4}) == ("A", "B") and pol.chain({"batch_size": 64}) == ("B",)
+    assert pol.chain({"batch_size": 0}) == ("A",), "below the measured range: no fallbacks"
+    route, regions = codegen.load_route(codegen.write(pol, tmp_path))
+    for b in (0, 1, 4, 12, 13, 128, 129, 5000):
+        answer = route(batch_size=b)
+        assert ((answer,) if isinstance(answer, str) else answer) == pol.chain({"batch_size": b}), b
+    assert regions[0]["fallbacks"] == ("B",)
+
+
 def test_recovers_a_two_feature_prefill_policy():
     # A wins on short sequences (mean <= 64 tokens), B on long ones once the batch has >= 1024 tokens.
     wl = []

@@ -7,9 +7,11 @@ The module imports nothing and defines
 
 `route` computes the derived features it needs (tuner/features.py), then one `if` per region
 whose choice is not the baseline (regions are disjoint boxes, so their order does not matter),
-then returns the baseline. The dispatcher calls it once per new tensor signature and still falls
-back to the baseline when the named variant is unavailable, declines the shape (`supports`) or
-fails. Everything in the file comes from the store (no clock, no host names), sorted, so the same
+then returns the baseline. A region with other admissible variants returns them all, fastest
+first, when the shape lies within the measured range of every feature (`MEASURED`); beyond it,
+only the region's own choice. The dispatcher calls it once per new tensor signature and takes the
+first variant of the answer that is available, accepts the shape (`supports`) and has not failed
+on it, else the baseline. Everything in the file comes from the store (no clock, no host names), sorted, so the same
 store gives byte-identical files.
 """
 from __future__ import annotations
@@ -53,12 +55,22 @@ def _speedup(stats: dict) -> str:
     return f"{geo:.2f}x ({lo:.2f}x .. {hi:.2f}x)"
 
 
+def _chains(policy: Policy) -> bool:
+    return any(r.fallbacks for r in policy.regions if r.variant != policy.baseline)
+
+
 def _used_features(definition: str, policy: Policy) -> list[str]:
-    used = set()
+    used = set(policy.measured) if _chains(policy) else set()
     for r in policy.regions:
         if r.variant != policy.baseline:
             used.update(r.bounds)
     return [f for f in defs.get(definition).spec.derived if f in used]
+
+
+def _answer(policy: Policy, r) -> str:
+    if not r.fallbacks:
+        return repr(r.variant)
+    return f"{(r.variant, *r.fallbacks)!r} if inside else {r.variant!r}"
 
 
 def render(policy: Policy) -> str:
@@ -97,7 +109,8 @@ def render(policy: Policy) -> str:
         "# fit         threshold splits over " + ", ".join(feats.fit_names(d)) + "; a variant replaces the baseline",
         "#             in a region only where it passed and was faster on every workload there by more than",
         f"#             the measured spread (and {policy.params.min_gain:.0%}); the dispatcher still checks the variant's `supports`",
-        "#             and availability and falls back to the baseline",
+        "#             and availability and takes the region's next admissible variant (inside the measured",
+        "#             range of every feature), else the baseline",
     ]
     gains = {v: required_gain(policy.params, d, v) for v in (t.variants if t is not None else ())}
     noisy = sorted((v, g) for v, g in gains.items() if g > policy.params.min_gain)
@@ -117,14 +130,19 @@ def render(policy: Policy) -> str:
         cond = _cond(d, r.bounds) or "every shape"
         who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
         sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {policy.baseline}"
-        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}")
+        then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
+        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}")
+    if policy.measured:
+        lines.append("# measured    " + ", ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()))
     lines += ["", "REGIONS = ("]
     for i, r in enumerate(policy.regions, 1):
         bounds = {f: tuple(b) for f, b in sorted(r.bounds.items())}
         sp = r.stats.get("speedup")
         lines.append(f"    {{'region': {i}, 'variant': {r.variant!r}, 'bounds': {bounds!r}, "
-                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, 'speedup': {tuple(sp) if sp else None!r}}},")
-    lines += [")", "", "", f"def route({', '.join(axes)}):"]
+                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, 'speedup': {tuple(sp) if sp else None!r}, "
+                     f"'fallbacks': {tuple(r.fallbacks)!r}}},")
+    lines += [")", "", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads",
+              "", "", f"def route({', '.join(axes)}):"]
     body = []
     used = _used_features(d, policy)
     consts = feats.constants_used(d, used)
@@ -133,6 +151,9 @@ def render(policy: Policy) -> str:
     for f in used:
         der = defs.get(d).spec.derived[f]
         body.append(f"    {f} = {der.expr}  # {der.doc}")
+    if _chains(policy):
+        inside = " and ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()) or "True"
+        body.append(f"    inside = {inside}  # within the measured ranges: fallbacks apply")
     unconditional = False
     for i, r in enumerate(policy.regions, 1):
         if r.variant == policy.baseline:
@@ -141,9 +162,9 @@ def render(policy: Policy) -> str:
         body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, "
                     f"{_speedup(r.stats)} over {policy.baseline}")
         if cond:
-            body += [f"    if {cond}:", f"        return {r.variant!r}"]
+            body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
         else:
-            body.append(f"    return {r.variant!r}")
+            body.append(f"    return {_answer(policy, r)}")
             unconditional = True
     if not unconditional:
         body.append(f"    return {policy.baseline!r}")

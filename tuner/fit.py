@@ -37,6 +37,12 @@ to the earlier feature and the lower threshold, so the result is deterministic. 
 midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
 them go to the nearer side and shapes beyond the tuned range get the outermost region's choice.
 
+Fallback chains. Each region also lists its other admissible variants, by weighted latency there
+(`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
+dispatcher takes the next one instead of the baseline. Only within the measured range of every
+numeric feature (`Policy.measured`): beyond it no variant was measured at all, so only the nearest
+region's best variant is tried (if it accepts the shape), then the baseline.
+
 Generalisation (`heldout_regret`): k-fold over workloads (k = 5, folds by uuid hash): fit on the
 other folds, route the held-out workloads, and compare the chosen variant's latency with the best
 correct one measured there and with the baseline.
@@ -162,6 +168,9 @@ class Region:
     variant: str
     uuids: list[str]
     stats: dict = field(default_factory=dict)
+    # the region's other admissible variants, fastest first: where `variant` declines a shape (or is
+    # unavailable, or raises) the dispatcher tries these before the baseline
+    fallbacks: list[str] = field(default_factory=list)
 
     def contains(self, f: dict) -> bool:
         for name, (lo, hi) in self.bounds.items():
@@ -181,11 +190,23 @@ class Policy:
     heldout: dict | None = None
     params: FitParams = field(default_factory=FitParams)
 
+    # feature -> (min, max) over the fitted workloads, for every numeric fit feature
+    measured: dict[str, tuple[int, int]] = field(default_factory=dict)
+
     def route(self, features: dict) -> str:
+        return self.chain(features)[0]
+
+    def inside(self, features: dict) -> bool:
+        """Is the shape within the measured range of every feature (no extrapolation)?"""
+        return all(lo <= features[f] <= hi for f, (lo, hi) in self.measured.items())
+
+    def chain(self, features: dict) -> tuple[str, ...]:
+        """The region's choice, then its fallbacks (only inside the measured ranges: beyond them
+        nothing but the nearest region's best measured variant is trusted, then the baseline)."""
         for r in self.regions:
             if r.contains(features):
-                return r.variant
-        return self.baseline
+                return (r.variant, *r.fallbacks) if self.inside(features) else (r.variant,)
+        return (self.baseline,)
 
 
 class _Matrix:
@@ -226,6 +247,14 @@ class _Matrix:
         costs = np.where(good, self.cost[:, idx].sum(axis=1), np.inf)
         j = int(np.argmin(costs))  # first minimum: baseline, then by name
         return j, float(costs[j])
+
+    def runners_up(self, idx: np.ndarray, chosen: int) -> list[str]:
+        """The variants other than `chosen` and the baseline admissible on every workload of idx,
+        by weighted latency there (ties by name)."""
+        good = self.ok[:, idx].all(axis=1)
+        costs = self.cost[:, idx].sum(axis=1)
+        return [self.names[j] for j in sorted(range(1, len(self.names)), key=lambda j: (costs[j], self.names[j]))
+                if good[j] and j != chosen]
 
     def splits(self, idx: np.ndarray, min_leaf: float):
         """Yields (feature index, threshold, left idx, right idx, left cost, right cost) for every
@@ -280,13 +309,16 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
         boxes = _leaves(tree, {})
         boxes = _merge_boxes(boxes, m.fit)
         for bounds, vj, idx in boxes:
-            regions.append(Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)]))
+            regions.append(Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)],
+                                  fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else []))
     else:
         regions.append(Region({}, table.baseline, []))
     regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
     for r in regions:
         r.stats = region_stats(table, r)
-    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params)
+    measured = {f: (int(m.X[:, i].min()), int(m.X[:, i].max())) for i, f in enumerate(m.fit)
+                if n and not feats.is_bool(table.definition, f)}
+    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured)
     if with_heldout:
         pol.heldout = heldout_regret(table, params)
     return pol

@@ -15,17 +15,22 @@
 # fit         threshold splits over num_tokens; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
-#             and availability and falls back to the baseline
+#             and availability and takes the region's next admissible variant (inside the measured
+#             range of every feature), else the baseline
 # held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
 #             12.340x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. every shape: cuda_splitk, 23 workloads, 12.44x (10.96x .. 13.83x) over reference
+#   1. every shape: cuda_splitk, 23 workloads, 12.44x (10.96x .. 13.83x) over reference; then triton_splitk
+# measured    1 <= num_tokens <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk', 'bounds': {}, 'workloads': 23, 'speedup': (10.96, 12.44, 13.83)},
+    {'region': 1, 'variant': 'cuda_splitk', 'bounds': {}, 'workloads': 23, 'speedup': (10.96, 12.44, 13.83), 'fallbacks': ('triton_splitk',)},
 )
+
+MEASURED = {'num_tokens': (1, 8)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(num_tokens, num_pages):
+    inside = 1 <= num_tokens <= 8  # within the measured ranges: fallbacks apply
     # region 1: 23 workloads, 12.44x (10.96x .. 13.83x) over reference
-    return 'cuda_splitk'
+    return ('cuda_splitk', 'triton_splitk') if inside else 'cuda_splitk'

@@ -19,26 +19,32 @@
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
-#             and availability and falls back to the baseline
+#             and availability and takes the region's next admissible variant (inside the measured
+#             range of every feature), else the baseline
 # held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
 #             41.743x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. not kv_fits_topk: cuda_wgmma_radix, 59 workloads, 29.89x (20.79x .. 42.43x) over reference
-#   2. kv_fits_topk: triton_passthrough, 69 workloads, 81.75x (49.41x .. 144.51x) over reference
+#   1. not kv_fits_topk: cuda_wgmma_radix, 59 workloads, 29.89x (20.79x .. 42.43x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
+#   2. kv_fits_topk: triton_passthrough, 69 workloads, 81.75x (49.41x .. 144.51x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+# measured    1 <= batch_size <= 31, 1 <= max_num_pages <= 91, 1 <= kv_pages <= 2730
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (20.79, 29.89, 42.43)},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 69, 'speedup': (49.41, 81.75, 144.51)},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (20.79, 29.89, 42.43), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 69, 'speedup': (49.41, 81.75, 144.51), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
 )
+
+MEASURED = {'batch_size': (1, 31), 'max_num_pages': (1, 91), 'kv_pages': (1, 2730)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, max_num_pages, num_pages):
     page_size, topk = 64, 2048  # constant axes
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
+    kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
+    inside = 1 <= batch_size <= 31 and 1 <= max_num_pages <= 91 and 1 <= kv_pages <= 2730  # within the measured ranges: fallbacks apply
     # region 1: 59 workloads, 29.89x (20.79x .. 42.43x) over reference
     if not kv_fits_topk:
-        return 'cuda_wgmma_radix'
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 2: 69 workloads, 81.75x (49.41x .. 144.51x) over reference
     if kv_fits_topk:
-        return 'triton_passthrough'
+        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
     return 'reference'

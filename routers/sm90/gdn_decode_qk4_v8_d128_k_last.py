@@ -16,17 +16,22 @@
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
-#             and availability and falls back to the baseline
+#             and availability and takes the region's next admissible variant (inside the measured
+#             range of every feature), else the baseline
 # held out    5-fold over workloads: regret vs the best variant 0.12% mean, 0.77% max;
 #             1.210x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. every shape: cuda_decode_warp_rows, 54 workloads, 1.38x (1.10x .. 2.17x) over flashinfer
+#   1. every shape: cuda_decode_warp_rows, 54 workloads, 1.38x (1.10x .. 2.17x) over flashinfer; then triton_decode_splitv
+# measured    1 <= batch_size <= 64
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows', 'bounds': {}, 'workloads': 54, 'speedup': (1.1, 1.38, 2.17)},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows', 'bounds': {}, 'workloads': 54, 'speedup': (1.1, 1.38, 2.17), 'fallbacks': ('triton_decode_splitv',)},
 )
+
+MEASURED = {'batch_size': (1, 64)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size):
+    inside = 1 <= batch_size <= 64  # within the measured ranges: fallbacks apply
     # region 1: 54 workloads, 1.38x (1.10x .. 2.17x) over flashinfer
-    return 'cuda_decode_warp_rows'
+    return ('cuda_decode_warp_rows', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows'

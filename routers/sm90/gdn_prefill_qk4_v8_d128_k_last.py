@@ -16,18 +16,22 @@
 # fit         threshold splits over total_seq_len, mean_seq_len, num_seqs; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
-#             and availability and falls back to the baseline
+#             and availability and takes the region's next admissible variant (inside the measured
+#             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
 # held out    5-fold over workloads: regret vs the best variant 0.54% mean, 34.03% max;
 #             1.318x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
 #   1. mean_seq_len <= 138: cuda_prefill_thread_rows, 58 workloads, 2.83x (1.05x .. 8.09x) over flashinfer
 #   2. mean_seq_len > 138: flashinfer (baseline), 42 workloads
+# measured    6 <= total_seq_len <= 8192, 6 <= mean_seq_len <= 2854, 1 <= num_seqs <= 57
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138)}, 'workloads': 58, 'speedup': (1.05, 2.83, 8.09)},
-    {'region': 2, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0)},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138)}, 'workloads': 58, 'speedup': (1.05, 2.83, 8.09), 'fallbacks': ()},
+    {'region': 2, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
+
+MEASURED = {'total_seq_len': (6, 8192), 'mean_seq_len': (6, 2854), 'num_seqs': (1, 57)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):

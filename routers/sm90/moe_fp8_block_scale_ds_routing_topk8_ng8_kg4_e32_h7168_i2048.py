@@ -16,29 +16,34 @@
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
-#             and availability and falls back to the baseline
+#             and availability and takes the region's next admissible variant (inside the measured
+#             range of every feature), else the baseline
 # held out    5-fold over workloads: regret vs the best variant 0.19% mean, 3.68% max;
 #             17.733x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions
-#   1. seq_len <= 71: triton_grouped_m16, 15 workloads, 23.01x (10.09x .. 27.65x) over reference
-#   2. 71 < seq_len <= 6424: triton_grouped_m32, 2 workloads, 26.02x (24.72x .. 27.39x) over reference
-#   3. seq_len > 6424: triton_grouped_m64, 2 workloads, 10.42x (10.28x .. 10.56x) over reference
+#   1. seq_len <= 71: triton_grouped_m16, 15 workloads, 23.01x (10.09x .. 27.65x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   2. 71 < seq_len <= 6424: triton_grouped_m32, 2 workloads, 26.02x (24.72x .. 27.39x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   3. seq_len > 6424: triton_grouped_m64, 2 workloads, 10.42x (10.28x .. 10.56x) over reference; then triton_grouped_m32, triton_grouped_m16
+# measured    1 <= seq_len <= 14107
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 71)}, 'workloads': 15, 'speedup': (10.09, 23.01, 27.65)},
-    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (71, 6424)}, 'workloads': 2, 'speedup': (24.72, 26.02, 27.39)},
-    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (6424, None)}, 'workloads': 2, 'speedup': (10.28, 10.42, 10.56)},
+    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 71)}, 'workloads': 15, 'speedup': (10.09, 23.01, 27.65), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (71, 6424)}, 'workloads': 2, 'speedup': (24.72, 26.02, 27.39), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (6424, None)}, 'workloads': 2, 'speedup': (10.28, 10.42, 10.56), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
 )
+
+MEASURED = {'seq_len': (1, 14107)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(seq_len):
+    inside = 1 <= seq_len <= 14107  # within the measured ranges: fallbacks apply
     # region 1: 15 workloads, 23.01x (10.09x .. 27.65x) over reference
     if seq_len <= 71:
-        return 'triton_grouped_m16'
+        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
     # region 2: 2 workloads, 26.02x (24.72x .. 27.39x) over reference
     if 71 < seq_len <= 6424:
-        return 'triton_grouped_m32'
+        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
     # region 3: 2 workloads, 10.42x (10.28x .. 10.56x) over reference
     if seq_len > 6424:
-        return 'triton_grouped_m64'
+        return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
     return 'reference'
