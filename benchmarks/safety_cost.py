@@ -94,7 +94,8 @@ def activated(sets: list) -> list:
 def prefill_guard(quick: bool, l2: int) -> list[dict]:
     here = kdispatch.arch.local_arch()
     pairs = {}  # library variant -> (its kdispatch variant, the bare call, bare-input maker)
-    for name, bare, prep in (("flashinfer", flashinfer_bare, activated), ("fla_chunk", lambda: fla_call("gdn_prefill"), None)):
+    for name, bare, prep in (("flashinfer", flashinfer_bare, activated),
+                             ("fla_chunk", lambda: fla_call("gdn_prefill"), None)):
         v = registry.get("gdn_prefill", name)
         if v.why_not(here) is None:
             pairs[name] = (v.fn, bare(), prep)

@@ -192,7 +192,8 @@ class Dispatcher:
             if route is None:
                 return Choice(base, None, [f"no router for {arch}: the baseline serves"])
             answer = route(**axes)  # a name, or the region's measured variants best first
-            chain, source = (answer,) if isinstance(answer, str) or answer is None else tuple(answer), f"router for {arch}"
+            chain = (answer,) if isinstance(answer, str) or answer is None else tuple(answer)
+            source = f"router for {arch}"
             said = chain[0] if chain else None
         steps = []
         for wanted in chain:

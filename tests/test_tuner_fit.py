@@ -14,6 +14,7 @@ import torch
 import kdispatch
 from kdispatch import registry
 from kdispatch.registry import Variant
+from kdispatch.tuner import cli as tcli
 from kdispatch.tuner import codegen, features, flows
 from kdispatch.tuner import fit as fitting
 from kdispatch.tuner.store import Result, Store
@@ -106,6 +107,28 @@ def test_regions_carry_fallback_chains_inside_the_measured_range(tmp_path):
         answer = route(batch_size=b)
         assert ((answer,) if isinstance(answer, str) else answer) == pol.chain({"batch_size": b}), b
     assert regions[0]["fallbacks"] == ("B",)
+
+
+def test_explain_shows_the_chain_and_when_it_is_not_tried(tmp_path, capsys):
+    def lat(name, axes):
+        b = axes["batch_size"]
+        return {"flashinfer": 100.0, "A": 50.0 if b < 16 else 200.0, "B": 70.0 if b < 16 else 60.0}[name]
+
+    codegen.write(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90")),
+                  tmp_path)
+    parser = __import__("argparse").ArgumentParser()
+    tcli.add_commands(parser.add_subparsers(dest="command"))
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    try:
+        for batch, said in ((4, "-> A, B (the first that runs here"),
+                            (0, "only the region's choice is tried, not its fallbacks (B)")):
+            args = parser.parse_args(["explain", "gdn_decode", f"batch_size={batch}", "--arch", "sm90",
+                                      "--routers", str(tmp_path)])
+            args.func(args)
+            assert said in capsys.readouterr().out, batch
+    finally:
+        d._routers.pop("sm90", None)  # back to the committed router
+        d.reset()
 
 
 def test_recovers_a_two_feature_prefill_policy():

@@ -139,8 +139,8 @@ def render(policy: Policy) -> str:
         bounds = {f: tuple(b) for f, b in sorted(r.bounds.items())}
         sp = r.stats.get("speedup")
         lines.append(f"    {{'region': {i}, 'variant': {r.variant!r}, 'bounds': {bounds!r}, "
-                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, 'speedup': {tuple(sp) if sp else None!r}, "
-                     f"'fallbacks': {tuple(r.fallbacks)!r}}},")
+                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, "
+                     f"'speedup': {tuple(sp) if sp else None!r}, 'fallbacks': {tuple(r.fallbacks)!r}}},")
     lines += [")", "", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads",
               "", "", f"def route({', '.join(axes)}):"]
     body = []
