@@ -90,6 +90,7 @@ class Choice:
     variant: registry.Variant
     router_says: str | None  # the router's first choice (None: no router, or not consulted)
     steps: list[str] = field(default_factory=list)  # why each earlier candidate was passed over
+    chain: tuple[str, ...] = ()  # every variant the router named, in the order they are tried
 
 
 class Dispatcher:
@@ -186,7 +187,7 @@ class Dispatcher:
         if self.disabled:
             return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"])
         if self.forced is not None:
-            chain, source, said = (self.forced,), force_var(self.short), None
+            chain, source, said, named = (self.forced,), force_var(self.short), None, ()
         else:
             route = self.router(arch)
             if route is None:
@@ -195,10 +196,11 @@ class Dispatcher:
             chain = (answer,) if isinstance(answer, str) or answer is None else tuple(answer)
             source = f"router for {arch}"
             said = chain[0] if chain else None
+            named = tuple(n for n in chain if n is not None)
         steps = []
         for wanted in chain:
             if wanted is None or wanted == base.name:
-                return Choice(base, said, steps)
+                return Choice(base, said, steps, named)
             try:
                 v = registry.get(self.definition, wanted)
             except KeyError:
@@ -211,11 +213,11 @@ class Dispatcher:
             if why is None and (declined := v.declines(axes)) is not None:
                 why = f"declines {axes}: {declined}"
             if why is None:
-                return Choice(v, said, steps)
+                return Choice(v, said, steps, named)
             steps.append(f"{source}: {wanted!r} {why}")
         if steps:
             steps[-1] += f"; serving the baseline {base.name!r}"
-        return Choice(base, said, steps)
+        return Choice(base, said, steps, named)
 
     def router(self, arch: str):
         if arch not in self._routers:

@@ -205,11 +205,9 @@ def cmd_explain(args) -> int:
     f = features.compute(d.name, axes)
     print(f"{d.short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
     choice = dispatcher.explain(arch, axes)
-    route = None if dispatcher.forced or dispatcher.disabled else dispatcher.router(arch)
-    answer = route(**axes) if route is not None else None
-    chained = isinstance(answer, (tuple, list)) and len(answer) > 1
+    chained = len(choice.chain) > 1
     if chained:
-        print(f"router {path} -> {', '.join(answer)} (the first that runs here and accepts the shape)")
+        print(f"router {path} -> {', '.join(choice.chain)} (the first that runs here and accepts the shape)")
     elif choice.router_says is not None:
         print(f"router {path} -> {choice.router_says}")
     for step in choice.steps:
@@ -224,7 +222,7 @@ def cmd_explain(args) -> int:
         print(f"region {region['region']}: {cond} -> {region['variant']} (tuned on {region['workloads']} workloads"
               + (f"; speedup over the baseline {sp[1]:.2f}x geomean, {sp[0]:.2f}x .. {sp[2]:.2f}x" if sp else "")
               + ")")
-        if region.get("fallbacks") and answer is not None and not chained:
+        if region.get("fallbacks") and choice.router_says is not None and not chained:
             print("outside the tuned range of a feature: only the region's choice is tried, not its fallbacks "
                   f"({', '.join(region['fallbacks'])})")
     try:

@@ -11,8 +11,8 @@ then returns the baseline. A region with other admissible variants returns them 
 first, when the shape lies within the measured range of every feature (`MEASURED`); beyond it,
 only the region's own choice. The dispatcher calls it once per new tensor signature and takes the
 first variant of the answer that is available, accepts the shape (`supports`) and has not failed
-on it, else the baseline. Everything in the file comes from the store (no clock, no host names), sorted, so the same
-store gives byte-identical files.
+on it, else the baseline. Everything in the file comes from the store (no clock, no host names),
+sorted, so the same store gives byte-identical files.
 """
 from __future__ import annotations
 
