@@ -13,7 +13,9 @@ beside the JSON in `kdispatch/definitions/<op_type>/spec.py`:
   value rules of index inputs that the checked mode (KDISPATCH_CHECK=1) enforces;
 - timing facts: which input rotates between timed sets and how, the bytes a set reads, whether the
   reference can be captured in a CUDA graph, how much a variant's time varies between processes;
-- the floor: bytes and FLOPs one call cannot avoid, for the benchmarks' fraction-of-floor numbers.
+- the floor: bytes and FLOPs one call cannot avoid, for the benchmarks' fraction-of-floor numbers;
+- coverage: the ranges of shapes serving engines send, beyond the contest's (`traces/coverage.py`
+  samples a tuned coverage set and a held-out set from them).
 
 Adding a definition = its JSON + a reference module + a spec + variants; nothing in `tuner/` changes.
 Hooks take inputs by name (`args["state"]`), so a spec never depends on argument positions.
@@ -60,6 +62,27 @@ class Floor:
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """The shapes serving engines send: what `traces/coverage.py` samples, log-uniformly, into a
+    coverage set (tuned on) and a held-out set (never tuned on).
+
+    `ranges`: variable axis -> (lo, hi), inclusive. `points`: shapes in the coverage set (a
+    log-spaced grid when one axis varies; else every corner of the box, then stratified draws);
+    `heldout`: shapes in the held-out set (seeded draws). `complete(axes)` returns the drawn axes
+    with every other variable axis filled in (a cache pool's size), or None where the combination
+    cannot occur (more sequences than tokens). `mixes`: ways to fill the inputs of one shape (e.g.
+    prefill sequence-length mixes), taken in turn; `mix(axes, name, g)` -> {input: tensor} stored
+    with the workload (an empty dict: the spec's builder draws the inputs)."""
+
+    ranges: dict[str, tuple[int, int]]
+    points: int
+    heldout: int
+    complete: Callable[[dict], dict | None] = dict
+    mixes: tuple[str, ...] = ("random",)
+    mix: Callable | None = None
+
+
+@dataclass(frozen=True)
 class Spec:
     short: str  # kdispatch.ops.<short>, and the name users type
     family: str  # kernels/<backend>/<family>/ holds its variants
@@ -86,6 +109,7 @@ class Spec:
     # (args) -> None, or (argument, what is wrong at its first bad position): the value rules of index
     # inputs, which kernels otherwise treat as padding; run on every call in the checked mode (syncs)
     check_values: Callable[[dict], tuple[str, str] | None] | None = None
+    coverage: Coverage | None = None  # the shapes engines send (tuned beyond the contest's)
 
     def tolerance(self, output: str) -> Tol:
         return self.tolerances.get(output, DEFAULT_TOL)

@@ -213,13 +213,48 @@ def test_build_is_deterministic_and_shipped_files_are_current(tmp_path):
     spec = importlib.util.spec_from_file_location("traces_build", TRACES / "build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    build.build(AXES_DIR, tmp_path)
+    counts = build.build(AXES_DIR, tmp_path)
     built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    shipped = sorted(p.relative_to(TRACES) for p in TRACES.rglob("*.json*"))
+    shipped = sorted(p.relative_to(TRACES) for root in ("", *build.SAMPLED_SETS) for pattern in build.DATASET_FILES
+                     for p in (TRACES / root).glob(pattern))
     assert built == shipped
+    assert all(counts[s] for s in build.SAMPLED_SETS)
     for rel in built:
         assert (tmp_path / rel).read_bytes() == (TRACES / rel).read_bytes(), \
             f"traces/{rel} is stale: rerun python traces/build.py"
+
+
+def test_coverage_and_heldout_sets_span_the_spec_ranges():
+    seen = {w.uuid for name in definitions.names() for w in W.load_workloads(TRACES, name)}
+    for which in ("coverage", "heldout"):
+        for name in definitions.names():
+            cov = definitions.get(name).spec.coverage
+            ws = W.load_workloads(TRACES / which, name)
+            assert len(ws) == (cov.points if which == "coverage" else cov.heldout), (which, name)
+            uuids = {w.uuid for w in ws}
+            assert len(uuids) == len(ws) and not uuids & seen, "uuids repeat within or across sets"
+            seen |= uuids
+            for axis, (lo, hi) in cov.ranges.items():
+                values = [w.axes[axis] for w in ws]
+                assert lo <= min(values) and max(values) <= hi, (which, name, axis)
+                if which == "coverage":  # the grid or the corners reach both ends
+                    assert (min(values), max(values)) == (lo, hi), (name, axis)
+            for w in ws:
+                assert cov.complete(dict(w.axes)) == dict(w.axes)
+
+
+def test_prefill_coverage_mixes_are_valid_partitions():
+    ws = W.load_workloads(TRACES / "coverage", "gdn_prefill")
+    stored = [w for w in ws if "safetensors" in str(w.inputs.get("cu_seqlens"))]
+    assert stored, "no skewed or equal mixes"
+    for w in ws:
+        if w.axes["total_seq_len"] > 4096:
+            continue
+        args = dict(zip(definitions.get("gdn_prefill").inputs,
+                        W.materialize("gdn_prefill", w, trace_root=TRACES / "coverage")))
+        cu, total, n = args["cu_seqlens"], w.axes["total_seq_len"], w.axes["num_seqs"]
+        lens = cu[1:] - cu[:-1]
+        assert cu.shape[0] == n + 1 and int(cu[0]) == 0 and int(cu[-1]) == total and bool((lens >= 1).all())
 
 
 def test_shipped_definitions_are_the_kdispatch_definitions():

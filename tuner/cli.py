@@ -1,13 +1,15 @@
 """The tuning commands of `kdispatch` (added to its parser by kdispatch/cli.py):
 
-    kdispatch tune --workloads traces/ [--definitions D ...] [--variants V ...] [--device cuda|cuda:N[,M]]
+    kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ...] [--device cuda|cuda:N[,M]]
                    [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
-    kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR]
+    kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
-    kdispatch bench --workloads DIR [--definitions D ...] [--device ...] [--quick] [--json PATH]
+    kdispatch bench --workloads DIR [DIR ...] [--definitions D ...] [--device ...] [--quick] [--json PATH]
     kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
     kdispatch add <variant.py | solution.json> [--author A] [--parent V] [--archs sm90 ...] [--force]
 
+Workload sets: `tune` measures the contest's (traces/) and the coverage set of the shapes engines
+send (traces/coverage/) unless --workloads names others; traces/heldout/ is for `bench` only.
 Stores: `tune` writes `tuner/results/<device-slug>.sqlite` (git-ignored) and its committed text
 twin `tuner/results/<device-slug>.jsonl`; `route`, `explain` and `report` read
 every store under tuner/results/ by default (no GPU needed). `--quick` (a smoke run: 6 workloads
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 
+TUNE_SETS = ("traces", "traces/coverage")  # the contest's workloads and the coverage of what engines send
 DEFAULT_REPORT_DIR = "kdispatch-report"  # under the current folder: never a tracked file unless asked
 
 
@@ -36,7 +39,8 @@ def _store_arg(p, many=True):
 
 def add_commands(sub) -> None:
     p = sub.add_parser("tune", help="measure every variant on every workload, then compile the routers")
-    p.add_argument("--workloads", default="traces", help="FlashInfer-Bench trace set folder (default: traces)")
+    p.add_argument("--workloads", nargs="+", default=list(TUNE_SETS), metavar="DIR",
+                   help=f"FlashInfer-Bench trace set folders (default: {' '.join(TUNE_SETS)})")
     _defs_arg(p)
     p.add_argument("--variants", nargs="+", metavar="V", help="only these variants (the baseline is always measured)")
     p.add_argument("--device", default="cuda", help="cuda (every visible GPU, one worker each), cuda:N[,M], or cpu")
@@ -57,7 +61,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="routers folder (default: routers/)")
     p.add_argument("--arch", help="only this architecture (default: every one in the store)")
     _defs_arg(p)
-    p.add_argument("--workloads", help="fit on the workloads of this trace set only (default: all in the store)")
+    p.add_argument("--workloads", nargs="+", metavar="DIR",
+                   help="fit on the workloads of these trace sets only (default: all in the store)")
     p.set_defaults(func=cmd_route)
 
     p = sub.add_parser("explain", help="which variant the router picks for a shape, and why")
@@ -69,7 +74,8 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("bench", help="measure every variant and the routed op on a workload set (a table)")
-    p.add_argument("--workloads", default="traces", help="FlashInfer-Bench trace set folder")
+    p.add_argument("--workloads", nargs="+", default=["traces"], metavar="DIR",
+                   help="FlashInfer-Bench trace set folders (default: traces; traces/heldout was never tuned on)")
     _defs_arg(p)
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true")
@@ -115,9 +121,9 @@ def _stores(args):
 
 
 def _check_workloads(args) -> None:
-    root = Path(args.workloads)
-    if not (root / "workloads").is_dir():
-        _fail(args, f"{root} is not a FlashInfer-Bench trace set (no folder {root / 'workloads'})")
+    for root in map(Path, args.workloads):
+        if not (root / "workloads").is_dir():
+            _fail(args, f"{root} is not a FlashInfer-Bench trace set (no folder {root / 'workloads'})")
 
 
 def cmd_tune(args) -> int:
@@ -141,6 +147,7 @@ def cmd_route(args) -> int:
     if args.workloads:
         from kdispatch import definitions as defs
 
+        _check_workloads(args)
         uuids = {d: [w["uuid"] for w in workload_dicts(args.workloads, d)] for d in defs.names()}
     done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout)
     if not done:

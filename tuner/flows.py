@@ -43,7 +43,7 @@ class TuneResult:
     complete: bool = True
 
 
-def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", store: Store | str | None = None,
+def tune(roots, *, definitions=None, variants=None, device: str = "cuda", store: Store | str | None = None,
          out=None, quick: bool = False, force: bool = False, trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None) -> TuneResult:
@@ -61,7 +61,7 @@ def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", s
         store = Store.open(path)
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
-    plans = [plan(store, eid, env["arch"], trace_root, d, set(variants) if variants else None, quick, force)
+    plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force)
              for d in names]
     total = sum(len(p.pending) for p in plans)
     progress = Progress(total, stream)
@@ -84,7 +84,7 @@ def tune(trace_root, *, definitions=None, variants=None, device: str = "cuda", s
     result.complete = True
     if total:
         # Each GPU worker sees exactly its GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
-        jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", trace_root, quick,
+        jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", quick,
                          trials, executor)
         deadline = t0 + 60 * max_minutes if max_minutes else None
         previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
@@ -189,7 +189,7 @@ def open_stores(paths=None) -> Store:
     return merged
 
 
-def bench(trace_root, *, definitions=None, variants=None, device: str = "cuda", quick: bool = False,
+def bench(roots, *, definitions=None, variants=None, device: str = "cuda", quick: bool = False,
           trials: int | None = None, timeout: float = 300.0, stream=None, in_process: bool | None = None
           ) -> tuple[Store, dict]:
     """Measures every variant that runs here (or only `variants`; the baseline always) and the routed
@@ -200,7 +200,7 @@ def bench(trace_root, *, definitions=None, variants=None, device: str = "cuda", 
     store = Store(":memory:")
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
-    plans = [plan(store, eid, env["arch"], trace_root, d, variants, quick, True, include_routed=True) for d in names]
+    plans = [plan(store, eid, env["arch"], roots, d, variants, quick, True, include_routed=True) for d in names]
     info = {p.definition: p for p in plans}
 
     def on_row(definition: str, row: dict) -> None:
@@ -208,7 +208,7 @@ def bench(trace_root, *, definitions=None, variants=None, device: str = "cuda", 
         store.put(_result(eid, definition, v, row))
 
     total = sum(len(p.pending) for p in plans)
-    jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", trace_root, quick, trials)
+    jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", quick, trials)
     execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process, timeout=timeout)
     return store, {"env": env, "definitions": names, "env_id": eid}
 

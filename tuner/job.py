@@ -22,14 +22,14 @@ from .timing import Budget, Timing, measure
 
 @dataclass
 class Job:
-    """Picklable unit of work. `workloads`: [{"uuid", "axes", "inputs"}]; `pending`: uuid ->
+    """Picklable unit of work. `workloads`: [{"uuid", "axes", "inputs", "root"}] (root: the trace set
+    that stored inputs' paths are relative to); `pending`: uuid ->
     variant names to measure there ("routed" = the kdispatch op through its router)."""
 
     definition: str
     workloads: list[dict]
     pending: dict[str, list[str]]
     device: str = "cuda:0"
-    trace_root: str | None = None
     quick: bool = False
     trials: int | None = None
     executor: str = "kdispatch.tuner.job:run_job"
@@ -76,7 +76,7 @@ def run_job(job: Job, emit: Callable) -> None:
             trials = []
             for t in range(trials_n):
                 args = list(materialize(definition, gate.trial_workload(w, t), device=device, seed=0,
-                                        trace_root=job.trace_root))
+                                        trace_root=w.get("root")))
                 trials.append((args, gate.reference(definition, args)))
         except Exception as exc:
             msg = f"inputs or reference failed: {type(exc).__name__}: {exc}"[:500]

@@ -96,14 +96,27 @@ class Plan:
     skipped_unsupported: int = 0
 
 
-def workload_dicts(trace_root, definition: str) -> list[dict]:
+def trace_roots(roots) -> list[Path]:
+    """One trace-set folder, or several, as a list."""
+    return [Path(roots)] if isinstance(roots, (str, Path)) else [Path(r) for r in roots]
+
+
+def workload_dicts(roots, definition: str) -> list[dict]:
+    """{"uuid", "axes", "inputs", "root"} of the definition's workloads in one or several trace sets
+    (`root`: the set's folder, which stored inputs' paths are relative to)."""
     from kdispatch.workloads import load_workloads
 
-    out = []
-    for w in load_workloads(trace_root, definition):
-        inputs = {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else dict(v)) for k, v in
-                  (w.inputs or {}).items()}
-        out.append({"uuid": str(w.uuid), "axes": {k: int(v) for k, v in w.axes.items()}, "inputs": inputs})
+    out, seen = [], {}
+    for root in trace_roots(roots):
+        for w in load_workloads(root, definition):
+            uuid = str(w.uuid)
+            if uuid in seen:
+                raise ValueError(f"workload {uuid} of {definition} is in both {seen[uuid]} and {root}")
+            seen[uuid] = root
+            inputs = {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else dict(v)) for k, v in
+                      (w.inputs or {}).items()}
+            out.append({"uuid": uuid, "axes": {k: int(v) for k, v in w.axes.items()}, "inputs": inputs,
+                        "root": str(root)})
     return out
 
 
@@ -116,11 +129,11 @@ def quick_subset(definition: str, workloads: list[dict], n: int = QUICK_WORKLOAD
     return [ws[round(i * (len(ws) - 1) / (n - 1))] for i in range(n)]
 
 
-def plan(store: Store, env_id: str, arch: str, trace_root, definition: str, variant_names=None,
+def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_names=None,
          quick: bool = False, force: bool = False, include_routed: bool = False,
          include_reference: bool = False) -> Plan:
     definition = defs.resolve_name(definition)
-    workloads = workload_dicts(trace_root, definition)
+    workloads = workload_dicts(roots, definition)
     if quick:
         workloads = quick_subset(definition, workloads)
     base = registry.baseline(definition, arch)
@@ -161,7 +174,7 @@ def _router_hash(definition: str, arch: str) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.exists() else "no-router"
 
 
-def make_jobs(plans: list[Plan], n_workers: int, device: str, trace_root, quick: bool, trials=None,
+def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trials=None,
               executor: str | None = None) -> list[Job]:
     """One job per definition, or per chunk of its workloads when several GPUs share it (the
     chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes)."""
@@ -178,8 +191,7 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, trace_root, quick:
         chunks = max(1, min(n_workers, len(ws)))
         for c in range(chunks):
             part = ws[c::chunks]
-            job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device,
-                      str(trace_root) if trace_root is not None else None, quick, trials)
+            job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials)
             if executor:
                 job.executor = executor
             jobs.append(job)

@@ -297,7 +297,7 @@ def _recover(w: _Worker, why: str, status: str, on_row, progress) -> Job | None:
     if not pending:
         return None
     rest = Job(job.definition, [x for x in job.workloads if x["uuid"] in pending], pending, job.device,
-               job.trace_root, job.quick, job.trials, job.executor, next(JOB_IDS), job.extra)
+               job.quick, job.trials, job.executor, next(JOB_IDS), job.extra)
     return rest
 
 

@@ -22,9 +22,12 @@ import torch
 
 from kdispatch import workloads
 from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, Tol, Verdict, combine, compare, first_bad
-from kdispatch.spec import Derived, Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
 
 MAX_CONTEXT = 131072  # DeepSeek-V3.2 context length: longest sequence a sparse_indices row comes from
+# The coverage sets' cache pool: 16384 pages (1M tokens), or the indexer batch's own pages when more
+# (every sequence on distinct pages, as in an engine's pool).
+COVERAGE_POOL_PAGES = 16384
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +409,10 @@ SPECS = {
         tolerances={"topk_indices": Tol(1e-2, 1e-2)},  # on the selected scores, atol relative to the row max
         check=check_indexer, reference_extra=_indexer_reference_extra,
         rotation=Rotation("block_table", _rotate_block_table, _indexer_set_bytes),
-        floor=indexer_floor, check_values=check_indexer_values),
+        floor=indexer_floor, check_values=check_indexer_values,
+        coverage=Coverage({"batch_size": (1, 128), "max_num_pages": (1, 2048)}, points=30, heldout=20,
+                          complete=lambda a: {**a, "num_pages": max(COVERAGE_POOL_PAGES,
+                                                                    a["batch_size"] * a["max_num_pages"])})),
     "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64": Spec(
         short="dsa_sparse_attention", family="dsa", build=build_sparse_attention,
         reference="kdispatch.references.dsa_sparse_attention",
@@ -419,5 +425,7 @@ SPECS = {
         tolerances={"output": Tol(1e-2, 1e-2), "lse": Tol(1e-2, 1e-2)},
         check=check_sparse_attention,
         rotation=Rotation("sparse_indices", _rotate_sparse_indices, _sparse_set_bytes),
-        floor=sparse_attention_floor, check_values=check_sparse_attention_values),
+        floor=sparse_attention_floor, check_values=check_sparse_attention_values,
+        coverage=Coverage({"num_tokens": (1, 8192)}, points=16, heldout=10,
+                          complete=lambda a: {**a, "num_pages": COVERAGE_POOL_PAGES})),
 }

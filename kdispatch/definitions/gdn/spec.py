@@ -13,7 +13,7 @@ import math
 import torch
 
 from kdispatch.checks import Tol, first_bad
-from kdispatch.spec import Derived, Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -77,6 +77,33 @@ def random_cu_seqlens(total: int, num_seqs: int, g: torch.Generator) -> torch.Te
                       torch.full((1,), total, dtype=torch.int64)])
 
 
+def skewed_cu_seqlens(total: int, num_seqs: int, g: torch.Generator) -> torch.Tensor:
+    """One long sequence (at a random position) among short ones: the short ones share an eighth of
+    the tokens equally (at least one each), the long one takes the rest."""
+    short = max(1, (total // 8) // max(num_seqs - 1, 1))
+    lens = torch.full((num_seqs,), short, dtype=torch.int64)
+    lens[int(torch.randint(0, num_seqs, (1,), generator=g))] = total - short * (num_seqs - 1)
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+
+
+def equal_cu_seqlens(total: int, num_seqs: int) -> torch.Tensor:
+    """Sequences of equal length (the first total % num_seqs one token longer)."""
+    lens = torch.full((num_seqs,), total // num_seqs, dtype=torch.int64)
+    lens[: total % num_seqs] += 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+
+
+def prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
+    """The coverage sets' sequence-length mixes: "random" cut points (the builder's), "skewed" and
+    "equal" (stored with the workload)."""
+    total, n = axes["total_seq_len"], axes["num_seqs"]
+    if mix == "skewed":
+        return {"cu_seqlens": skewed_cu_seqlens(total, n, g)}
+    if mix == "equal":
+        return {"cu_seqlens": equal_cu_seqlens(total, n)}
+    return {}
+
+
 def build_prefill(axes, given, ctx) -> dict:
     total, n = axes["total_seq_len"], axes["num_seqs"]
     out = _build_common([total], n, axes, given, ctx)
@@ -121,6 +148,7 @@ SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
         fit=("batch_size",), main="batch_size",
+        coverage=Coverage({"batch_size": (1, 1024)}, points=20, heldout=12),
         # FlashInfer-Bench's default 1e-2 elementwise, with the norm bounds of benchmarks/gdn.py.
         tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state": Tol(1e-2, 1e-2, rel_norm=1e-2)},
         **_COMMON),
@@ -140,5 +168,10 @@ SPECS = {
         # the same configuration.
         run_to_run={"fla_chunk": 0.2},
         check_values=check_prefill_values,
+        # Engines batch 1 to a few hundred sequences of 1 token to 32k; lengths uniform, one long
+        # among short ones, or all equal.
+        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=40, heldout=24,
+                          complete=lambda a: a if a["num_seqs"] <= a["total_seq_len"] else None,
+                          mixes=("random", "skewed", "equal"), mix=prefill_mix),
         **_COMMON),
 }

@@ -14,7 +14,7 @@ import torch
 from kdispatch import workloads
 from kdispatch.checks import Tol
 from kdispatch.references.moe_fp8 import _route
-from kdispatch.spec import Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Floor, Rotation, Spec
 
 NAME = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
 WEIGHTS = ("gemm1_weights", "gemm1_weights_scale", "gemm2_weights", "gemm2_weights_scale")
@@ -157,5 +157,6 @@ SPECS = {
         tolerances={"output": Tol(1.0, 0.3, matched_ratio=0.95)},  # flashinfer_bench 0.1.2's LowBitEvaluator
         rotation=Rotation("routing_logits", _rotate_logits, _set_bytes, max_sets=8),
         reference_graph_safe=False,  # picks the hit experts on the host
-        floor=floor),
+        floor=floor,
+        coverage=Coverage({"seq_len": (1, 32768)}, points=16, heldout=10)),
 }
