@@ -222,7 +222,8 @@ def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
                   max_abs_err=row.get("max_abs_err"), max_rel_err=row.get("max_rel_err"),
                   metrics=row.get("metrics", {}), method=row.get("method", ""),
                   median_us=row.get("median_us"), p10_us=row.get("p10_us"), p90_us=row.get("p90_us"),
-                  eager_us=row.get("eager_us"), sets=row.get("sets"), reps=row.get("reps"))
+                  eager_us=row.get("eager_us"), eager_p10_us=row.get("eager_p10_us"),
+                  eager_p90_us=row.get("eager_p90_us"), sets=row.get("sets"), reps=row.get("reps"))
 
 def bench_table(store: Store, env_id: str, definition: str,
                 min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:

@@ -126,7 +126,7 @@ def _row(name: str, w: dict, v: Verdict, t: Timing | None = None) -> dict:
            "measured_at": now()}
     if t is not None:
         row.update(method=t.method, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, eager_us=t.eager_us,
-                   sets=t.sets, reps=t.reps)
+                   eager_p10_us=t.eager_p10_us, eager_p90_us=t.eager_p90_us, sets=t.sets, reps=t.reps)
         if t.note:
             row["reason"] = (row["reason"] + "; " if row["reason"] else "") + t.note
     return row

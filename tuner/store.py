@@ -40,7 +40,9 @@ Schema (SQLite):
                                             -- method = 'graph', CUDA events around eager calls else)
            eager_us,                         -- host + device wall time of one synchronised eager call
            sets, reps,                       -- rotated input sets per graph, timed repetitions
-           measured_at TEXT (ISO, UTC))
+           measured_at TEXT (ISO, UTC),
+           eager_p10_us, eager_p90_us)       -- the eager time's 10th / 90th percentile (NULL in rows
+                                             -- measured before they were kept)
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ CREATE TABLE IF NOT EXISTS result (
     status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
     max_abs_err REAL, max_rel_err REAL, metrics TEXT NOT NULL DEFAULT '{}',
     method TEXT NOT NULL DEFAULT '', median_us REAL, p10_us REAL, p90_us REAL, eager_us REAL,
-    sets INTEGER, reps INTEGER, measured_at TEXT NOT NULL,
+    sets INTEGER, reps INTEGER, measured_at TEXT NOT NULL, eager_p10_us REAL, eager_p90_us REAL,
     PRIMARY KEY (env, definition, variant, variant_hash, uuid));
 CREATE INDEX IF NOT EXISTS result_by_definition ON result (definition, env);
 """
@@ -111,6 +113,8 @@ class Result:
     eager_us: float | None = None
     sets: int | None = None
     reps: int | None = None
+    eager_p10_us: float | None = None
+    eager_p90_us: float | None = None
 
     @property
     def key(self) -> tuple:
@@ -173,6 +177,10 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path) if self.path is not None else ":memory:")
         self.db.executescript(_SCHEMA)
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(result)")}
+        for column in ("eager_p10_us", "eager_p90_us"):  # added after schema 1's first stores
+            if column not in have:
+                self.db.execute(f"ALTER TABLE result ADD COLUMN {column} REAL")
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self.db.commit()
 
@@ -351,7 +359,8 @@ class Store:
 # The row's axes are the trace's workload axes; everything else FlashInfer-Bench has no field for
 # (or rounds: errors must be non-negative there) is here.
 _EXTENSION_FIELDS = ("variant_hash", "baseline", "backend", "method", "median_us", "p10_us", "p90_us", "eager_us",
-                     "sets", "reps", "metrics", "max_abs_err", "max_rel_err")
+                     "sets", "reps", "metrics", "max_abs_err", "max_rel_err", "eager_p10_us", "eager_p90_us")
+_LATER_FIELDS = ("eager_p10_us", "eager_p90_us")  # absent from lines written before they existed
 
 
 def _nonneg(x) -> float:
@@ -383,8 +392,8 @@ def _from_trace_line(x: dict) -> tuple[dict, dict, Result]:
     """(environment, workload, Result) of one twin line (the Result's env id is filled by the caller)."""
     ev, ext = x["evaluation"], x[EXTENSION]
     env = {"device": ev["environment"]["hardware"], **ev["environment"]["libs"], **ext["env"]}
-    fields = {k: ext[k] for k in _EXTENSION_FIELDS}
-    for k in ("max_abs_err", "max_rel_err", "median_us", "p10_us", "p90_us", "eager_us"):
+    fields = {k: ext[k] if k not in _LATER_FIELDS else ext.get(k) for k in _EXTENSION_FIELDS}
+    for k in ("max_abs_err", "max_rel_err", "median_us", "p10_us", "p90_us", "eager_us", *_LATER_FIELDS):
         if isinstance(fields[k], str):  # non-finite floats are stored as their repr
             fields[k] = float(fields[k])
     r = Result(env="", definition=x["definition"], variant=x["solution"], uuid=x["workload"]["uuid"],

@@ -9,8 +9,8 @@ Timing protocol, `measure`:
    the L2, so no set is still cache-resident when its turn comes (as in serving, where the other
    layers run in between), capped at 256 sets (32 with --quick), at the rotation's own cap, and,
    when every set copies the input (an input updated in place), at 8 GiB of copies.
-2. Eager time: host + device wall time of single synchronised calls, median (serving often runs
-   prefill eagerly, and host overhead is real).
+2. Eager time: host + device wall time of single synchronised calls, median and 10th / 90th
+   percentile (serving often runs prefill eagerly, and host overhead is real).
 3. Device time, the number routing uses:
    - eager median >= SLOW_US: CUDA events around single calls (launch gaps are noise at that size):
      method "events"; likewise a reference the spec marks as not graph-safe (it syncs with the host);
@@ -60,6 +60,8 @@ class Timing:
     sets: int
     reps: int
     note: str = ""
+    eager_p10_us: float | None = None
+    eager_p90_us: float | None = None
 
 
 @dataclass
@@ -257,7 +259,7 @@ def measure(definition: str, fn: Callable, args, budget: Budget | None = None, l
         eager_med = statistics.median(eager)
         if device.type != "cuda":
             return Timing("cpu", eager_med, percentile(eager, 0.1), percentile(eager, 0.9), eager_med, len(sets),
-                          len(eager))
+                          len(eager), "", percentile(eager, 0.1), percentile(eager, 0.9))
         note, method = "", "graph"
         times = None
         if not graph:
@@ -280,4 +282,4 @@ def measure(definition: str, fn: Callable, args, budget: Budget | None = None, l
             reps = int(min(20, max(3, math.ceil(2 * budget.target_s * 1e6 / max(eager_med, 1.0)))))
             times = event_times_us(fn, sets, reps)
     return Timing(method, statistics.median(times), percentile(times, 0.1), percentile(times, 0.9), eager_med,
-                  len(sets), len(times), note)
+                  len(sets), len(times), note, percentile(eager, 0.1), percentile(eager, 0.9))
