@@ -5,6 +5,11 @@ check of every tensor's dtype, device, sizes and strides, and the variant call. 
 (argument checking, shape features, the router, `supports`, the baseline) runs once per new
 signature. Nothing here reads device memory, so dispatch is safe under CUDA-graph capture.
 
+Call modes: a router may answer differently for calls captured in a CUDA graph (`route`, fitted on
+graph times) and for eager calls (`route_eager`, fitted on eager host + device times). A signature
+whose two answers differ asks, on each call, whether the current stream is capturing (`capturing`,
+one C++ call); every other signature pays nothing for the distinction.
+
 Fallbacks to the definition's baseline: no router for the architecture, the router names an
 unknown or unavailable variant, the variant declines the shape (`Variant.declines`), or it raises
 (then a warning is printed once per variant and the signature keeps the baseline from then on).
@@ -45,6 +50,13 @@ except Exception:  # pragma: no cover - older or stripped torch builds
     _TensorGuards = None
 
 MAX_ENTRIES_PER_SHAPE = 8
+MODES = ("graph", "eager")
+
+try:  # is the current CUDA stream capturing a graph? (False on builds without CUDA)
+    from torch._C import _cuda_isCurrentStreamCapturing as capturing
+except ImportError:  # pragma: no cover - CPU-only builds
+    def capturing() -> bool:
+        return False
 
 
 def _py_signature(tensors):
@@ -67,10 +79,19 @@ def make_guard(tensors):
 
 
 class _Entry:
-    __slots__ = ("guard", "fn", "variant", "axes", "arch")
+    """One tensor signature's decision: `variant` for captured calls, `eager` for eager calls (None:
+    the same variant, and the call mode is never asked)."""
 
-    def __init__(self, guard, variant, axes, arch):
-        self.guard, self.fn, self.variant, self.axes, self.arch = guard, variant.fn, variant, axes, arch
+    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "axes", "arch")
+
+    def __init__(self, guard, variant, eager, axes, arch):
+        self.guard, self.axes, self.arch = guard, axes, arch
+        self.set(variant, eager)
+
+    def set(self, variant, eager) -> None:
+        self.variant, self.fn = variant, variant.fn
+        self.eager = None if eager is variant else eager
+        self.eager_fn = None if self.eager is None else eager.fn
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
@@ -91,6 +112,7 @@ class Choice:
     router_says: str | None  # the router's first choice (None: no router, or not consulted)
     steps: list[str] = field(default_factory=list)  # why each earlier candidate was passed over
     chain: tuple[str, ...] = ()  # every variant the router named, in the order they are tried
+    mode: str = "graph"  # the call mode this choice is for
 
 
 class Dispatcher:
@@ -104,7 +126,7 @@ class Dispatcher:
         self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
-        self._routers: dict = {}  # arch -> route(**axes) -> variant name, or None
+        self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._warned: set = set()
         self.reload_switches()
@@ -130,10 +152,11 @@ class Dispatcher:
             bucket = ()
         for e in bucket:
             if e.guard(*ts):
+                fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
                 try:
-                    return e.fn(*args)
+                    return fn(*args)
                 except Exception as exc:
-                    return self._variant_failed(e, exc, args)
+                    return self._variant_failed(e, fn, exc, args)
         return self._new_signature(args)
 
     def check_call(self, args) -> None:
@@ -151,18 +174,20 @@ class Dispatcher:
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
         ts = self._tensors(args)
         arch = _arch.arch_of(ts[0].device)
-        e = _Entry(make_guard(ts), self.choose(arch, axes), tuple(axes.items()), arch)
+        e = _Entry(make_guard(ts), self.choose(arch, axes), self.choose(arch, axes, "eager"), tuple(axes.items()),
+                   arch)
         bucket = self._entries.setdefault(ts[0].shape, [])
         bucket.insert(0, e)
         del bucket[MAX_ENTRIES_PER_SHAPE:]
+        fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
         try:
-            return e.fn(*args)
+            return fn(*args)
         except Exception as exc:
-            return self._variant_failed(e, exc, args)
+            return self._variant_failed(e, fn, exc, args)
 
-    def choose(self, arch: str, axes: dict) -> registry.Variant:
-        """The variant for these shape features on `arch` (the baseline on any miss)."""
-        c = self.explain(arch, axes)
+    def choose(self, arch: str, axes: dict, mode: str = "graph") -> registry.Variant:
+        """The variant for these shape features on `arch` in call mode `mode` (the baseline on any miss)."""
+        c = self.explain(arch, axes, mode)
         for step in c.steps:  # a forced variant that does not serve, or a router naming an unknown one
             if step.startswith(force_var(self.short)) or "unknown variant" in step:
                 self._warn_once(("choice", step.split(";")[0]), step)
@@ -180,27 +205,30 @@ class Dispatcher:
             else [f"no router for {arch}"] if self.router(arch) is None else [])
         return why + registry.baseline_gaps(self.definition, arch)
 
-    def explain(self, arch: str, axes: dict) -> Choice:
-        """The variant a call with these shape features gets on `arch`, with the reasons for every
-        fallback on the way (what `kdispatch explain` prints; `choose` is this, nothing else)."""
+    def explain(self, arch: str, axes: dict, mode: str = "graph") -> Choice:
+        """The variant a call with these shape features gets on `arch` in call mode `mode` (graph:
+        captured in a CUDA graph; eager), with the reasons for every fallback on the way (what
+        `kdispatch explain` prints; `choose` is this, nothing else)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         base = registry.baseline(self.definition, arch)
         if self.disabled:
-            return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"])
+            return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"], mode=mode)
         if self.forced is not None:
             chain, source, said, named = (self.forced,), force_var(self.short), None, ()
         else:
-            route = self.router(arch)
-            if route is None:
-                return Choice(base, None, [f"no router for {arch}: the baseline serves"])
-            answer = route(**axes)  # a name, or the region's measured variants best first
+            routes = self.router(arch)
+            if routes is None:
+                return Choice(base, None, [f"no router for {arch}: the baseline serves"], mode=mode)
+            answer = routes[mode](**axes)  # a name, or the region's measured variants best first
             chain = (answer,) if isinstance(answer, str) or answer is None else tuple(answer)
-            source = f"router for {arch}"
+            source = f"router for {arch}" + (" (eager calls)" if routes[mode] is not routes["graph"] else "")
             said = chain[0] if chain else None
             named = tuple(n for n in chain if n is not None)
         steps = []
         for wanted in chain:
             if wanted is None or wanted == base.name:
-                return Choice(base, said, steps, named)
+                return Choice(base, said, steps, named, mode)
             try:
                 v = registry.get(self.definition, wanted)
             except KeyError:
@@ -213,44 +241,50 @@ class Dispatcher:
             if why is None and (declined := v.declines(axes)) is not None:
                 why = f"declines {axes}: {declined}"
             if why is None:
-                return Choice(v, said, steps, named)
+                return Choice(v, said, steps, named, mode)
             steps.append(f"{source}: {wanted!r} {why}")
         if steps:
             steps[-1] += f"; serving the baseline {base.name!r}"
-        return Choice(base, said, steps, named)
+        return Choice(base, said, steps, named, mode)
 
-    def router(self, arch: str):
+    def router(self, arch: str) -> dict | None:
+        """{mode: route function} of `arch`'s generated router (None: no router)."""
         if arch not in self._routers:
             try:
                 mod = importlib.import_module(f"kdispatch.routers.{arch}.{self.definition}")
-                self._routers[arch] = mod.route
+                self._routers[arch] = {"graph": mod.route, "eager": getattr(mod, "route_eager", mod.route)}
             except ModuleNotFoundError:
                 self._routers[arch] = None
         return self._routers[arch]
 
-    def set_router(self, arch: str, route) -> None:
-        """Replace the router of `arch` (None: baseline only); forgets every cached decision."""
-        self._routers[arch] = route
+    def set_router(self, arch: str, route, route_eager=None) -> None:
+        """Replace the router of `arch` (None: baseline only; `route_eager`: eager calls' answers,
+        default `route`'s); forgets every cached decision."""
+        self._routers[arch] = None if route is None else {"graph": route, "eager": route_eager or route}
         self.reset()
 
     def reset(self) -> None:
         self._entries.clear()
         self._failed.clear()
 
-    def _variant_failed(self, e: _Entry, exc: Exception, args):
+    def _variant_failed(self, e: _Entry, fn, exc: Exception, args):
+        """Variant `fn` of entry e raised: the shape goes to the router's next choice in both call
+        modes (or the baseline) from now on, and this call is served by it."""
         base = registry.baseline(self.definition, e.arch)
-        if e.variant is base:
+        eager = fn is e.eager_fn
+        failed = e.eager if eager else e.variant
+        if failed is base:
             raise exc
-        self._failed.add((e.variant.name, e.arch, e.axes))
-        nxt = self.choose(e.arch, dict(e.axes))  # the router's next choice for the shape, or the baseline
-        self._warn_once(("failed", e.variant.name),
-                        f"variant {e.variant.name!r} raised {type(exc).__name__}: {exc} on {dict(e.axes)}; "
+        self._failed.add((failed.name, e.arch, e.axes))
+        e.set(self.choose(e.arch, dict(e.axes)), self.choose(e.arch, dict(e.axes), "eager"))
+        nxt = (e.eager or e.variant) if eager else e.variant
+        self._warn_once(("failed", failed.name),
+                        f"variant {failed.name!r} raised {type(exc).__name__}: {exc} on {dict(e.axes)}; "
                         f"serving {'the baseline ' if nxt is base else ''}{nxt.name!r} for this shape from now on")
-        e.fn, e.variant = nxt.fn, nxt
         try:
             return nxt.fn(*args)
         except Exception as again:
-            return self._variant_failed(e, again, args)
+            return self._variant_failed(e, nxt.fn, again, args)
 
     def _warn_once(self, key, msg: str) -> None:
         if key not in self._warned:

@@ -432,3 +432,19 @@ def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path
     assert all(x.status == "PASSED" or "not measured" in x.reason for x in later_b)
     assert all(rows[(n, u)].status == "PASSED" for n in ("reference", "cand_a") for u in ("w1", "w4", "w16", "w64"))
     assert r.routers, "routers compiled after the crash"
+
+
+def test_per_mode_choices_are_fitted_from_per_mode_times(tmp_path):
+    """Graph times favour A everywhere; eager times (A's host cost) favour the baseline: the router
+    answers A for captured calls and the baseline for eager ones, and the dispatcher follows."""
+    store = build_store(DECODE, decode_workloads(), lambda n, a: 5.0 if n == "A" else (None if n == "B" else 10.0))
+    for r in store.results(DECODE):
+        r.eager_us = r.median_us + (100.0 if r.variant == "A" else 20.0)
+        r.eager_p10_us, r.eager_p90_us = r.eager_us * 0.99, r.eager_us * 1.01
+        store.put(r)
+    pol = fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+    assert [r.variant for r in pol.regions] == ["A"]
+    assert [r.variant for r in pol.eager.regions] == ["flashinfer"]
+    graph, _ = codegen.load_route(codegen.write(pol, tmp_path))
+    eager, _ = codegen.load_route(tmp_path / "sm90" / f"{DECODE}.py", "eager")
+    assert graph(batch_size=8) == "A" and eager(batch_size=8) == "flashinfer"

@@ -4,6 +4,7 @@ The module imports nothing and defines
 
     REGIONS = (...)        # data: each region's bounds, choice, workloads and measured speedup
     def route(<the definition's variable axes, in definition order>) -> str
+    REGIONS_EAGER, def route_eager(...)   # only where eager calls get other choices than graph ones
 
 `route` computes the derived features it needs (tuner/features.py), then one `if` per region
 whose choice is not the baseline (regions are disjoint boxes, so their order does not matter),
@@ -11,7 +12,9 @@ then returns the baseline. A region with other admissible variants returns them 
 first, when the shape lies within the measured range of every feature (`MEASURED`); beyond it,
 only the region's own choice. The dispatcher calls it once per new tensor signature and takes the
 first variant of the answer that is available, accepts the shape (`supports`) and has not failed
-on it, else the baseline. Everything in the file comes from the store (no clock, no host names),
+on it, else the baseline. `route` answers for calls captured in a CUDA graph (fitted on graph
+times), `route_eager` for eager calls (fitted on eager host + device times); without `route_eager`
+both modes get `route`'s answers. Everything in the file comes from the store (no clock, no host names),
 sorted, so the same store gives byte-identical files.
 """
 from __future__ import annotations
@@ -67,6 +70,71 @@ def _used_features(definition: str, policy: Policy) -> list[str]:
     return [f for f in defs.get(definition).spec.derived if f in used]
 
 
+def _heldout_lines(h: dict | None, label: str) -> list[str]:
+    if not h or not h.get("workloads"):
+        return []
+    return [f"# held out    {label}: {h['folds']}-fold over workloads: regret vs the best variant "
+            f"{h['regret_mean_pct']:.2f}% mean, {h['regret_max_pct']:.2f}% max;",
+            f"#             {h['speedup_vs_baseline']:.3f}x over the baseline; {h['slower_than_baseline']} slower than the "
+            f"baseline beyond the spread, {h['unsafe']} routed to a failing variant"]
+
+
+def _region_lines(policy: Policy, d: str) -> list[str]:
+    lines = []
+    for i, r in enumerate(policy.regions, 1):
+        cond = _cond(d, r.bounds) or "every shape"
+        who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
+        sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {policy.baseline}"
+        then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
+        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}")
+    return lines
+
+
+def _regions_data(policy: Policy, name: str) -> list[str]:
+    lines = [f"{name} = ("]
+    for i, r in enumerate(policy.regions, 1):
+        bounds = {f: tuple(b) for f, b in sorted(r.bounds.items())}
+        sp = r.stats.get("speedup")
+        lines.append(f"    {{'region': {i}, 'variant': {r.variant!r}, 'bounds': {bounds!r}, "
+                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, "
+                     f"'speedup': {tuple(sp) if sp else None!r}, 'fallbacks': {tuple(r.fallbacks)!r}}},")
+    return lines + [")"]
+
+
+def _route_body(policy: Policy, d: str) -> list[str]:
+    body = []
+    used = _used_features(d, policy)
+    consts = feats.constants_used(d, used)
+    if consts:
+        body.append(f"    {', '.join(consts)} = {', '.join(map(str, consts.values()))}  # constant axes")
+    for f in used:
+        der = defs.get(d).spec.derived[f]
+        body.append(f"    {f} = {der.expr}  # {der.doc}")
+    if _chains(policy):
+        inside = " and ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()) or "True"
+        body.append(f"    inside = {inside}  # within the measured ranges: fallbacks apply")
+    unconditional = False
+    for i, r in enumerate(policy.regions, 1):
+        if r.variant == policy.baseline:
+            continue
+        cond = _cond(d, r.bounds)
+        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, "
+                    f"{_speedup(r.stats)} over {policy.baseline}")
+        if cond:
+            body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
+        else:
+            body.append(f"    return {_answer(policy, r)}")
+            unconditional = True
+    if not unconditional:
+        body.append(f"    return {policy.baseline!r}")
+    return body
+
+
+def _same_choices(a: Policy, b: Policy) -> bool:
+    return [(r.bounds, r.variant, r.fallbacks) for r in a.regions] == [(r.bounds, r.variant, r.fallbacks)
+                                                                          for r in b.regions]
+
+
 def _answer(policy: Policy, r) -> str:
     if not r.fallbacks:
         return repr(r.variant)
@@ -117,58 +185,24 @@ def render(policy: Policy) -> str:
     if noisy:
         lines.append("#             (by " + ", ".join(f"{f:.0%} for {v}" for v, f in noisy) +
                      ": its time varies between processes)")
-    h = policy.heldout
-    if h and h.get("workloads"):
-        lines += [
-            f"# held out    {h['folds']}-fold over workloads: regret vs the best variant {h['regret_mean_pct']:.2f}% mean, "
-            f"{h['regret_max_pct']:.2f}% max;",
-            f"#             {h['speedup_vs_baseline']:.3f}x over the baseline; {h['slower_than_baseline']} slower than the "
-            f"baseline beyond the spread, {h['unsafe']} routed to a failing variant",
-        ]
-    lines.append("# regions")
-    for i, r in enumerate(policy.regions, 1):
-        cond = _cond(d, r.bounds) or "every shape"
-        who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
-        sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {policy.baseline}"
-        then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
-        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}")
+    eager = policy.eager if policy.eager is not None and not _same_choices(policy, policy.eager) else None
+    lines += _heldout_lines(policy.heldout, "graph")
+    if policy.eager is not None:
+        lines += _heldout_lines(policy.eager.heldout, "eager")
+    lines.append("# regions     CUDA graph (graph times)" + ("" if eager else "; eager calls get the same choices"))
+    lines += _region_lines(policy, d)
+    if eager:
+        lines.append("# regions     eager calls (eager host + device times): `route_eager`")
+        lines += _region_lines(eager, d)
     if policy.measured:
         lines.append("# measured    " + ", ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()))
-    lines += ["", "REGIONS = ("]
-    for i, r in enumerate(policy.regions, 1):
-        bounds = {f: tuple(b) for f, b in sorted(r.bounds.items())}
-        sp = r.stats.get("speedup")
-        lines.append(f"    {{'region': {i}, 'variant': {r.variant!r}, 'bounds': {bounds!r}, "
-                     f"'workloads': {r.stats.get('workloads', len(r.uuids))}, "
-                     f"'speedup': {tuple(sp) if sp else None!r}, 'fallbacks': {tuple(r.fallbacks)!r}}},")
-    lines += [")", "", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads",
-              "", "", f"def route({', '.join(axes)}):"]
-    body = []
-    used = _used_features(d, policy)
-    consts = feats.constants_used(d, used)
-    if consts:
-        body.append(f"    {', '.join(consts)} = {', '.join(map(str, consts.values()))}  # constant axes")
-    for f in used:
-        der = defs.get(d).spec.derived[f]
-        body.append(f"    {f} = {der.expr}  # {der.doc}")
-    if _chains(policy):
-        inside = " and ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()) or "True"
-        body.append(f"    inside = {inside}  # within the measured ranges: fallbacks apply")
-    unconditional = False
-    for i, r in enumerate(policy.regions, 1):
-        if r.variant == policy.baseline:
-            continue
-        cond = _cond(d, r.bounds)
-        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, "
-                    f"{_speedup(r.stats)} over {policy.baseline}")
-        if cond:
-            body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
-        else:
-            body.append(f"    return {_answer(policy, r)}")
-            unconditional = True
-    if not unconditional:
-        body.append(f"    return {policy.baseline!r}")
-    lines += body
+    lines += [""] + _regions_data(policy, "REGIONS")
+    if eager:
+        lines += [""] + _regions_data(eager, "REGIONS_EAGER")
+    lines += ["", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads",
+              "", "", f"def route({', '.join(axes)}):"] + _route_body(policy, d)
+    if eager:
+        lines += ["", "", f"def route_eager({', '.join(axes)}):"] + _route_body(eager, d)
     return "\n".join(lines) + "\n"
 
 
@@ -187,9 +221,12 @@ def write(policy: Policy, out_dir: str | Path) -> Path:
     return path
 
 
-def load_route(path: str | Path):
-    """(route function, REGIONS) of a router file, loaded without importing any package."""
+def load_route(path: str | Path, mode: str = "graph"):
+    """(route function, REGIONS) of a router file for calls in `mode`, loaded without importing any
+    package."""
     ns: dict = {}
     code = Path(path).read_text()
     exec(compile(code, str(path), "exec"), ns)  # generated, import-free module
+    if mode == "eager" and "route_eager" in ns:
+        return ns["route_eager"], ns["REGIONS_EAGER"]
     return ns["route"], ns.get("REGIONS", ())

@@ -22,7 +22,14 @@ like with like: graph against graph; against a baseline that can
 only be events-timed (it syncs with the host), a graph-timed variant must also win on eager host +
 device time (`beats_like_with_like`). A variant is admissible in a region only if admissible on
 EVERY workload of the region; a variant that failed (or was not measured) on any workload of a region
-is never chosen for it.
+is never chosen for it. Where the baseline itself failed (it raised, ran out of memory, or was
+wrong), every variant that passed there is admissible: anything correct beats it.
+
+Call modes. The same is fitted twice from the same rows: for calls captured in a CUDA graph on the
+graph times above, and for eager calls on the eager times (host + device of a synchronised call,
+with their own 10-90 spread; there a variant that cannot be captured is admissible too). The router
+holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
+choices differ.
 
 Regions (`fit`). A region's choice is the admissible variant of least total weighted latency (ties:
 the baseline, then by name). Regions are grown as a binary tree of threshold splits
@@ -59,7 +66,7 @@ import numpy as np
 from kdispatch import definitions as defs
 
 from . import features as feats
-from .stats import beats, geomean, slower
+from .stats import MODES, beats, geomean, slower, timed
 from .store import Result, Store
 
 
@@ -192,6 +199,8 @@ class Policy:
 
     # feature -> (min, max) over the fitted workloads, for every numeric fit feature
     measured: dict[str, tuple[int, int]] = field(default_factory=dict)
+    mode: str = "graph"  # the call mode whose times chose the regions (stats.MODES)
+    eager: "Policy | None" = None  # on the graph policy: the policy for eager calls
 
     def route(self, features: dict) -> str:
         return self.chain(features)[0]
@@ -212,7 +221,7 @@ class Policy:
 class _Matrix:
     """Dense arrays over (variant, workload) for one table."""
 
-    def __init__(self, t: Table, params: FitParams):
+    def __init__(self, t: Table, params: FitParams, mode: str = "graph"):
         self.t = t
         self.names = t.variants
         self.fit = list(feats.fit_names(t.definition))
@@ -222,19 +231,22 @@ class _Matrix:
         self.lat = np.full((V, n), np.nan)
         self.ok = np.zeros((V, n), dtype=bool)
         # Graph safety is a property of a variant's code, not of a shape: one that could not be
-        # captured on any workload (a host sync, say) is never routed to, anywhere.
-        unsafe = {v for (v, _u), r in t.rows.items() if r.passed and not r.routable}
+        # captured on any workload (a host sync, say) is never routed to in a graph, anywhere.
+        unsafe = {v for (v, _u), r in t.rows.items() if r.passed and not r.routable} if mode == "graph" else set()
         for i, u in enumerate(t.uuids):
             b = t.rows.get((t.baseline, u))
-            b_ok = b is not None and b.passed
             for j, name in enumerate(self.names):
                 r = t.rows.get((name, u))
-                if r is not None and r.passed:
-                    self.lat[j, i] = r.median_us
+                x = timed(r, mode)
+                if x is not None:
+                    self.lat[j, i] = x.median_us
                 if j == 0:
                     self.ok[j, i] = True
-                elif r is not None and r.routable and name not in unsafe and b_ok:
-                    self.ok[j, i] = beats_like_with_like(r, b, required_gain(params, t.definition, name))
+                elif x is not None and name not in unsafe and b is not None and (mode == "eager" or r.routable):
+                    self.ok[j, i] = (not b.passed or (beats_like_with_like(r, b, required_gain(params, t.definition, name))
+                                                      if mode == "graph" else
+                                                      timed(b, mode) is not None and
+                                                      beats(x, timed(b, mode), required_gain(params, t.definition, name))))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)
@@ -299,9 +311,12 @@ def beats_like_with_like(r: Result, b: Result, min_gain: float) -> bool:
     return beats(r, b, min_gain) and r.eager_us * (1 + min_gain) < b.eager_us
 
 
-def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True) -> Policy:
+def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True, mode: str = "graph") -> Policy:
+    """The policy for calls in `mode`; the graph policy carries the eager one as `.eager`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     params = params or FitParams()
-    m = _Matrix(table, params)
+    m = _Matrix(table, params, mode)
     n = len(table.uuids)
     regions: list[Region] = []
     if n:
@@ -315,12 +330,15 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
         regions.append(Region({}, table.baseline, []))
     regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
     for r in regions:
-        r.stats = region_stats(table, r)
+        r.stats = region_stats(table, r, mode)
     measured = {f: (int(m.X[:, i].min()), int(m.X[:, i].max())) for i, f in enumerate(m.fit)
                 if n and not feats.is_bool(table.definition, f)}
-    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured)
+    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
+                 mode=mode)
     if with_heldout:
-        pol.heldout = heldout_regret(table, params)
+        pol.heldout = heldout_regret(table, params, mode)
+    if mode == "graph":
+        pol.eager = fit(table, params, with_heldout, "eager")
     return pol
 
 
@@ -404,12 +422,12 @@ def _box_key(bounds: dict, fit_names):
 # Numbers for the header and the report
 # ----------------------------------------------------------------------------------------------
 
-def region_stats(t: Table, r: Region) -> dict:
-    """Speedup of the region's choice over the baseline on its workloads (min, geomean, max)."""
+def region_stats(t: Table, r: Region, mode: str = "graph") -> dict:
+    """Speedup of the region's choice over the baseline on its workloads (min, geomean, max), in `mode`."""
     sp = []
     for u in r.uuids:
-        b, v = t.rows.get((t.baseline, u)), t.rows.get((r.variant, u))
-        if b is not None and v is not None and b.passed and v.passed and v.median_us > 0:
+        b, v = timed(t.rows.get((t.baseline, u)), mode), timed(t.rows.get((r.variant, u)), mode)
+        if b is not None and v is not None and v.median_us > 0:
             sp.append(b.median_us / v.median_us)
     if not sp:
         return {"workloads": len(r.uuids), "speedup": None}
@@ -441,8 +459,9 @@ def _fold_of(uuid: str, k: int) -> int:
     return int(hashlib.sha256(uuid.encode()).hexdigest()[:8], 16) % k
 
 
-def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
-    """k-fold regret: fit without each fold, route its workloads, compare with the best measured."""
+def heldout_regret(t: Table, params: FitParams | None = None, mode: str = "graph") -> dict:
+    """k-fold regret in `mode`: fit without each fold, route its workloads, compare with the best
+    measured there."""
     params = params or FitParams()
     k = min(params.folds, len(t.uuids))
     if k < 2:
@@ -454,18 +473,19 @@ def heldout_regret(t: Table, params: FitParams | None = None) -> dict:
         train = [u for u in t.uuids if _fold_of(u, k) != fold]
         if not held or not train:
             continue
-        pol = fit(t.subset(train), params, with_heldout=False)
+        pol = fit(t.subset(train), params, with_heldout=False, mode=mode)
         for u in held:
-            b = t.rows.get((t.baseline, u))
-            if b is None or not b.passed:
+            b = timed(t.rows.get((t.baseline, u)), mode)
+            if b is None:
                 continue
             name = pol.route(t.features[u])
-            r = t.rows.get((name, u))
-            if name != t.baseline and (r is None or not r.routable):
+            row = t.rows.get((name, u))
+            r = timed(row, mode)
+            if name != t.baseline and (r is None or (mode == "graph" and not row.routable)):
                 unsafe.append(u)  # routed to a variant that failed (or was not measured) here
                 r = b
-            best = min(x.median_us for (v, uu), x in t.rows.items() if uu == u and (x.routable or v == t.baseline)
-                       and x.passed)
+            best = min(timed(x, mode).median_us for (v, uu), x in t.rows.items()
+                       if uu == u and timed(x, mode) is not None and (mode == "eager" or x.routable or v == t.baseline))
             regrets.append(r.median_us / best - 1.0)
             chosen_sum += r.median_us
             best_sum += best

@@ -25,7 +25,7 @@ from . import codegen, features
 from . import fit as fitting
 from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan
 from .pool import Progress, clock, execute
-from .stats import geomean, slower
+from .stats import MODES, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug
 
 
@@ -225,9 +225,25 @@ def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
                   eager_us=row.get("eager_us"), eager_p10_us=row.get("eager_p10_us"),
                   eager_p90_us=row.get("eager_p90_us"), sets=row.get("sets"), reps=row.get("reps"))
 
+def regret(by: dict, names: list[str], base: str, u: str, mode: str, min_gain: float) -> dict | None:
+    """The routed op on workload u in `mode` against the best passing variant measured there and the
+    baseline: {"regret": routed / best - 1, "speedup": baseline / routed, "slower": bool}; None
+    when the routed op or the baseline has no time in that mode."""
+    rt, b = timed(by.get(("routed", u)), mode), timed(by.get((base, u)), mode)
+    if rt is None or b is None or rt.median_us <= 0:
+        return None
+    # graph: only variants that can be captured (or the baseline) count as candidates
+    best = min(t.median_us for n in names if (t := timed(by.get((n, u)), mode)) is not None
+               and (mode == "eager" or n == base or by[(n, u)].routable))
+    return {"regret": rt.median_us / best - 1.0, "speedup": b.median_us / rt.median_us,
+            "slower": slower(rt, b, min_gain)}
+
+
 def bench_table(store: Store, env_id: str, definition: str,
                 min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:
-    """Text table (one row per workload) and a summary for one definition of a bench store.
+    """Text table (one row per workload) and a summary for one definition of a bench store, per call
+    mode: regret of the routed op against the best passing variant on each workload (mean, max;
+    only meaningful when the bench measured every variant) and the count slower than the baseline.
 
     "Slower than the baseline" is the fitter's noise margin (tuner/stats.py): the routed op calling
     the baseline's own kernel differs from it by run-to-run drift only."""
@@ -243,9 +259,10 @@ def bench_table(store: Store, env_id: str, definition: str,
     uuids = sorted(axes_of, key=lambda u: (tuple(features.compute(definition, axes_of[u])[f] for f in fit_names), u))
     axes_names = features.var_axes(definition)
     head = "  ".join(f"{a:>13}" for a in axes_names) + "  " + "  ".join(f"{n[:22]:>22}" for n in names) + \
-        "  routed_to                 routed/base"
+        "  routed_to                 routed/base   eager: routed_to          routed/base"
     lines = [head]
-    slower_ones, speedups = [], []
+    per_mode = {m: [] for m in MODES}
+    slower_ones = {m: [] for m in MODES}
     for u in uuids:
         ax = axes_of[u]
         cells = []
@@ -253,20 +270,26 @@ def bench_table(store: Store, env_id: str, definition: str,
             r = by.get((n, u))
             cells.append(f"{'FAIL ' + r.status[:12] if r is not None and not r.passed else (f'{r.median_us:.2f}' if r else '-'):>22}")
         rt = by.get(("routed", u))
-        b = by.get((base, u))
-        ratio = ""
-        if rt is not None and b is not None and rt.passed and b.passed:
-            sp = b.median_us / rt.median_us
-            speedups.append(sp)
-            ratio = f"{sp:.3f}x"
-            if slower(rt, b, min_gain):
-                slower_ones.append(u)
-                ratio += "  SLOWER"
-        to = (rt.metrics.get("routed_to", "?") if rt is not None else "-")
-        lines.append("  ".join(f"{ax.get(a, ''):>13}" for a in axes_names) + "  " + "  ".join(cells) +
-                     f"  {to:<24}  {ratio}")
-    summary = {"workloads": len(uuids), "baseline": base,
-               "routed_geomean_speedup": round(geomean(speedups), 3) if speedups else None,
-               "routed_slower_than_baseline": len(slower_ones), "routed_failures": sum(
-                   1 for u in uuids if by.get(("routed", u)) is not None and not by[("routed", u)].passed)}
+        tail = ""
+        for mode in MODES:
+            x = regret(by, names, base, u, mode, min_gain) if rt is not None else None
+            ratio = ""
+            if x is not None:
+                per_mode[mode].append(x)
+                ratio = f"{x['speedup']:.3f}x" + ("  SLOWER" if x["slower"] else "")
+                if x["slower"]:
+                    slower_ones[mode].append(u)
+            key = "routed_to" if mode == "graph" else "routed_to_eager"
+            to = (rt.metrics.get(key, "?") if rt is not None else "-")
+            tail += f"  {to:<24}  {ratio:<12}"
+        lines.append("  ".join(f"{ax.get(a, ''):>13}" for a in axes_names) + "  " + "  ".join(cells) + tail.rstrip())
+    summary = {"workloads": len(uuids), "baseline": base, "routed_failures": sum(
+        1 for u in uuids if by.get(("routed", u)) is not None and not by[("routed", u)].passed)}
+    for mode in MODES:
+        xs = per_mode[mode]
+        summary[mode] = {
+            "routed_geomean_speedup": round(geomean(x["speedup"] for x in xs), 3) if xs else None,
+            "regret_mean_pct": round(100 * sum(x["regret"] for x in xs) / len(xs), 2) if xs else None,
+            "regret_max_pct": round(100 * max(x["regret"] for x in xs), 2) if xs else None,
+            "slower_than_baseline": len(slower_ones[mode])}
     return lines, summary

@@ -97,6 +97,7 @@ def run_job(job: Job, emit: Callable) -> None:
                 from kdispatch import arch as _arch
 
                 extra["routed_to"] = fn.choose(_arch.arch_of(device), dict(w["axes"])).name
+                extra["routed_to_eager"] = fn.choose(_arch.arch_of(device), dict(w["axes"]), "eager").name
             try:
                 verdict = gate.run_gate(definition, fn, trials)
             except gate.ContextLost as exc:

@@ -1,8 +1,34 @@
 """Small statistics shared by timing, fitting, bench tables and benchmarks: percentiles, geometric
-means, and the one noise margin by which a variant must beat the baseline."""
+means, a row's time in each call mode, and the one noise margin by which a variant must beat the
+baseline."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+
+MODES = ("graph", "eager")  # how a call is made: replayed in a captured CUDA graph, or launched eagerly
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One row's time in one call mode (what `beats` / `slower` compare)."""
+
+    median_us: float
+    p10_us: float | None
+    p90_us: float | None
+
+
+def timed(r, mode: str):
+    """Row r's time in `mode`: graph = the routing latency (graph replay, or events where the row could
+    not be captured); eager = host + device time of a synchronised eager call. None: not timed so."""
+    if r is None or not r.passed:
+        return None
+    if mode == "graph":
+        return r
+    if r.eager_us is None:
+        return None
+    return Timed(r.eager_us, r.eager_p10_us, r.eager_p90_us)
 
 
 def percentile(xs: list[float], q: float) -> float:
