@@ -4,6 +4,8 @@ For each operator the router is pointed at a no-op variant on meta tensors (shap
 no data), so the only time measured is dispatch itself:
     kdispatch   = time(kdispatch.ops.<op>(*args)) - time(noop(*args))
     fib.apply   = time(flashinfer_bench.apply(<definition>, args=args, fallback=noop)) - time(noop(*args))
+    two modes   = the same with a router whose eager choice differs from its graph choice, so every
+                  call asks whether the stream is capturing (dispatch.capturing) before choosing
 FlashInfer-Bench is timed on its cheapest path (the dataset holds no solution, so it builds the
 lookup key, misses and calls the fallback). Medians over repeated timing rounds, one process.
 
@@ -67,7 +69,11 @@ def main() -> None:
     except ImportError:
         fib_apply = fib_rt = None
 
-    print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
+    from kdispatch.dispatch import capturing
+
+    result["capturing_call_us"] = per_call_us(capturing, (), opts.calls, opts.rounds)
+    print(f"dispatch.capturing() alone: {result['capturing_call_us']:.3f} us")
+    print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'two modes +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
     for op in SMALL:
         d = kdispatch.ops.DISPATCHERS[op]
         args = meta_arguments(op, SMALL[op])
@@ -79,7 +85,13 @@ def main() -> None:
         assert d.choose("meta", d.checker.check(args)).name == "noop"
         direct = per_call_us(noop, args, opts.calls, opts.rounds)
         kd = per_call_us(op_fn, args, opts.calls, opts.rounds) - direct
-        row = {"direct_us": direct, "kdispatch_added_us": kd}
+        registry.register(Variant(d.definition, "noop_eager", lambda *a: a[0], "torch", ("meta",)))
+        d.set_router("meta", lambda **axes: "noop", lambda **axes: "noop_eager")
+        op_fn(*args)
+        two = per_call_us(op_fn, args, opts.calls, opts.rounds) - direct
+        d.set_router("meta", lambda **axes: "noop")
+        registry.unregister(d.definition, "noop_eager")
+        row = {"direct_us": direct, "kdispatch_added_us": kd, "two_modes_added_us": two}
         if fib_apply is not None:
             fib_call = lambda *a, _n=d.definition: fib_apply(_n, args=a, fallback=noop)  # noqa: E731
             fib_call(*args)
@@ -87,7 +99,7 @@ def main() -> None:
             row["ratio"] = row["fib_apply_added_us"] / kd
         result["ops"][op] = row
         fib_s = f"{row['fib_apply_added_us']:>15.2f}{row['ratio']:>7.1f}x" if "ratio" in row else f"{'n/a':>15}"
-        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{fib_s}")
+        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{two:>15.3f}{fib_s}")
         d.set_router("meta", None)
         registry.unregister(d.definition, "noop")
     if fib_rt is not None:

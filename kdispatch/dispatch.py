@@ -7,8 +7,8 @@ signature. Nothing here reads device memory, so dispatch is safe under CUDA-grap
 
 Call modes: a router may answer differently for calls captured in a CUDA graph (`route`, fitted on
 graph times) and for eager calls (`route_eager`, fitted on eager host + device times). A signature
-whose two answers differ asks, on each call, whether the current stream is capturing (`capturing`,
-one C++ call); every other signature pays nothing for the distinction.
+whose two answers differ asks, on each call, whether a graph is being captured (`capturing`, a
+counter read); every other signature pays nothing for the distinction.
 
 Fallbacks to the definition's baseline: no router for the architecture, the router names an
 unknown or unavailable variant, the variant declines the shape (`Variant.declines`), or it raises
@@ -20,7 +20,7 @@ Run-time switches (environment variables, read when a Dispatcher is made and aga
 `reload_switches()`, which also forgets every cached decision):
     KDISPATCH_DISABLE=1                      every op serves its baseline, whatever the router says
     KDISPATCH_FORCE_<OP>=<variant>           that op calls <variant> on every shape it can take,
-                                             e.g. KDISPATCH_FORCE_GDN_DECODE=cuda_decode_warp_rows;
+                                             e.g. KDISPATCH_FORCE_GDN_DECODE=cuda_decode_warp_rows.r4cs;
                                              where it cannot (unknown name, not runnable here, a
                                              declined shape) the baseline serves, with a warning once
     KDISPATCH_CHECK=1                        checked mode: every call is validated in full, index
@@ -34,11 +34,14 @@ on every call (validate.Checker.check_scalars).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import operator
 import os
 import warnings
 from dataclasses import dataclass, field
+
+import torch
 
 from kdispatch import arch as _arch
 from kdispatch import definitions, registry
@@ -52,11 +55,46 @@ except Exception:  # pragma: no cover - older or stripped torch builds
 MAX_ENTRIES_PER_SHAPE = 8
 MODES = ("graph", "eager")
 
-try:  # is the current CUDA stream capturing a graph? (False on builds without CUDA)
-    from torch._C import _cuda_isCurrentStreamCapturing as capturing
-except ImportError:  # pragma: no cover - CPU-only builds
-    def capturing() -> bool:
-        return False
+_captures = 0  # CUDA graphs being captured in this process through torch.cuda.CUDAGraph
+
+
+def capturing() -> bool:
+    """Is a CUDA graph being captured? A counter kept by `_count_captures`: reading it costs tens of
+    nanoseconds, where asking CUDA about the current stream (torch.cuda.is_current_stream_capturing)
+    cost 1.5 us a call on an H100 host (benchmarks/dispatch_overhead.py). Every capture path of torch
+    (torch.cuda.graph, make_graphed_callables, torch.compile's CUDA graphs), and so of SGLang and vLLM,
+    goes through torch.cuda.CUDAGraph; a capture begun some other way is not seen, and its calls get
+    the eager choice (which, where it cannot be captured, makes that capture fail loudly)."""
+    return _captures > 0
+
+
+def _count_captures() -> None:
+    """Wraps torch.cuda.CUDAGraph.capture_begin/capture_end (once) to keep `_captures`."""
+    graph = torch.cuda.CUDAGraph
+    if getattr(graph.capture_begin, "_kdispatch_counts", False):
+        return
+    begin, end = graph.capture_begin, graph.capture_end
+
+    @functools.wraps(begin)
+    def capture_begin(self, *args, **kwargs):
+        global _captures
+        begin(self, *args, **kwargs)
+        _captures += 1
+
+    @functools.wraps(end)
+    def capture_end(self, *args, **kwargs):
+        global _captures
+        try:
+            end(self, *args, **kwargs)
+        finally:
+            _captures = max(0, _captures - 1)
+
+    capture_begin._kdispatch_counts = True
+    graph.capture_begin, graph.capture_end = capture_begin, capture_end
+
+
+if torch.backends.cuda.is_built():
+    _count_captures()
 
 
 def _py_signature(tensors):

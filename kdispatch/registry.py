@@ -8,7 +8,12 @@ A variant module registers itself with the `variant` decorator:
 
 `supports(features)` is a cheap pure function of the shape features (the variable axes): None (or
 True) when the variant takes the shape, else a short reason (False: no reason given);
-`Variant.declines` returns that reason, which `kdispatch explain` shows. Provenance is computed,
+`Variant.declines` returns that reason, which `kdispatch explain` shows.
+
+Launch configurations are candidates, not hand-set ladders: `configs={label: kwargs}` registers one
+variant per configuration, named `<name>.<label>`, whose callable passes `kwargs` to the decorated
+one; with `configs`, `supports` is called as `supports(features, kwargs)`. The tuner measures each
+like any variant, the router picks per region, and the router header lists what each label sets. Provenance is computed,
 not listed (kdispatch/provenance.py): the defining module, the project modules and kernel sources it
 uses, transitively, and for a library variant the library's version.
 
@@ -20,6 +25,7 @@ device).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -51,6 +57,7 @@ class Variant:
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
     baseline: bool = False
     meta: dict = field(default_factory=dict)  # provenance of landed candidates (author, parent, date)
+    config: dict = field(default_factory=dict)  # the launch configuration a configured variant passes
 
     @cached_property
     def source(self) -> Path:
@@ -107,17 +114,40 @@ _discovered = False
 
 
 def variant(definition: str, name: str, *, backend: str, archs, supports=None, requires=(),
-            baseline: bool = False, meta=None):
-    """Register the decorated callable as a variant of `definition` (full or short name)."""
+            baseline: bool = False, meta=None, configs: dict[str, dict] | None = None):
+    """Register the decorated callable as a variant of `definition` (full or short name), or with
+    `configs` one variant per launch configuration (see the module docstring)."""
     if backend not in BACKENDS:
         raise ValueError(f"variant {name!r}: backend must be one of {BACKENDS}, got {backend!r}")
+    if configs is not None and (baseline or not configs):
+        raise ValueError(f"variant {name!r}: configs must be a non-empty dict, and a baseline has one configuration")
 
     def deco(fn):
-        register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
-                         baseline, dict(meta or {})))
+        if configs is None:
+            register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
+                             baseline, dict(meta or {})))
+            return fn
+        for label, kwargs in configs.items():
+            register(Variant(definition, f"{name}.{label}", _configured(fn, kwargs), backend, tuple(archs),
+                             _configured_supports(supports, kwargs), tuple(requires), False, dict(meta or {}),
+                             dict(kwargs)))
         return fn
 
     return deco
+
+
+def _configured(fn: Callable, kwargs: dict) -> Callable:
+    @functools.wraps(fn)  # provenance follows __wrapped__ to fn's module
+    def call(*args, **kw):
+        return fn(*args, **kwargs, **kw)
+
+    return call
+
+
+def _configured_supports(supports, kwargs: dict) -> Callable[[dict], object]:
+    if supports is None:
+        return _always
+    return lambda features: supports(features, kwargs)
 
 
 def register(v: Variant) -> Variant:

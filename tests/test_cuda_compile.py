@@ -237,9 +237,9 @@ def test_imports_stay_light():
 def test_cuda_variants_are_registered():
     from kdispatch import registry
 
-    d = registry.get("gdn_decode", "cuda_decode_warp_rows")
+    d = registry.get("gdn_decode", "cuda_decode_warp_rows.r4cs")
     p = registry.get("gdn_prefill", "cuda_prefill_thread_rows")
-    a = registry.get("dsa_sparse_attention", "cuda_splitk")
+    a = registry.get("dsa_sparse_attention", "cuda_splitk.s16")
     r = registry.get("dsa_topk_indexer", "cuda_radix_select")
     w = registry.get("dsa_topk_indexer", "cuda_wgmma_radix")
     for v, cu in ((d, "decode_warp_rows.cu"), (p, "prefill_thread_rows.cu"), (a, "sparse_attention_splitk.cu"),

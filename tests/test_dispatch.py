@@ -165,3 +165,24 @@ def test_every_op_runs_on_cpu_through_dispatch():
         assert len(outs) == len(spec)
         for t, (name, s) in zip(outs, spec.items()):
             assert str(t.dtype).endswith(s["dtype"]), (short, name, t.dtype)
+
+
+def test_capture_counter_follows_cuda_graph_captures(monkeypatch):
+    """`capturing()` counts captures begun through torch.cuda.CUDAGraph (the GPU test checks a real
+    capture); a capture that fails to begin is not counted, and capture_end always uncounts."""
+    import torch
+
+    from kdispatch import dispatch
+
+    if not torch.backends.cuda.is_built():
+        pytest.skip("torch without CUDA: nothing to wrap")
+    graph = torch.cuda.CUDAGraph
+    assert graph.capture_begin._kdispatch_counts and not dispatch.capturing()
+    with pytest.raises(Exception):
+        graph.capture_begin(object())  # not a graph: the original raises before counting
+    assert not dispatch.capturing()
+    monkeypatch.setattr(dispatch, "_captures", 1)
+    assert dispatch.capturing()
+    with pytest.raises(Exception):
+        graph.capture_end(object())
+    assert not dispatch.capturing()

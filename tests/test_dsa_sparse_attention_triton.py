@@ -127,5 +127,7 @@ def test_splitk_zero_tokens_and_registration():
     out, lse = S.dsa_sparse_attention_splitk(*args)
     assert out.shape == (0, 16, 512) and lse.shape == (0, 16)
     registry.discover()
-    v = registry.get(DEF, "triton_splitk")
-    assert v.backend == "triton" and v.archs == ("sm90",)
+    v = registry.get(DEF, "triton_splitk.b64s16")
+    assert v.backend == "triton" and v.archs == ("sm90",) and v.config == dict(BLOCK_N=64, NSPLIT=16)
+    assert v.declines({"num_tokens": 64}) is None and "workspace" in v.declines({"num_tokens": 65})
+    assert registry.get(DEF, "triton_splitk.b64s1").declines({"num_tokens": 8192}) is None

@@ -102,3 +102,22 @@ def test_a_wrong_toy_variant_fails_the_gate(tmp_path, toy):
     trials = [(args, gate.reference("toy_scale", args))]
     assert gate.run_gate("toy_scale", registry.get(NAME, "toy_fast").fn, trials).passed
     assert not gate.run_gate("toy_scale", lambda x, alpha: x * (alpha + 0.1), trials).passed
+
+
+def test_launch_configurations_are_variants_of_their_own(toy):
+    def scaled(x, alpha, *, extra):
+        return x * alpha + extra
+
+    registry.variant("toy_scale", "toy_cfg", backend="torch", archs=("*",),
+                     configs={"e0": dict(extra=0.0), "e1": dict(extra=1.0)},
+                     supports=lambda f, c: None if c["extra"] == 0.0 or f["num_rows"] <= 4 else "too many rows")(scaled)
+    try:
+        e0, e1 = registry.get(NAME, "toy_cfg.e0"), registry.get(NAME, "toy_cfg.e1")
+        x = torch.ones(2, 4)
+        assert torch.equal(e0.fn(x, 2.0), x * 2) and torch.equal(e1.fn(x, 2.0), x * 2 + 1)
+        assert e1.config == {"extra": 1.0} and e0.provenance != e1.provenance
+        assert e1.declines({"num_rows": 5}) == "too many rows" and e0.declines({"num_rows": 5}) is None
+        assert "toy_cfg" not in [v.name for v in registry.variants("toy_scale")]
+    finally:
+        registry.unregister(NAME, "toy_cfg.e0")
+        registry.unregister(NAME, "toy_cfg.e1")

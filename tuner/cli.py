@@ -3,6 +3,7 @@
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ...] [--device cuda|cuda:N[,M]]
                    [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
+                    [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
     kdispatch bench --workloads DIR [DIR ...] [--definitions D ...] [--device ...] [--quick] [--json PATH]
     kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
@@ -63,6 +64,8 @@ def add_commands(sub) -> None:
     _defs_arg(p)
     p.add_argument("--workloads", nargs="+", metavar="DIR",
                    help="fit on the workloads of these trace sets only (default: all in the store)")
+    p.add_argument("--check", metavar="PATH", help="a store of workloads never fitted on, measured with every "
+                                                    "variant (tuner/results/heldout/): each router's regret there")
     p.set_defaults(func=cmd_route)
 
     p = sub.add_parser("explain", help="which variant the router picks for a shape, and why")
@@ -149,10 +152,19 @@ def cmd_route(args) -> int:
 
         _check_workloads(args)
         uuids = {d: [w["uuid"] for w in workload_dicts(args.workloads, d)] for d in defs.names()}
+    from .store import twin_of
+
+    if args.check and not (Path(args.check).exists() or twin_of(Path(args.check)).exists()):
+        _fail(args, f"no results store at {args.check}")
     done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout)
     if not done:
         print("the store has no measurements: run `kdispatch tune` on a GPU machine first", file=sys.stderr)
         return 1
+    if args.check:
+        from .flows import check_routers
+        from .store import Store
+
+        check_routers(done, Store.open(args.check), sys.stdout)
     return 0
 
 
@@ -262,7 +274,7 @@ def cmd_explain(args) -> int:
         for n in names:
             r = table.rows.get((n, u))
             cells.append(f"{'-' if r is None else (f'{r.median_us:.2f}' if r.passed else r.status[:22]):>22}")
-        print("  " + "  ".join(f"{table.axes[u][a]:>13}" for a in var) + "  " + "  ".join(cells))
+        print("  " + "  ".join(f"{table.axes[u].get(a, '')!s:>13}" for a in var) + "  " + "  ".join(cells))
     if len(near) > 40:
         print(f"  ... and {len(near) - 40} more")
     return 0

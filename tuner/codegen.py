@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kdispatch import definitions as defs
+from kdispatch import registry
 
 from . import features as feats
 from .fit import Policy, required_gain, variant_summary
@@ -68,6 +69,19 @@ def _used_features(definition: str, policy: Policy) -> list[str]:
         if r.variant != policy.baseline:
             used.update(r.bounds)
     return [f for f in defs.get(definition).spec.derived if f in used]
+
+
+def _configs(definition: str, names) -> dict[str, str]:
+    """name -> "key=value ..." for the configured variants among `names` (from the registry)."""
+    out = {}
+    for name in names:
+        try:
+            cfg = registry.get(definition, name).config
+        except KeyError:
+            continue
+        if cfg:
+            out[name] = " ".join(f"{k}={v}" for k, v in cfg.items())
+    return out
 
 
 def _heldout_lines(h: dict | None, label: str) -> list[str]:
@@ -173,6 +187,10 @@ def render(policy: Policy) -> str:
             if s["not_graph_safe"]:
                 extra += f"  [{s['not_graph_safe']} not graph-safe]"
             lines.append(f"#   {name:<{width}}  {s['hash']}  {s['passed']}/{s['measured']}  {sp}{extra}"[:HEADER_WIDTH * 2])
+        configs = _configs(d, summ)
+        if configs:
+            lines.append("# configs     launch configurations the tuner measured as variants of their own")
+            lines += [f"#   {name:<{width}}  {cfg}" for name, cfg in configs.items()]
     lines += [
         "# fit         threshold splits over " + ", ".join(feats.fit_names(d)) + "; a variant replaces the baseline",
         "#             in a region only where it passed and was faster on every workload there by more than",

@@ -17,10 +17,10 @@ where s = (p90 - p10) / 2 of the repetitions and gain = min_gain = 3% (CUDA-grap
 spreads; the floor absorbs run-to-run drift so that a re-measurement does not find the routed op
 slower than the baseline), or more for a variant whose time is known to vary between processes
 (`Spec.run_to_run`, e.g. fla-core's chunk prefill: `required_gain`). The same margin decides
-"slower than the baseline" in the held-out regret and in `kdispatch bench`. Times are compared
-like with like: graph against graph; against a baseline that can
-only be events-timed (it syncs with the host), a graph-timed variant must also win on eager host +
-device time (`beats_like_with_like`). A variant is admissible in a region only if admissible on
+"slower than the baseline" in the held-out regret and in `kdispatch bench`. A baseline that syncs
+with the host (the MoE reference) cannot be captured, so its graph-mode time is its device time
+around an eager call (events), the least it could cost; how it fares on eager calls is the eager
+policy's business (below). A variant is admissible in a region only if admissible on
 EVERY workload of the region; a variant that failed (or was not measured) on any workload of a region
 is never chosen for it. Where the baseline itself failed (it raised, ran out of memory, or was
 wrong), every variant that passed there is admissible: anything correct beats it.
@@ -31,20 +31,23 @@ with their own 10-90 spread; there a variant that cannot be captured is admissib
 holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
 choices differ.
 
-Regions (`fit`). A region's choice is the admissible variant of least total weighted latency (ties:
-the baseline, then by name). Regions are grown as a binary tree of threshold splits
+Regions (`fit`). A workload's cost under a variant is its latency over the fastest admissible
+variant's there (1 = the best choice; a 20% slower choice costs 1.2), times the workload's weight,
+so that short calls count as much as long ones (summed microseconds let a few long calls decide
+for every short one, which held-out regret, a per-shape ratio, then shows). A region's choice is
+the admissible variant of least total cost (ties: the baseline, then by name). Regions are grown as a binary tree of threshold splits
 `feature <= t` over the features in `FeatureSpec.fit`: at each node every threshold between two
-adjacent distinct feature values of the node's workloads is scored by the total latency of its
+adjacent distinct feature values of the node's workloads is scored by the total cost of its
 two children, each child valued at the better of staying one region or its own best split
 (one level of lookahead, so a variant winning only in a middle interval is found); the best is
-kept if it lowers the node's latency by more than `min_split_gain` (1%) of it, each side keeps at
-least `min_leaf` workloads (2), and depth <= `max_depth` (3, so at most 8 regions). Sibling leaves
+kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps at
+least `min_leaf` workloads (2), and depth <= `max_depth` (4, so at most 16 regions). Sibling leaves
 with the same choice are merged, then adjacent boxes with the same choice. Ties between splits go
 to the earlier feature and the lower threshold, so the result is deterministic. Thresholds sit
 midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
 them go to the nearer side and shapes beyond the tuned range get the outermost region's choice.
 
-Fallback chains. Each region also lists its other admissible variants, by weighted latency there
+Fallback chains. Each region also lists its other admissible variants, by total cost there
 (`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
 dispatcher takes the next one instead of the baseline. Only within the measured range of every
 numeric feature (`Policy.measured`): beyond it no variant was measured at all, so only the nearest
@@ -79,9 +82,9 @@ def required_gain(params: "FitParams", definition: str, variant: str) -> float:
 
 @dataclass
 class FitParams:
-    max_depth: int = 3
+    max_depth: int = 4
     min_leaf: float = 2.0  # workload weight per region
-    min_split_gain: float = 0.01  # fraction of the node's latency a split must save
+    min_split_gain: float = 0.01  # fraction of the node's cost a split must save
     min_gain: float = 0.03  # a variant must beat the baseline by this fraction (or the spread)
     # (definition, variant) -> extra known run-to-run variation, on top of the specs' `run_to_run`
     run_to_run: dict = field(default_factory=dict)
@@ -243,18 +246,20 @@ class _Matrix:
                 if j == 0:
                     self.ok[j, i] = True
                 elif x is not None and name not in unsafe and b is not None and (mode == "eager" or r.routable):
-                    self.ok[j, i] = (not b.passed or (beats_like_with_like(r, b, required_gain(params, t.definition, name))
-                                                      if mode == "graph" else
-                                                      timed(b, mode) is not None and
-                                                      beats(x, timed(b, mode), required_gain(params, t.definition, name))))
+                    tb = timed(b, mode)
+                    self.ok[j, i] = not b.passed or (tb is not None and
+                                                     beats(x, tb, required_gain(params, t.definition, name)))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)
         self.lat[0] = np.where(np.isnan(self.lat[0]), np.where(np.isfinite(worst), worst, 0.0), self.lat[0])
-        self.cost = np.where(np.isnan(self.lat), 0.0, self.lat) * self.w[None, :]
+        # cost: latency over the workload's fastest admissible variant (see the module docstring)
+        best = np.nanmin(np.where(self.ok, self.lat, np.nan), axis=0)
+        best = np.where(best > 0, best, 1.0)  # a workload nothing timed costs nothing
+        self.cost = np.where(np.isnan(self.lat), 0.0, self.lat / best[None, :]) * self.w[None, :]
 
     def leaf(self, idx: np.ndarray) -> tuple[int, float]:
-        """(variant index, weighted latency) of the best admissible variant over workloads idx."""
+        """(variant index, total cost) of the best admissible variant over workloads idx."""
         good = self.ok[:, idx].all(axis=1)
         costs = np.where(good, self.cost[:, idx].sum(axis=1), np.inf)
         j = int(np.argmin(costs))  # first minimum: baseline, then by name
@@ -262,7 +267,7 @@ class _Matrix:
 
     def runners_up(self, idx: np.ndarray, chosen: int) -> list[str]:
         """The variants other than `chosen` and the baseline admissible on every workload of idx,
-        by weighted latency there (ties by name)."""
+        by total cost there (ties by name)."""
         good = self.ok[:, idx].all(axis=1)
         costs = self.cost[:, idx].sum(axis=1)
         return [self.names[j] for j in sorted(range(1, len(self.names)), key=lambda j: (costs[j], self.names[j]))
@@ -295,20 +300,6 @@ class _Matrix:
         for *_, lc, rc in self.splits(idx, min_leaf):
             best = min(best, lc + rc)
         return best
-
-
-def beats_like_with_like(r: Result, b: Result, min_gain: float) -> bool:
-    """Does variant row r beat baseline row b, comparing times taken the same way?
-
-    Both graph-timed (or both events-timed): the device medians. A baseline that syncs with the host
-    (the MoE reference) can only be events-timed, and events around eager calls include launch gaps
-    that a graph replay hides, so a graph-timed variant must beat it twice: on the device medians
-    and on eager host + device time, which every row has and which is measured the same way for both."""
-    if r.method.split(":")[0] == b.method.split(":")[0]:
-        return beats(r, b, min_gain)
-    if r.eager_us is None or b.eager_us is None:
-        return False
-    return beats(r, b, min_gain) and r.eager_us * (1 + min_gain) < b.eager_us
 
 
 def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True, mode: str = "graph") -> Policy:
@@ -466,37 +457,71 @@ def heldout_regret(t: Table, params: FitParams | None = None, mode: str = "graph
     k = min(params.folds, len(t.uuids))
     if k < 2:
         return {"folds": k, "workloads": 0}
-    regrets, chosen_sum, best_sum, base_sum = [], 0.0, 0.0, 0.0
-    slower_ones, unsafe = [], []
+    acc = _RegretSum()
     for fold in range(k):
         held = [u for u in t.uuids if _fold_of(u, k) == fold]
         train = [u for u in t.uuids if _fold_of(u, k) != fold]
-        if not held or not train:
-            continue
-        pol = fit(t.subset(train), params, with_heldout=False, mode=mode)
-        for u in held:
+        if held and train:
+            acc.add(fit(t.subset(train), params, with_heldout=False, mode=mode), t, held, mode, params.min_gain)
+    return {"folds": k, **acc.summary()}
+
+
+def measured_regret(policy: Policy, t: Table, mode: str = "graph") -> dict:
+    """The regret of a fitted policy (of its `mode`) on another measured set `t` of the same
+    definition and architecture (e.g. the held-out workloads, measured with every variant and never
+    fitted on): what `kdispatch bench` would report, without running the routed op."""
+    pol = policy.eager if mode == "eager" and policy.eager is not None else policy
+    acc = _RegretSum()
+    acc.add(pol, t, t.uuids, mode, policy.params.min_gain)
+    return acc.summary()
+
+
+class _RegretSum:
+    """Routed vs best vs baseline over workloads, as the dispatcher would route them: the first
+    variant of the region's chain that accepts the shape (its `supports`)."""
+
+    def __init__(self):
+        self.regrets, self.chosen, self.best, self.base = [], 0.0, 0.0, 0.0
+        self.slower, self.unsafe = [], []
+
+    def add(self, pol: Policy, t: Table, uuids, mode: str, min_gain: float) -> None:
+        for u in uuids:
             b = timed(t.rows.get((t.baseline, u)), mode)
             if b is None:
                 continue
-            name = pol.route(t.features[u])
+            name = _dispatched(pol, t, u)
             row = t.rows.get((name, u))
             r = timed(row, mode)
             if name != t.baseline and (r is None or (mode == "graph" and not row.routable)):
-                unsafe.append(u)  # routed to a variant that failed (or was not measured) here
+                self.unsafe.append(u)  # routed to a variant that failed (or was not measured) here
                 r = b
             best = min(timed(x, mode).median_us for (v, uu), x in t.rows.items()
                        if uu == u and timed(x, mode) is not None and (mode == "eager" or x.routable or v == t.baseline))
-            regrets.append(r.median_us / best - 1.0)
-            chosen_sum += r.median_us
-            best_sum += best
-            base_sum += b.median_us
-            if name != t.baseline and r is not b and slower(r, b, params.min_gain):
-                slower_ones.append(u)
-    if not regrets:
-        return {"folds": k, "workloads": 0}
-    return {"folds": k, "workloads": len(regrets),
-            "regret_mean_pct": round(100 * sum(regrets) / len(regrets), 2),
-            "regret_max_pct": round(100 * max(regrets), 2),
-            "regret_total_pct": round(100 * (chosen_sum / best_sum - 1.0), 2),
-            "speedup_vs_baseline": round(base_sum / chosen_sum, 3),
-            "slower_than_baseline": len(slower_ones), "unsafe": len(unsafe)}
+            self.regrets.append(r.median_us / best - 1.0)
+            self.chosen += r.median_us
+            self.best += best
+            self.base += b.median_us
+            if name != t.baseline and r is not b and slower(r, b, min_gain):
+                self.slower.append(u)
+
+    def summary(self) -> dict:
+        if not self.regrets:
+            return {"workloads": 0}
+        return {"workloads": len(self.regrets),
+                "regret_mean_pct": round(100 * sum(self.regrets) / len(self.regrets), 2),
+                "regret_max_pct": round(100 * max(self.regrets), 2),
+                "regret_total_pct": round(100 * (self.chosen / self.best - 1.0), 2),
+                "speedup_vs_baseline": round(self.base / self.chosen, 3),
+                "slower_than_baseline": len(self.slower), "unsafe": len(self.unsafe)}
+
+
+def _dispatched(pol: Policy, t: Table, u: str) -> str:
+    from kdispatch import registry
+
+    for name in pol.chain(t.features[u]):
+        try:
+            if registry.get(t.definition, name).declines(t.axes[u]) is None:
+                return name
+        except KeyError:  # not registered here: the dispatcher would skip it too
+            continue
+    return t.baseline

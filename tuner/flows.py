@@ -142,6 +142,23 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
     return done
 
 
+def check_routers(done, check: Store, stream) -> dict:
+    """Each fitted router's regret per call mode on a store of workloads it was not fitted on
+    (`fit.measured_regret`): printed, and returned as {definition: {mode: summary}}."""
+    out = {}
+    for d, _path, policy in done:
+        t = fitting.load_table(check, d, policy.arch)
+        if t is None:
+            continue
+        out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
+        for m, h in out[d].items():
+            if h.get("workloads"):
+                stream.write(f"[check] {defs.get(d).short} {m}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
+                             f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
+                             f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe\n")
+    return out
+
+
 def _warn_stale(table, stream) -> None:
     try:
         for name, h in sorted(table.hashes.items()):

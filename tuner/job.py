@@ -96,8 +96,9 @@ def run_job(job: Job, emit: Callable) -> None:
             if name == "routed":
                 from kdispatch import arch as _arch
 
-                extra["routed_to"] = fn.choose(_arch.arch_of(device), dict(w["axes"])).name
-                extra["routed_to_eager"] = fn.choose(_arch.arch_of(device), dict(w["axes"]), "eager").name
+                axes = fn.checker.check(trials[0][0])  # every variable axis, as a call computes them
+                extra["routed_to"] = fn.choose(_arch.arch_of(device), axes).name
+                extra["routed_to_eager"] = fn.choose(_arch.arch_of(device), axes, "eager").name
             try:
                 verdict = gate.run_gate(definition, fn, trials)
             except gate.ContextLost as exc:

@@ -5,32 +5,119 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-24T01:04:29Z
-# workloads   23 (workload-set digest d1d5421b1731f4a2)
+# measured    up to 2026-11-25T02:32:42Z
+# workloads   39 (workload-set digest 3cfe02f1e00989e3)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference      1ce1b87a23951010  23/23  1.00x
-#   cuda_splitk    d002b24d517d4d79  23/23  12.44x
-#   triton_splitk  0ce1e40fc8d80308  23/23  11.14x
+#   reference             1ce1b87a23951010  39/39  1.00x
+#   cuda_splitk.s1        d7808f4708b69fb0  39/39  2.48x
+#   cuda_splitk.s16       faa3676ec72b24b9  30/30  10.76x
+#   cuda_splitk.s2        e72ed2d759d00285  34/34  3.19x
+#   cuda_splitk.s4        103607f3661b68be  33/33  5.05x
+#   cuda_splitk.s64       090f92bdb98b81d3  28/28  10.08x
+#   cuda_splitk.s8        3878171ea11d050d  32/32  7.86x
+#   triton_splitk.b32s64  bbae7e66dcaa9562  28/28  9.23x
+#   triton_splitk.b64s1   fb029d2b0e27b67d  39/39  2.86x
+#   triton_splitk.b64s16  992b66e56486f2eb  30/30  10.37x
+#   triton_splitk.b64s4   53f9ce8492e128aa  33/33  5.85x
+# configs     launch configurations the tuner measured as variants of their own
+#   cuda_splitk.s1        cfg=(1, 2, 2)
+#   cuda_splitk.s16       cfg=(16, 2, 2)
+#   cuda_splitk.s2        cfg=(2, 2, 2)
+#   cuda_splitk.s4        cfg=(4, 2, 2)
+#   cuda_splitk.s64       cfg=(64, 1, 1)
+#   cuda_splitk.s8        cfg=(8, 2, 2)
+#   triton_splitk.b32s64  BLOCK_N=32 NSPLIT=64
+#   triton_splitk.b64s1   BLOCK_N=64 NSPLIT=1
+#   triton_splitk.b64s16  BLOCK_N=64 NSPLIT=16
+#   triton_splitk.b64s4   BLOCK_N=64 NSPLIT=4
 # fit         threshold splits over num_tokens; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             12.340x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions
-#   1. every shape: cuda_splitk, 23 workloads, 12.44x (10.96x .. 13.83x) over reference; then triton_splitk
-# measured    1 <= num_tokens <= 8
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.87% mean, 26.07% max;
+#             18.270x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.41% mean, 172.15% max;
+#             16.387x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. num_tokens <= 4: cuda_splitk.s64, 12 workloads, 12.98x (11.01x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 4 < num_tokens <= 9: cuda_splitk.s16, 15 workloads, 12.06x (11.45x .. 12.70x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   3. 9 < num_tokens <= 28: triton_splitk.b64s16, 2 workloads, 10.42x (10.12x .. 10.73x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   4. 28 < num_tokens <= 172: triton_splitk.b64s4, 3 workloads, 11.63x (10.72x .. 12.88x) over reference; then cuda_splitk.s2, cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b64s1, cuda_splitk.s1
+#   5. num_tokens > 172: triton_splitk.b64s1, 7 workloads, 17.57x (15.93x .. 19.09x) over reference; then cuda_splitk.s1
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. num_tokens <= 1: cuda_splitk.s64, 2 workloads, 13.63x (12.49x .. 14.88x) over reference; then cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, cuda_splitk.s16, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8
+#   2. 1 < num_tokens <= 2: triton_splitk.b32s64, 9 workloads, 8.10x (4.88x .. 15.22x) over reference; then cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s2, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
+#   3. 2 < num_tokens <= 6: cuda_splitk.s8, 5 workloads, 11.37x (9.25x .. 15.19x) over reference; then cuda_splitk.s16, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s64, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   4. 6 < num_tokens <= 9: cuda_splitk.s64, 11 workloads, 10.04x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   5. 9 < num_tokens <= 94: cuda_splitk.s8, 4 workloads, 8.59x (7.27x .. 11.13x) over reference; then cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   6. 94 < num_tokens <= 314: cuda_splitk.s1, 2 workloads, 12.75x (12.73x .. 12.77x) over reference; then triton_splitk.b64s1, cuda_splitk.s2, triton_splitk.b64s4, cuda_splitk.s4
+#   7. num_tokens > 314: triton_splitk.b64s1, 6 workloads, 17.32x (15.15x .. 18.48x) over reference; then cuda_splitk.s1
+# measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk', 'bounds': {}, 'workloads': 23, 'speedup': (10.96, 12.44, 13.83), 'fallbacks': ('triton_splitk',)},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 12, 'speedup': (11.01, 12.98, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 9)}, 'workloads': 15, 'speedup': (11.45, 12.06, 12.7), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (9, 28)}, 'workloads': 2, 'speedup': (10.12, 10.42, 10.73), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (28, 172)}, 'workloads': 3, 'speedup': (10.72, 11.63, 12.88), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (172, None)}, 'workloads': 7, 'speedup': (15.93, 17.57, 19.09), 'fallbacks': ('cuda_splitk.s1',)},
 )
 
-MEASURED = {'num_tokens': (1, 8)}  # feature -> (min, max) over the tuned workloads
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 1)}, 'workloads': 2, 'speedup': (12.49, 13.63, 14.88), 'fallbacks': ('cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8')},
+    {'region': 2, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (1, 2)}, 'workloads': 9, 'speedup': (4.88, 8.1, 15.22), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (2, 6)}, 'workloads': 5, 'speedup': (9.25, 11.37, 15.19), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 9)}, 'workloads': 11, 'speedup': (9.07, 10.04, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (9, 94)}, 'workloads': 4, 'speedup': (7.27, 8.59, 11.13), 'fallbacks': ('cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 6, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (94, 314)}, 'workloads': 2, 'speedup': (12.73, 12.75, 12.77), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'cuda_splitk.s4')},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (314, None)}, 'workloads': 6, 'speedup': (15.15, 17.32, 18.48), 'fallbacks': ('cuda_splitk.s1',)},
+)
+
+MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(num_tokens, num_pages):
-    inside = 1 <= num_tokens <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 23 workloads, 12.44x (10.96x .. 13.83x) over reference
-    return ('cuda_splitk', 'triton_splitk') if inside else 'cuda_splitk'
+    inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
+    # region 1: 12 workloads, 12.98x (11.01x .. 14.05x) over reference
+    if num_tokens <= 4:
+        return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
+    # region 2: 15 workloads, 12.06x (11.45x .. 12.70x) over reference
+    if 4 < num_tokens <= 9:
+        return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
+    # region 3: 2 workloads, 10.42x (10.12x .. 10.73x) over reference
+    if 9 < num_tokens <= 28:
+        return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
+    # region 4: 3 workloads, 11.63x (10.72x .. 12.88x) over reference
+    if 28 < num_tokens <= 172:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
+    # region 5: 7 workloads, 17.57x (15.93x .. 19.09x) over reference
+    if num_tokens > 172:
+        return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
+    return 'reference'
+
+
+def route_eager(num_tokens, num_pages):
+    inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
+    # region 1: 2 workloads, 13.63x (12.49x .. 14.88x) over reference
+    if num_tokens <= 1:
+        return ('cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8') if inside else 'cuda_splitk.s64'
+    # region 2: 9 workloads, 8.10x (4.88x .. 15.22x) over reference
+    if 1 < num_tokens <= 2:
+        return ('triton_splitk.b32s64', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b32s64'
+    # region 3: 5 workloads, 11.37x (9.25x .. 15.19x) over reference
+    if 2 < num_tokens <= 6:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+    # region 4: 11 workloads, 10.04x (9.07x .. 11.67x) over reference
+    if 6 < num_tokens <= 9:
+        return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s64'
+    # region 5: 4 workloads, 8.59x (7.27x .. 11.13x) over reference
+    if 9 < num_tokens <= 94:
+        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+    # region 6: 2 workloads, 12.75x (12.73x .. 12.77x) over reference
+    if 94 < num_tokens <= 314:
+        return ('cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'cuda_splitk.s4') if inside else 'cuda_splitk.s1'
+    # region 7: 6 workloads, 17.32x (15.15x .. 18.48x) over reference
+    if num_tokens > 314:
+        return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
+    return 'reference'

@@ -4,47 +4,113 @@
 # definition  dsa_topk_indexer_fp8_h64_d128_topk2048_ps64
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
-# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer none
-# measured    up to 2026-11-24T01:17:32Z
-# workloads   128 (workload-set digest 27515d474006a0ae)
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
+# measured    up to 2026-11-24T19:27:57Z
+# workloads   158 (workload-set digest 12c4c0c9ed3d172c)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference              1fccd3d055194bde  128/128  1.00x
-#   cuda_radix_select      b6bd904d3b097e26  128/128  34.90x
-#   cuda_wgmma_radix       ed327986f462c4ff  128/128  36.13x
-#   torch_passthrough      e9c76d260eb89f58  69/69  3.22x
-#   triton_fp8_radix       4340b0a424bea2dc  128/128  21.04x
-#   triton_fp8_torch_topk  9c36f2f4c0e66224  128/128  2.18x
-#   triton_passthrough     70898f3e20953ad9  69/69  81.75x
+#   reference              1fccd3d055194bde  158/158  1.00x
+#   cuda_radix_select      b6bd904d3b097e26  146/146  34.87x
+#   cuda_wgmma_radix       ed327986f462c4ff  146/146  35.94x
+#   torch_passthrough      e9c76d260eb89f58  82/82  3.13x
+#   triton_fp8_radix       4340b0a424bea2dc  146/146  21.39x
+#   triton_fp8_torch_topk  9c36f2f4c0e66224  158/158  2.35x
+#   triton_passthrough     70898f3e20953ad9  82/82  79.31x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             41.743x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions
-#   1. not kv_fits_topk: cuda_wgmma_radix, 59 workloads, 29.89x (20.79x .. 42.43x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
-#   2. kv_fits_topk: triton_passthrough, 69 workloads, 81.75x (49.41x .. 144.51x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
-# measured    1 <= batch_size <= 31, 1 <= max_num_pages <= 91, 1 <= kv_pages <= 2730
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
+#             23.958x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.16% mean, 101.46% max;
+#             12.174x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.81x (15.51x .. 69.50x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
+#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 32.84x) over reference
+#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. not kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66: cuda_wgmma_radix, 64 workloads, 17.37x (12.32x .. 30.10x) over reference; then cuda_radix_select, triton_fp8_radix
+#   2. max_num_pages <= 4 and kv_pages <= 3: triton_passthrough, 5 workloads, 25.21x (21.35x .. 35.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+#   3. max_num_pages <= 4 and 3 < kv_pages <= 4: cuda_wgmma_radix, 2 workloads, 19.24x (18.78x .. 19.71x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   4. max_num_pages <= 4 and 4 < kv_pages <= 33: triton_passthrough, 16 workloads, 25.83x (13.45x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   5. max_num_pages <= 4 and kv_pages > 33: cuda_wgmma_radix, 3 workloads, 26.28x (21.88x .. 30.97x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, torch_passthrough
+#   6. 4 < max_num_pages <= 125 and kv_pages <= 66: triton_passthrough, 7 workloads, 20.83x (11.78x .. 25.52x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   7. 125 < max_num_pages <= 373 and kv_pages <= 1458: triton_fp8_torch_topk, 2 workloads, 1.92x (1.82x .. 2.01x) over reference
+#   8. max_num_pages > 125 and kv_pages > 1458: triton_fp8_torch_topk, 8 workloads, 5.31x (1.73x .. 27.21x) over reference
+#   9. max_num_pages > 373 and kv_pages <= 1458: reference (baseline), 2 workloads
+#   10. kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66: triton_passthrough, 49 workloads, 22.21x (14.79x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+# measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0)}, 'workloads': 59, 'speedup': (20.79, 29.89, 42.43), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 69, 'speedup': (49.41, 81.75, 144.51), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.51, 29.81, 69.5), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 32.84), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
 )
 
-MEASURED = {'batch_size': (1, 31), 'max_num_pages': (1, 91), 'kv_pages': (1, 2730)}  # feature -> (min, max) over the tuned workloads
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (66, None), 'max_num_pages': (4, 125)}, 'workloads': 64, 'speedup': (12.32, 17.37, 30.1), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 3), 'max_num_pages': (None, 4)}, 'workloads': 5, 'speedup': (21.35, 25.21, 35.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (3, 4), 'max_num_pages': (None, 4)}, 'workloads': 2, 'speedup': (18.78, 19.24, 19.71), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 33), 'max_num_pages': (None, 4)}, 'workloads': 16, 'speedup': (13.45, 25.83, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 5, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (33, None), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (21.88, 26.28, 30.97), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough')},
+    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 66), 'max_num_pages': (4, 125)}, 'workloads': 7, 'speedup': (11.78, 20.83, 25.52), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 7, 'variant': 'triton_fp8_torch_topk', 'bounds': {'kv_pages': (None, 1458), 'max_num_pages': (125, 373)}, 'workloads': 2, 'speedup': (1.82, 1.92, 2.01), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_fp8_torch_topk', 'bounds': {'kv_pages': (1458, None), 'max_num_pages': (125, None)}, 'workloads': 8, 'speedup': (1.73, 5.31, 27.21), 'fallbacks': ()},
+    {'region': 9, 'variant': 'reference', 'bounds': {'kv_pages': (None, 1458), 'max_num_pages': (373, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (66, None), 'max_num_pages': (4, 125)}, 'workloads': 49, 'speedup': (14.79, 22.21, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+)
+
+MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, max_num_pages, num_pages):
     page_size, topk = 64, 2048  # constant axes
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
-    inside = 1 <= batch_size <= 31 and 1 <= max_num_pages <= 91 and 1 <= kv_pages <= 2730  # within the measured ranges: fallbacks apply
-    # region 1: 59 workloads, 29.89x (20.79x .. 42.43x) over reference
-    if not kv_fits_topk:
+    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
+    # region 1: 64 workloads, 29.81x (15.51x .. 69.50x) over reference
+    if not kv_fits_topk and max_num_pages <= 125:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 69 workloads, 81.75x (49.41x .. 144.51x) over reference
-    if kv_fits_topk:
+    # region 2: 12 workloads, 6.75x (1.75x .. 32.84x) over reference
+    if max_num_pages > 125:
+        return 'triton_fp8_torch_topk'
+    # region 3: 82 workloads, 79.31x (48.12x .. 144.89x) over reference
+    if kv_fits_topk and max_num_pages <= 125:
         return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
+    return 'reference'
+
+
+def route_eager(batch_size, max_num_pages, num_pages):
+    page_size, topk = 64, 2048  # constant axes
+    kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
+    kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
+    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
+    # region 1: 64 workloads, 17.37x (12.32x .. 30.10x) over reference
+    if not kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
+    # region 2: 5 workloads, 25.21x (21.35x .. 35.11x) over reference
+    if max_num_pages <= 4 and kv_pages <= 3:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
+    # region 3: 2 workloads, 19.24x (18.78x .. 19.71x) over reference
+    if max_num_pages <= 4 and 3 < kv_pages <= 4:
+        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
+    # region 4: 16 workloads, 25.83x (13.45x .. 39.82x) over reference
+    if max_num_pages <= 4 and 4 < kv_pages <= 33:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 5: 3 workloads, 26.28x (21.88x .. 30.97x) over reference
+    if max_num_pages <= 4 and kv_pages > 33:
+        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
+    # region 6: 7 workloads, 20.83x (11.78x .. 25.52x) over reference
+    if 4 < max_num_pages <= 125 and kv_pages <= 66:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 7: 2 workloads, 1.92x (1.82x .. 2.01x) over reference
+    if 125 < max_num_pages <= 373 and kv_pages <= 1458:
+        return 'triton_fp8_torch_topk'
+    # region 8: 8 workloads, 5.31x (1.73x .. 27.21x) over reference
+    if max_num_pages > 125 and kv_pages > 1458:
+        return 'triton_fp8_torch_topk'
+    # region 10: 49 workloads, 22.21x (14.79x .. 36.28x) over reference
+    if kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
     return 'reference'

@@ -5,33 +5,89 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-24T01:04:18Z
-# workloads   54 (workload-set digest 5be536a29c485755)
+# measured    up to 2026-11-25T03:16:25Z
+# workloads   74 (workload-set digest 3dd17ebb8f756331)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer             23508cc269fe7722  54/54  1.00x
-#   cuda_decode_warp_rows  25ecb569edbf590a  54/54  1.38x
-#   fla_fused_recurrent    1bbd83927a36c348  54/54  0.78x
-#   triton_decode_splitv   3bd9f75d107db99a  54/54  1.35x
+#   flashinfer                  8df80b6907cc3d76  74/74  1.00x
+#   cuda_decode_warp_rows.r1    25e04ee833a98786  74/74  1.29x
+#   cuda_decode_warp_rows.r1cs  b5d67f4346cb31da  74/74  1.34x
+#   cuda_decode_warp_rows.r2    b4a339f1ce734c7b  74/74  1.27x
+#   cuda_decode_warp_rows.r2cs  2b6ed54a40f92211  74/74  1.32x
+#   cuda_decode_warp_rows.r4    9b5b2bec1e519122  74/74  1.31x
+#   cuda_decode_warp_rows.r4cs  7aa51511fdfc7733  74/74  1.35x
+#   cuda_decode_warp_rows.r8    2b3baf06116461de  74/74  1.29x
+#   cuda_decode_warp_rows.r8cs  af0763dde8b38787  74/74  1.33x
+#   fla_fused_recurrent         a798730411d694e6  74/74  0.75x
+#   triton_decode_splitv        3bd9f75d107db99a  74/74  1.31x
+# configs     launch configurations the tuner measured as variants of their own
+#   cuda_decode_warp_rows.r1    rows=1 cs=False
+#   cuda_decode_warp_rows.r1cs  rows=1 cs=True
+#   cuda_decode_warp_rows.r2    rows=2 cs=False
+#   cuda_decode_warp_rows.r2cs  rows=2 cs=True
+#   cuda_decode_warp_rows.r4    rows=4 cs=False
+#   cuda_decode_warp_rows.r4cs  rows=4 cs=True
+#   cuda_decode_warp_rows.r8    rows=8 cs=False
+#   cuda_decode_warp_rows.r8cs  rows=8 cs=True
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.12% mean, 0.77% max;
-#             1.210x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions
-#   1. every shape: cuda_decode_warp_rows, 54 workloads, 1.38x (1.10x .. 2.17x) over flashinfer; then triton_decode_splitv
-# measured    1 <= batch_size <= 64
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.44% mean, 9.13% max;
+#             1.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.62% mean, 86.36% max;
+#             1.754x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. batch_size <= 56: cuda_decode_warp_rows.r4cs, 57 workloads, 1.45x (1.11x .. 1.98x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
+#   2. 56 < batch_size <= 618: cuda_decode_warp_rows.r1cs, 15 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
+#   3. batch_size > 618: flashinfer (baseline), 2 workloads
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. batch_size <= 1: cuda_decode_warp_rows.r4, 11 workloads, 2.80x (2.02x .. 4.09x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2
+#   2. 1 < batch_size <= 3: cuda_decode_warp_rows.r8cs, 2 workloads, 2.33x (2.16x .. 2.51x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs
+#   3. 3 < batch_size <= 9: cuda_decode_warp_rows.r4, 18 workloads, 2.31x (1.63x .. 3.43x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs
+#   4. batch_size > 9: cuda_decode_warp_rows.r1cs, 43 workloads, 1.85x (1.15x .. 2.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+# measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows', 'bounds': {}, 'workloads': 54, 'speedup': (1.1, 1.38, 2.17), 'fallbacks': ('triton_decode_splitv',)},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 56)}, 'workloads': 57, 'speedup': (1.11, 1.45, 1.98), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (56, 618)}, 'workloads': 15, 'speedup': (1.03, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (618, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'batch_size': (1, 64)}  # feature -> (min, max) over the tuned workloads
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (2.02, 2.8, 4.09), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 3)}, 'workloads': 2, 'speedup': (2.16, 2.33, 2.51), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (3, 9)}, 'workloads': 18, 'speedup': (1.63, 2.31, 3.43), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (9, None)}, 'workloads': 43, 'speedup': (1.15, 1.85, 2.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+)
+
+MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size):
-    inside = 1 <= batch_size <= 64  # within the measured ranges: fallbacks apply
-    # region 1: 54 workloads, 1.38x (1.10x .. 2.17x) over flashinfer
-    return ('cuda_decode_warp_rows', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows'
+    inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
+    # region 1: 57 workloads, 1.45x (1.11x .. 1.98x) over flashinfer
+    if batch_size <= 56:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 2: 15 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
+    if 56 < batch_size <= 618:
+        return 'cuda_decode_warp_rows.r1cs'
+    return 'flashinfer'
+
+
+def route_eager(batch_size):
+    inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
+    # region 1: 11 workloads, 2.80x (2.02x .. 4.09x) over flashinfer
+    if batch_size <= 1:
+        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4'
+    # region 2: 2 workloads, 2.33x (2.16x .. 2.51x) over flashinfer
+    if 1 < batch_size <= 3:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 3: 18 workloads, 2.31x (1.63x .. 3.43x) over flashinfer
+    if 3 < batch_size <= 9:
+        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4'
+    # region 4: 43 workloads, 1.85x (1.15x .. 2.84x) over flashinfer
+    if batch_size > 9:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
+    return 'flashinfer'

@@ -5,38 +5,90 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-24T01:04:03Z
-# workloads   100 (workload-set digest 99065d99a46fc4b3)
+# measured    up to 2026-11-25T03:17:44Z
+# workloads   140 (workload-set digest 8e726c32098d04ad)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                53665fbbfeda06ce  100/100  1.00x
-#   cuda_prefill_thread_rows  86276d7e11d4e789  100/100  0.96x
-#   fla_chunk                 564b12289ce24bdf  100/100  0.03x  [100 not graph-safe]
-#   triton_prefill_recurrent  1b61fa10fb7e9611  100/100  0.62x
-# fit         threshold splits over total_seq_len, mean_seq_len, num_seqs; a variant replaces the baseline
+#   flashinfer                749ecf4ce7280111  140/140  1.00x
+#   cuda_prefill_thread_rows  86276d7e11d4e789  140/140  0.79x
+#   fla_chunk                 77331920d2611be5  140/140  0.03x  [140 not graph-safe]
+#   triton_prefill_recurrent  1b61fa10fb7e9611  140/140  0.52x
+# fit         threshold splits over total_seq_len, num_seqs; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    5-fold over workloads: regret vs the best variant 0.54% mean, 34.03% max;
-#             1.318x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions
-#   1. mean_seq_len <= 138: cuda_prefill_thread_rows, 58 workloads, 2.83x (1.05x .. 8.09x) over flashinfer
-#   2. mean_seq_len > 138: flashinfer (baseline), 42 workloads
-# measured    6 <= total_seq_len <= 8192, 6 <= mean_seq_len <= 2854, 1 <= num_seqs <= 57
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.14% mean, 39.10% max;
+#             1.204x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.60% mean, 210.72% max;
+#             2.351x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. total_seq_len <= 56 and 6 < num_seqs <= 23: cuda_prefill_thread_rows, 3 workloads, 2.59x (1.96x .. 4.24x) over flashinfer; then triton_prefill_recurrent
+#   2. total_seq_len <= 317 and num_seqs <= 3: cuda_prefill_thread_rows, 64 workloads, 3.05x (1.05x .. 10.14x) over flashinfer
+#   3. total_seq_len <= 616 and 3 < num_seqs <= 6: cuda_prefill_thread_rows, 2 workloads, 2.43x (1.17x .. 5.04x) over flashinfer
+#   4. total_seq_len <= 760 and num_seqs > 23: triton_prefill_recurrent, 2 workloads, 1.51x (1.34x .. 1.69x) over flashinfer; then cuda_prefill_thread_rows
+#   5. total_seq_len > 56 and 6 < num_seqs <= 23: flashinfer (baseline), 11 workloads
+#   6. total_seq_len > 317 and num_seqs <= 3: flashinfer (baseline), 26 workloads
+#   7. total_seq_len > 616 and 3 < num_seqs <= 6: flashinfer (baseline), 6 workloads
+#   8. total_seq_len > 760 and num_seqs > 23: flashinfer (baseline), 26 workloads
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. total_seq_len <= 1007: cuda_prefill_thread_rows, 91 workloads, 7.66x (2.31x .. 22.66x) over flashinfer
+#   2. 1007 < total_seq_len <= 1458: flashinfer (baseline), 4 workloads
+#   3. 1458 < total_seq_len <= 1798 and num_seqs <= 4: cuda_prefill_thread_rows, 2 workloads, 1.95x (1.22x .. 3.11x) over flashinfer
+#   4. 1458 < total_seq_len <= 2664 and num_seqs > 4: cuda_prefill_thread_rows, 2 workloads, 1.52x (1.40x .. 1.65x) over flashinfer
+#   5. total_seq_len > 1798 and num_seqs <= 4: flashinfer (baseline), 13 workloads
+#   6. total_seq_len > 2664 and num_seqs > 4: flashinfer (baseline), 28 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 138)}, 'workloads': 58, 'speedup': (1.05, 2.83, 8.09), 'fallbacks': ()},
-    {'region': 2, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (138, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (6, 23), 'total_seq_len': (None, 56)}, 'workloads': 3, 'speedup': (1.96, 2.59, 4.24), 'fallbacks': ('triton_prefill_recurrent',)},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 317)}, 'workloads': 64, 'speedup': (1.05, 3.05, 10.14), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (3, 6), 'total_seq_len': (None, 616)}, 'workloads': 2, 'speedup': (1.17, 2.43, 5.04), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_recurrent', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 760)}, 'workloads': 2, 'speedup': (1.34, 1.51, 1.69), 'fallbacks': ('cuda_prefill_thread_rows',)},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'num_seqs': (6, 23), 'total_seq_len': (56, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (317, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'num_seqs': (3, 6), 'total_seq_len': (616, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (760, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (6, 8192), 'mean_seq_len': (6, 2854), 'num_seqs': (1, 57)}  # feature -> (min, max) over the tuned workloads
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'total_seq_len': (None, 1007)}, 'workloads': 91, 'speedup': (2.31, 7.66, 22.66), 'fallbacks': ()},
+    {'region': 2, 'variant': 'flashinfer', 'bounds': {'total_seq_len': (1007, 1458)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1458, 1798)}, 'workloads': 2, 'speedup': (1.22, 1.95, 3.11), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (1458, 2664)}, 'workloads': 2, 'speedup': (1.4, 1.52, 1.65), 'fallbacks': ()},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1798, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (2664, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+)
+
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    # region 1: 58 workloads, 2.83x (1.05x .. 8.09x) over flashinfer
-    if mean_seq_len <= 138:
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256  # within the measured ranges: fallbacks apply
+    # region 1: 3 workloads, 2.59x (1.96x .. 4.24x) over flashinfer
+    if total_seq_len <= 56 and 6 < num_seqs <= 23:
+        return ('cuda_prefill_thread_rows', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows'
+    # region 2: 64 workloads, 3.05x (1.05x .. 10.14x) over flashinfer
+    if total_seq_len <= 317 and num_seqs <= 3:
+        return 'cuda_prefill_thread_rows'
+    # region 3: 2 workloads, 2.43x (1.17x .. 5.04x) over flashinfer
+    if total_seq_len <= 616 and 3 < num_seqs <= 6:
+        return 'cuda_prefill_thread_rows'
+    # region 4: 2 workloads, 1.51x (1.34x .. 1.69x) over flashinfer
+    if total_seq_len <= 760 and num_seqs > 23:
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows') if inside else 'triton_prefill_recurrent'
+    return 'flashinfer'
+
+
+def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
+    # region 1: 91 workloads, 7.66x (2.31x .. 22.66x) over flashinfer
+    if total_seq_len <= 1007:
+        return 'cuda_prefill_thread_rows'
+    # region 3: 2 workloads, 1.95x (1.22x .. 3.11x) over flashinfer
+    if 1458 < total_seq_len <= 1798 and num_seqs <= 4:
+        return 'cuda_prefill_thread_rows'
+    # region 4: 2 workloads, 1.52x (1.40x .. 1.65x) over flashinfer
+    if 1458 < total_seq_len <= 2664 and num_seqs > 4:
         return 'cuda_prefill_thread_rows'
     return 'flashinfer'

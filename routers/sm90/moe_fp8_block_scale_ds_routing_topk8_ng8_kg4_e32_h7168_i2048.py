@@ -5,45 +5,108 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-23T21:09:48Z
-# workloads   19 (workload-set digest 046fad58567f69ef)
+# measured    up to 2026-11-25T02:34:03Z
+# workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference           c16a3bde9b55b3d2  19/19  1.00x
-#   triton_grouped_m16  dc9be4a41e24a800  19/19  19.55x
-#   triton_grouped_m32  defe3ebdac52d6ac  19/19  20.18x
-#   triton_grouped_m64  f8eaf7a12f117939  19/19  19.01x
+#   reference           c16a3bde9b55b3d2  35/35  1.00x
+#   triton_grouped_m16  dc9be4a41e24a800  35/35  16.62x
+#   triton_grouped_m32  defe3ebdac52d6ac  35/35  17.78x
+#   triton_grouped_m64  f8eaf7a12f117939  35/35  17.25x
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    5-fold over workloads: regret vs the best variant 0.19% mean, 3.68% max;
-#             17.733x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions
-#   1. seq_len <= 71: triton_grouped_m16, 15 workloads, 23.01x (10.09x .. 27.65x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   2. 71 < seq_len <= 6424: triton_grouped_m32, 2 workloads, 26.02x (24.72x .. 27.39x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   3. seq_len > 6424: triton_grouped_m64, 2 workloads, 10.42x (10.28x .. 10.56x) over reference; then triton_grouped_m32, triton_grouped_m16
-# measured    1 <= seq_len <= 14107
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.13% mean, 20.14% max;
+#             14.619x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.96% mean, 215.11% max;
+#             7.974x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. seq_len <= 384: triton_grouped_m16, 25 workloads, 21.36x (8.13x .. 29.21x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   2. 384 < seq_len <= 1536: triton_grouped_m32, 3 workloads, 24.86x (23.05x .. 28.86x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   3. seq_len > 1536: triton_grouped_m64, 7 workloads, 11.69x (8.31x .. 20.09x) over reference; then triton_grouped_m32, triton_grouped_m16
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. seq_len <= 3: reference (baseline), 3 workloads
+#   2. 3 < seq_len <= 11: triton_grouped_m32, 3 workloads, 3.08x (2.43x .. 4.06x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   3. 11 < seq_len <= 15: triton_grouped_m16, 2 workloads, 6.49x (5.93x .. 7.10x) over reference; then triton_grouped_m64, triton_grouped_m32
+#   4. 15 < seq_len <= 24: triton_grouped_m64, 2 workloads, 5.07x (4.43x .. 5.79x) over reference; then triton_grouped_m16, triton_grouped_m32
+#   5. 24 < seq_len <= 42: triton_grouped_m16, 2 workloads, 9.35x (9.27x .. 9.43x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   6. 42 < seq_len <= 55: triton_grouped_m32, 4 workloads, 10.79x (9.56x .. 12.37x) over reference; then triton_grouped_m16, triton_grouped_m64
+#   7. 55 < seq_len <= 58: triton_grouped_m16, 3 workloads, 9.90x (8.93x .. 11.65x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   8. 58 < seq_len <= 63: triton_grouped_m32, 2 workloads, 9.82x (8.66x .. 11.13x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   9. 63 < seq_len <= 384: triton_grouped_m16, 4 workloads, 11.97x (11.00x .. 13.31x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   10. 384 < seq_len <= 962: triton_grouped_m32, 2 workloads, 13.11x (11.20x .. 15.34x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   11. seq_len > 962: triton_grouped_m64, 8 workloads, 9.39x (7.78x .. 12.47x) over reference; then triton_grouped_m32, triton_grouped_m16
+# measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 71)}, 'workloads': 15, 'speedup': (10.09, 23.01, 27.65), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (71, 6424)}, 'workloads': 2, 'speedup': (24.72, 26.02, 27.39), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (6424, None)}, 'workloads': 2, 'speedup': (10.28, 10.42, 10.56), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
+    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 384)}, 'workloads': 25, 'speedup': (8.13, 21.36, 29.21), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (23.05, 24.86, 28.86), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (8.31, 11.69, 20.09), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
 )
 
-MEASURED = {'seq_len': (1, 14107)}  # feature -> (min, max) over the tuned workloads
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'reference', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (3, 11)}, 'workloads': 3, 'speedup': (2.43, 3.08, 4.06), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 3, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (11, 15)}, 'workloads': 2, 'speedup': (5.93, 6.49, 7.1), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m32')},
+    {'region': 4, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (15, 24)}, 'workloads': 2, 'speedup': (4.43, 5.07, 5.79), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m32')},
+    {'region': 5, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (24, 42)}, 'workloads': 2, 'speedup': (9.27, 9.35, 9.43), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 6, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (42, 55)}, 'workloads': 4, 'speedup': (9.56, 10.79, 12.37), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m64')},
+    {'region': 7, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (55, 58)}, 'workloads': 3, 'speedup': (8.93, 9.9, 11.65), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 8, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (58, 63)}, 'workloads': 2, 'speedup': (8.66, 9.82, 11.13), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 9, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (63, 384)}, 'workloads': 4, 'speedup': (11.0, 11.97, 13.31), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 10, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (384, 962)}, 'workloads': 2, 'speedup': (11.2, 13.11, 15.34), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 11, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (962, None)}, 'workloads': 8, 'speedup': (7.78, 9.39, 12.47), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
+)
+
+MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(seq_len):
-    inside = 1 <= seq_len <= 14107  # within the measured ranges: fallbacks apply
-    # region 1: 15 workloads, 23.01x (10.09x .. 27.65x) over reference
-    if seq_len <= 71:
+    inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 25 workloads, 21.36x (8.13x .. 29.21x) over reference
+    if seq_len <= 384:
         return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 2: 2 workloads, 26.02x (24.72x .. 27.39x) over reference
-    if 71 < seq_len <= 6424:
+    # region 2: 3 workloads, 24.86x (23.05x .. 28.86x) over reference
+    if 384 < seq_len <= 1536:
         return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 3: 2 workloads, 10.42x (10.28x .. 10.56x) over reference
-    if seq_len > 6424:
+    # region 3: 7 workloads, 11.69x (8.31x .. 20.09x) over reference
+    if seq_len > 1536:
+        return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
+    return 'reference'
+
+
+def route_eager(seq_len):
+    inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 2: 3 workloads, 3.08x (2.43x .. 4.06x) over reference
+    if 3 < seq_len <= 11:
+        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
+    # region 3: 2 workloads, 6.49x (5.93x .. 7.10x) over reference
+    if 11 < seq_len <= 15:
+        return ('triton_grouped_m16', 'triton_grouped_m64', 'triton_grouped_m32') if inside else 'triton_grouped_m16'
+    # region 4: 2 workloads, 5.07x (4.43x .. 5.79x) over reference
+    if 15 < seq_len <= 24:
+        return ('triton_grouped_m64', 'triton_grouped_m16', 'triton_grouped_m32') if inside else 'triton_grouped_m64'
+    # region 5: 2 workloads, 9.35x (9.27x .. 9.43x) over reference
+    if 24 < seq_len <= 42:
+        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
+    # region 6: 4 workloads, 10.79x (9.56x .. 12.37x) over reference
+    if 42 < seq_len <= 55:
+        return ('triton_grouped_m32', 'triton_grouped_m16', 'triton_grouped_m64') if inside else 'triton_grouped_m32'
+    # region 7: 3 workloads, 9.90x (8.93x .. 11.65x) over reference
+    if 55 < seq_len <= 58:
+        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
+    # region 8: 2 workloads, 9.82x (8.66x .. 11.13x) over reference
+    if 58 < seq_len <= 63:
+        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
+    # region 9: 4 workloads, 11.97x (11.00x .. 13.31x) over reference
+    if 63 < seq_len <= 384:
+        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
+    # region 10: 2 workloads, 13.11x (11.20x .. 15.34x) over reference
+    if 384 < seq_len <= 962:
+        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
+    # region 11: 8 workloads, 9.39x (7.78x .. 12.47x) over reference
+    if seq_len > 962:
         return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
     return 'reference'

@@ -160,5 +160,5 @@ def test_every_compiled_config_is_tested():
 
 def test_registered():
     registry.discover()
-    v = registry.get("dsa_sparse_attention", "cuda_splitk")
+    v = registry.get("dsa_sparse_attention", "cuda_splitk.s16")
     assert v.backend == "cuda" and any(s.name == "sparse_attention_splitk.cu" for s in v.files)

@@ -74,7 +74,7 @@ def test_indexer_short_regime(name, workload):
 @pytest.mark.parametrize("workload", _spread(_workloads(SPARSE, lambda a: True), 4) if TRACES.is_dir() else [],
                          ids=lambda w: f"T{w.axes['num_tokens']}")
 def test_sparse_attention_splitk(workload):
-    _gate_and_graph(SPARSE, "triton_splitk", workload)
+    _gate_and_graph(SPARSE, "triton_splitk.b64s16", workload)
 
 
 @pytest.mark.parametrize("name", ["triton_grouped_m16", "triton_grouped_m32", "triton_grouped_m64"])

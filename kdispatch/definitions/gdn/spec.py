@@ -13,7 +13,7 @@ import math
 import torch
 
 from kdispatch.checks import Tol, first_bad
-from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Floor, Rotation, Spec
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -154,8 +154,10 @@ SPECS = {
         **_COMMON),
     "gdn_prefill_qk4_v8_d128_k_last": Spec(
         short="gdn_prefill", build=build_prefill, reference="kdispatch.references.gdn_prefill",
-        fit=("total_seq_len", "mean_seq_len", "num_seqs"), main="total_seq_len",
-        derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
+        # Not the mean length: the recurrent kernels' time follows the longest sequence, which a shape
+        # does not show (one long sequence among short ones has the mean of many equal ones), so
+        # regions are boxes of total tokens x sequences, measured over every length mix.
+        fit=("total_seq_len", "num_seqs"), main="total_seq_len",
         # Chunked kernels do the intra-chunk math in bf16 (measured ~4e-3 norm error for FlashInfer
         # and fla, whose worst element over millions exceeds 1e-2): 5e-2 elementwise, and the norm
         # bounds catch any systematic drift.

@@ -76,7 +76,20 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-@variant("dsa_sparse_attention", "cuda_splitk", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"))
+MAX_WORKSPACE_CTAS = 1024  # splits x tokens of a registered configuration: at most 32 MiB of fp32 partials
+
+
+def _fits_workspace(features: dict, kwargs: dict) -> str | None:
+    splits = kwargs["cfg"][0]
+    if splits > 1 and splits * features["num_tokens"] > MAX_WORKSPACE_CTAS:
+        return f"{splits} splits x {features['num_tokens']} tokens: workspace above 32 MiB"
+    return None
+
+
+# Every compiled configuration is a candidate the tuner measures (`cuda_splitk.s64`, ...); `config(T)`
+# is the default of a direct call.
+@variant("dsa_sparse_attention", "cuda_splitk", backend="cuda", archs=("sm90",), requires=("triton", "cuda.core"),
+         configs={f"s{c[0]}": dict(cfg=c) for c in CONFIGS}, supports=_fits_workspace)
 def dsa_sparse_attention_cuda_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, *,
                                      cfg: tuple[int, int, int] | None = None):
     T = q_nope.shape[0]

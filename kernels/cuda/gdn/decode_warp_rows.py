@@ -6,8 +6,9 @@
     returns  (out [B, 1, 8, 128] bf16, state)
 
 One kernel launch, no host-device sync (CUDA-graph safe). A warp owns R consecutive V rows of
-one (batch, head), lane l owns K columns 4l..4l+3; `config(B)` picks R and whether the state is
-loaded/stored evict-first (measured on an H100).
+one (batch, head), lane l owns K columns 4l..4l+3. Every (R, evict-first state accesses) pair is a
+registered configuration (`cuda_decode_warp_rows.r4cs`, ...) that the tuner measures and routes by
+batch size; `config(B)` is the default of a direct call.
 The kernel compiles on first call (cached on disk, see kdispatch.nvrtc); importing this module
 touches no GPU.
 """
@@ -48,7 +49,11 @@ def kernel(rows: int, cs: bool = False) -> nvrtc.Kernel:
     return kern
 
 
-@variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",))
+CONFIGS = {f"r{rows}{'cs' if cs else ''}": dict(rows=rows, cs=cs) for rows in (1, 2, 4, 8) for cs in (False, True)}
+
+
+@variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+         configs=CONFIGS)
 def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int | None = None,
                          cs: bool | None = None):
     B = q.shape[0]

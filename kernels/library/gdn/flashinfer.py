@@ -2,15 +2,14 @@
 prefill on sm_90 and sm_100.
 
 FlashInfer updates the decode state in place; its prefill takes the gates already activated (in
-fp32) and writes the final state to a separate buffer, which is copied back into `state` to keep
-the ops' in-place contract. Prefill is bracketed by kernels/triton/gdn/prefill_guard.py: one launch
-before (cu_seqlens checked on the device, the gates activated) and one after (the state copy, which
-a malformed batch skips, zeroing the output instead), so no cu_seqlens value reaches FlashInfer
-unchecked.
+fp32) and writes the final states where `output_state` says: the initial states themselves, each
+sequence's read before it is overwritten, so the ops' in-place contract costs no copy. Prefill is
+bracketed by kernels/triton/gdn/prefill_guard.py: one launch before (cu_seqlens checked on the
+device, the gates activated; a malformed batch becomes N empty sequences, whose final states are
+their initial ones) and one after (a malformed batch's output zeroed), so no cu_seqlens value
+reaches FlashInfer unchecked.
 """
 from __future__ import annotations
-
-import torch
 
 from kdispatch.registry import variant
 
@@ -33,10 +32,9 @@ def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     from kdispatch.kernels.triton.gdn import prefill_guard  # imports triton: only when called
 
     cu, ok, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=True, A_log=A_log, a=a,
-                                              dt_bias=dt_bias, b=b)
-    final = torch.empty_like(state)
+                                              dt_bias=dt_bias, b=b, malformed="empty")
     out = chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
-                                 output_final_state=True, cu_seqlens=cu, output_state=final)
+                                 output_final_state=True, cu_seqlens=cu, output_state=state)
     if isinstance(out, tuple):
         out = out[0]
-    return prefill_guard.commit(state, final, out, ok)
+    return prefill_guard.commit(state, None, out, ok)

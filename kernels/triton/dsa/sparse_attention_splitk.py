@@ -226,7 +226,21 @@ def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, output: torch.Tensor,
     )
 
 
-@variant("dsa_sparse_attention", "triton_splitk", backend="triton", archs=("sm90",),
-         requires=("triton",))
-def dsa_sparse_attention_triton_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
-    return dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
+# (BLOCK_N, NSPLIT) pairs the tuner measures as `triton_splitk.b32s64`, ...; `splitk_config` is the
+# default of a direct call.
+CONFIGS = ((32, 64), (64, 16), (64, 4), (64, 1))
+MAX_WORKSPACE_PROGRAMS = 1024  # NSPLIT x tokens of a registered configuration: at most 32 MiB of partials
+
+
+def _fits_workspace(features: dict, kwargs: dict) -> str | None:
+    if kwargs["NSPLIT"] * features["num_tokens"] > MAX_WORKSPACE_PROGRAMS and kwargs["NSPLIT"] > 1:
+        return f"{kwargs['NSPLIT']} splits x {features['num_tokens']} tokens: workspace above 32 MiB"
+    return None
+
+
+@variant("dsa_sparse_attention", "triton_splitk", backend="triton", archs=("sm90",), requires=("triton",),
+         configs={f"b{bn}s{ns}": dict(BLOCK_N=bn, NSPLIT=ns) for bn, ns in CONFIGS}, supports=_fits_workspace)
+def dsa_sparse_attention_triton_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, *,
+                                       BLOCK_N: int, NSPLIT: int):
+    return dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale,
+                                       BLOCK_N=BLOCK_N, NSPLIT=NSPLIT)
