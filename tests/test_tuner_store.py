@@ -221,3 +221,18 @@ def test_add_lands_a_flashinfer_bench_solution(tmp_path):
             landing.add(src, kernels_dir=kernels)
     finally:
         registry.unregister(DECODE, "agent_gdn_decode_py")
+
+
+def test_bench_counts_slower_only_where_the_routed_op_served_another_variant():
+    """A routed op that served the baseline itself is the baseline's call (plus dispatch, measured on
+    its own): its drift against the baseline's measurement is not "slower"; a variant is."""
+    from kdispatch.tuner.flows import bench_table
+
+    s, eid = filled()
+    for b, served, t in ((1, "flashinfer", 20.0), (2, "fast", 20.0), (8, "flashinfer", 18.0)):
+        r = row(eid, "routed", f"w{b}", t)
+        r.metrics = {"routed_to": served, "routed_to_eager": served}
+        s.put(r)
+    _, summary = bench_table(s, eid, DECODE)
+    assert summary["graph"]["slower_than_baseline"] == 1  # w2 only (w1: 20 vs 11, but the baseline's call)
+    assert summary["graph"]["regret_max_pct"] > 0

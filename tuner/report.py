@@ -1,7 +1,8 @@
 """`kdispatch report`: a Markdown report of the store, per (architecture, definition), with plots.
 
 Per definition: the environment, the regions of the fitted router with their measured speedups,
-the held-out regret, a table per variant (passed / measured, geomean speedup over the baseline,
+the held-out regret, the eager calls' regions and the measured shapes whose eager and graph choices
+differ, a table per variant (passed / measured, geomean speedup over the baseline,
 first failure), and a PNG of latency against the definition's main feature (tuner/features.py)
 for every variant, with the router's choice on each workload circled. The PNG needs matplotlib;
 without it the report says so and links the plots an earlier run left in the folder.
@@ -72,6 +73,7 @@ def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
                    f"{h['slower_than_baseline']} workloads slower than the baseline beyond the spread; "
                    f"{h['unsafe']} routed to a variant that failed there.")
         out.append("")
+    out += _eager_lines(policy, t)
     out += ["| variant | source hash | passed / measured | geomean speedup over baseline | first failure |",
             "| --- | --- | ---: | ---: | --- |"]
     for name, s in fitting.variant_summary(t).items():
@@ -79,6 +81,32 @@ def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
         fail = " ".join(s["first_failure"].split()).replace("|", "/")
         out.append(f"| `{name}` | `{s['hash']}` | {s['passed']} / {s['measured']} | {sp} | {fail} |")
     out.append("")
+    return out
+
+
+MAX_DIFFERING_ROWS = 40
+
+
+def _eager_lines(policy: fitting.Policy, t: fitting.Table) -> list[str]:
+    """The eager policy where it differs from the graph one, and the measured shapes it routes otherwise."""
+    eager = policy.eager
+    if eager is None or codegen._same_choices(policy, eager):
+        return ["Eager calls get the same choices as captured ones.", ""]
+    d = t.definition
+    out = ["Eager calls (fitted on eager host + device times, `route_eager`):", "",
+           "| region | shapes | variant | workloads |", "| ---: | --- | --- | ---: |"]
+    for i, r in enumerate(eager.regions, 1):
+        out.append(f"| {i} | `{codegen._cond(d, r.bounds) or 'every shape'}` | `{r.variant}` | {len(r.uuids)} |")
+    axes = features.var_axes(d)
+    shapes = {tuple(t.axes[u].get(a, "") for a in axes): t.features[u] for u in t.uuids}  # repeats once
+    differ = [(s, g, e) for s, f in shapes.items() if (g := policy.route(f)) != (e := eager.route(f))]
+    out += ["", f"Measured shapes whose eager and graph choices differ: {len(differ)} of {len(shapes)}"
+            + (f" (the first {MAX_DIFFERING_ROWS})" if len(differ) > MAX_DIFFERING_ROWS else "") + ".", ""]
+    if differ:
+        out += ["| " + " | ".join(axes) + " | graph | eager |", "|" + " ---: |" * len(axes) + " --- | --- |"]
+        for shape, g, e in differ[:MAX_DIFFERING_ROWS]:
+            out.append("| " + " | ".join(map(str, shape)) + f" | `{g}` | `{e}` |")
+        out.append("")
     return out
 
 
