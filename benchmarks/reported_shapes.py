@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traces.build import _trace, _write_set, input_specs  # noqa: E402
+from traces.build import _trace, _write_set, mixed_inputs  # noqa: E402
 
 REPORTED = {
     "gdn_prefill": [{"total_seq_len": 6000, "num_seqs": 60}, {"total_seq_len": 960, "num_seqs": 24},
@@ -30,10 +30,7 @@ REPORTED = {
 
 
 def main() -> None:
-    import torch
-
     from kdispatch import definitions
-    from kdispatch.workloads import stable_seed
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -44,14 +41,7 @@ def main() -> None:
         traces, blob = [], {}
         for axes in shapes:
             uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kdispatch/reported/{name}/{json.dumps(axes, sort_keys=True)}"))
-            inputs = input_specs(defn, spec.model_scalars)
-            if spec.coverage.mix is not None:
-                g = torch.Generator().manual_seed(stable_seed(uuid, 0, "mix"))
-                for key, tensor in spec.coverage.mix(axes, "random", g).items():
-                    blob[f"{uuid}/{key}"] = tensor.contiguous()
-                    inputs[key] = {"type": "safetensors", "tensor_key": f"{uuid}/{key}",
-                                   "path": f"blob/{defn['op_type']}/{name}.safetensors"}
-            traces.append(_trace(defn, axes, inputs, uuid))
+            traces.append(_trace(defn, axes, mixed_inputs(defn, spec, axes, "random", uuid, blob), uuid))
         _write_set(opts.out, defn, definitions.path(name), traces, blob, set())
     print(f"wrote {sum(map(len, REPORTED.values()))} workloads under {opts.out}")
 

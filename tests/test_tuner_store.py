@@ -1,6 +1,7 @@
 """Results store (keys, missing pairs, its FlashInfer-Bench trace twin), the route / explain commands
 from a store alone, and candidate landing (`kdispatch add`)."""
 import json
+import os
 import textwrap
 
 import pytest
@@ -236,3 +237,28 @@ def test_bench_counts_slower_only_where_the_routed_op_served_another_variant():
     _, summary = bench_table(s, eid, DECODE)
     assert summary["graph"]["slower_than_baseline"] == 1  # w2 only (w1: 20 vs 11, but the baseline's call)
     assert summary["graph"]["regret_max_pct"] > 0
+
+
+def test_bench_routes_a_workload_that_omits_dependent_axes(tmp_path):
+    """Coverage and held-out prefill workloads give num_seqs and total_seq_len, not len_cu_seqlens
+    (the definition's constraint implies it); the routed op is asked with every axis a call has."""
+    import kdispatch.ops
+    from kdispatch.tuner import flows
+
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill"]
+    name = d.definition
+    folder = tmp_path / "set" / "workloads" / "gdn"
+    folder.mkdir(parents=True)
+    w = {"definition": name, "workload": {"uuid": "short-prefill", "axes": {"total_seq_len": 6, "num_seqs": 2},
+                                          "inputs": {}}, "solution": None, "evaluation": None}
+    (folder / f"{name}.jsonl").write_text(json.dumps(w) + "\n")
+    seen = []
+    d.set_router("cpu", lambda total_seq_len, num_seqs, len_cu_seqlens: seen.append(len_cu_seqlens) or "reference")
+    try:
+        store, info = flows.bench([tmp_path / "set"], definitions=["gdn_prefill"], variants=["reference"],
+                                  device="cpu", quick=True, in_process=True, stream=open(os.devnull, "w"))
+    finally:
+        d._routers.pop("cpu", None)
+        d.reset()
+    routed = [r for r in store.results(name) if r.variant == "routed"]
+    assert [r.status for r in routed] == ["PASSED"] and 3 in seen

@@ -156,26 +156,32 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
 
 def sampled_traces(defn: dict, spec, which: str) -> tuple[list[dict], dict]:
     """(workload traces, {tensor key: tensor} for the set's blob) of one definition."""
-    import torch
-
-    from kdispatch.workloads import stable_seed
-
     rng = random.Random(f"{which}/{defn['name']}")
     traces, blob = [], {}
-    blob_path = f"blob/{defn['op_type']}/{defn['name']}.safetensors"
     for i, axes in enumerate(sample_shapes(spec.coverage, which, rng)):
         mixes = spec.coverage.mixes
         mix = mixes[i % len(mixes)] if which == "coverage" else rng.choice(mixes)
         key = json.dumps(axes, sort_keys=True) + (f"/{mix}" if len(mixes) > 1 else "")
         uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kdispatch/{which}/{defn['name']}/{key}"))
-        inputs = input_specs(defn, spec.model_scalars)
-        if spec.coverage.mix is not None:
-            g = torch.Generator().manual_seed(stable_seed(uuid, 0, "mix"))
-            for name, tensor in spec.coverage.mix(axes, mix, g).items():
-                blob[f"{uuid}/{name}"] = tensor.contiguous()
-                inputs[name] = {"type": "safetensors", "path": blob_path, "tensor_key": f"{uuid}/{name}"}
-        traces.append(_trace(defn, axes, inputs, uuid))
+        traces.append(_trace(defn, axes, mixed_inputs(defn, spec, axes, mix, uuid, blob), uuid))
     return traces, blob
+
+
+def mixed_inputs(defn: dict, spec, axes: dict, mix: str, uuid: str, blob: dict) -> dict:
+    """A sampled workload's input specs; where the spec draws a length mix (prefill's cu_seqlens), the
+    mix's tensors go into `blob` (seeded by the uuid) and the specs point at the set's blob file."""
+    import torch
+
+    from kdispatch.workloads import stable_seed
+
+    inputs = input_specs(defn, spec.model_scalars)
+    if spec.coverage.mix is not None:
+        g = torch.Generator().manual_seed(stable_seed(uuid, 0, "mix"))
+        for name, tensor in spec.coverage.mix(axes, mix, g).items():
+            blob[f"{uuid}/{name}"] = tensor.contiguous()
+            inputs[name] = {"type": "safetensors", "path": f"blob/{defn['op_type']}/{defn['name']}.safetensors",
+                            "tensor_key": f"{uuid}/{name}"}
+    return inputs
 
 
 # ----------------------------------------------------------------------------------------------
