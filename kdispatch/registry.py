@@ -13,9 +13,10 @@ True) when the variant takes the shape, else a short reason (False: no reason gi
 Launch configurations are candidates, not hand-set ladders: `configs={label: kwargs}` registers one
 variant per configuration, named `<name>.<label>`, whose callable passes `kwargs` to the decorated
 one; with `configs`, `supports` is called as `supports(features, kwargs)`. The tuner measures each
-like any variant, the router picks per region, and the router header lists what each label sets. Provenance is computed,
-not listed (kdispatch/provenance.py): the defining module, the project modules and kernel sources it
-uses, transitively, and for a library variant the library's version.
+like any variant, the router picks per region, and the router header lists what each label sets.
+
+Provenance is computed, not listed (kdispatch/provenance.py): the defining module, the project
+modules and kernel sources it uses, transitively, and for a library variant the library's version.
 
 `discover()` imports `kdispatch.baselines` (the reference of every definition) and every module
 under `kdispatch.kernels`; a module that fails to import (a missing package, say) is recorded with

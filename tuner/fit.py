@@ -33,18 +33,18 @@ choices differ.
 
 Regions (`fit`). A workload's cost under a variant is its latency over the fastest admissible
 variant's there (1 = the best choice; a 20% slower choice costs 1.2), times the workload's weight,
-so that short calls count as much as long ones (summed microseconds let a few long calls decide
-for every short one, which held-out regret, a per-shape ratio, then shows). A region's choice is
-the admissible variant of least total cost (ties: the baseline, then by name). Regions are grown as a binary tree of threshold splits
-`feature <= t` over the features in `FeatureSpec.fit`: at each node every threshold between two
-adjacent distinct feature values of the node's workloads is scored by the total cost of its
-two children, each child valued at the better of staying one region or its own best split
-(one level of lookahead, so a variant winning only in a middle interval is found); the best is
-kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps at
-least `min_leaf` workloads (2), and depth <= `max_depth` (4, so at most 16 regions). Sibling leaves
-with the same choice are merged, then adjacent boxes with the same choice. Ties between splits go
-to the earlier feature and the lower threshold, so the result is deterministic. Thresholds sit
-midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
+so that short calls count as much as long ones (summed microseconds let a few long calls decide for
+every short one, which held-out regret, a per-shape ratio, then shows). A region's choice is the
+admissible variant of least total cost (ties: the baseline, then by name). Regions are grown as a
+binary tree of threshold splits `feature <= t` over the features in `FeatureSpec.fit`: at each node
+every threshold between two adjacent distinct feature values of the node's workloads is scored by
+the total cost of its two children, each child valued at the better of staying one region or its own
+best split (one level of lookahead, so a variant winning only in a middle interval is found); the
+best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps
+at least `min_leaf` workloads (2), and depth <= `max_depth` (4, so at most 16 regions). Sibling
+leaves with the same choice are merged, then adjacent boxes with the same choice. Ties between
+splits go to the earlier feature and the lower threshold, so the result is deterministic. Thresholds
+sit midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
 them go to the nearer side and shapes beyond the tuned range get the outermost region's choice.
 
 Fallback chains. Each region also lists its other admissible variants, by total cost there
@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kdispatch import definitions as defs
+from kdispatch import registry
 
 from . import features as feats
 from .stats import MODES, beats, geomean, slower, timed
@@ -516,12 +517,12 @@ class _RegretSum:
 
 
 def _dispatched(pol: Policy, t: Table, u: str) -> str:
-    from kdispatch import registry
-
+    """The first variant of u's chain that accepts u's shape (one not registered here is taken as
+    measured: it ran there)."""
     for name in pol.chain(t.features[u]):
         try:
             if registry.get(t.definition, name).declines(t.axes[u]) is None:
                 return name
-        except KeyError:  # not registered here: the dispatcher would skip it too
-            continue
+        except KeyError:
+            return name
     return t.baseline
