@@ -118,6 +118,9 @@ def test_launch_configurations_are_variants_of_their_own(toy):
         assert e1.config == {"extra": 1.0} and e0.provenance != e1.provenance
         assert e1.declines({"num_rows": 5}) == "too many rows" and e0.declines({"num_rows": 5}) is None
         assert "toy_cfg" not in [v.name for v in registry.variants("toy_scale")]
+        from kdispatch.tuner import codegen
+
+        assert codegen._configs(NAME, ["toy_fast", "toy_cfg.e1", "gone"]) == {"toy_cfg.e1": "extra=1.0"}  # the header
     finally:
         registry.unregister(NAME, "toy_cfg.e0")
         registry.unregister(NAME, "toy_cfg.e1")
