@@ -3,8 +3,8 @@
 1. The checked mode (KDISPATCH_CHECK=1, off by default): eager host + device time per call of
    `kdispatch.ops.<op>` with the checks off and on, on the smallest, a middle and the largest contest
    workload of each definition (by its first variable axis).
-2. The prefill guard (kernels/triton/gdn/prefill_guard.py): each library prefill variant (guard launch,
-   library kernel, commit launch) against the library kernel called bare, as an engine calls it
+2. The prefill guard (kernels/cuda/gdn/prefill_guard.py): each library prefill variant (guard launch,
+   library kernel, and for fla the commit launch) against the library kernel called bare, as an engine calls it
    (FlashInfer with gates activated beforehand, outside the timing; fla-core with the gates in its
    kernel; both leaving the final state in a new buffer), in CUDA graphs and eagerly.
 

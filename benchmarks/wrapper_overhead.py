@@ -34,13 +34,13 @@ def _bare_calls():
     """(definition, variant) -> (make_bare(args) -> fn(*args)): the library call alone."""
     import torch
 
-    from kdispatch.kernels.triton.gdn import prefill_guard
+    from kdispatch.kernels.cuda.gdn import prefill_guard
 
     def fi_prefill(args):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
         q, k, v, state, A_log, a, dt_bias, b, cu, scale = args
-        cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=True, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+        cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
         final = torch.empty_like(state)
         return lambda q, k, v, state, *_: chunk_gated_delta_rule(
             q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state, output_final_state=True,

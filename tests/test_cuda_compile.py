@@ -238,7 +238,7 @@ def test_cuda_variants_are_registered():
     from kdispatch import registry
 
     d = registry.get("gdn_decode", "cuda_decode_warp_rows.r4cs")
-    p = registry.get("gdn_prefill", "cuda_prefill_thread_rows")
+    p = registry.get("gdn_prefill", "cuda_prefill_thread_rows.k8c16")
     a = registry.get("dsa_sparse_attention", "cuda_splitk.s16")
     r = registry.get("dsa_topk_indexer", "cuda_radix_select")
     w = registry.get("dsa_topk_indexer", "cuda_wgmma_radix")

@@ -63,7 +63,9 @@ def add_commands(sub) -> None:
     p.add_argument("--arch", help="only this architecture (default: every one in the store)")
     _defs_arg(p)
     p.add_argument("--workloads", nargs="+", metavar="DIR",
-                   help="fit on the workloads of these trace sets only (default: all in the store)")
+                   help=f"fit on the workloads of these trace sets only (default: {' '.join(TUNE_SETS)}, what "
+                        "`tune` fits on, for the project's stores; every workload of a store given with --store); "
+                        "workloads measured once but since dropped from the sets lack the newer variants' rows")
     p.add_argument("--check", metavar="PATH", help="a store of workloads never fitted on, measured with every "
                                                     "variant (tuner/results/heldout/): each router's regret there")
     p.set_defaults(func=cmd_route)
@@ -147,6 +149,8 @@ def cmd_route(args) -> int:
 
     store = _stores(args)
     uuids = None
+    if args.workloads is None and args.store is None:
+        args.workloads = list(TUNE_SETS)
     if args.workloads:
         from kdispatch import definitions as defs
 

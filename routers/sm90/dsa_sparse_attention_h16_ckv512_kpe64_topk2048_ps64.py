@@ -5,21 +5,21 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T02:32:42Z
-# workloads   39 (workload-set digest 3cfe02f1e00989e3)
+# measured    up to 2026-11-25T07:23:43Z
+# workloads   55 (workload-set digest 88f208243be25818)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference             1ce1b87a23951010  39/39  1.00x
-#   cuda_splitk.s1        d7808f4708b69fb0  39/39  2.48x
-#   cuda_splitk.s16       faa3676ec72b24b9  30/30  10.76x
-#   cuda_splitk.s2        e72ed2d759d00285  34/34  3.19x
-#   cuda_splitk.s4        103607f3661b68be  33/33  5.05x
-#   cuda_splitk.s64       090f92bdb98b81d3  28/28  10.08x
-#   cuda_splitk.s8        3878171ea11d050d  32/32  7.86x
-#   triton_splitk.b32s64  bbae7e66dcaa9562  28/28  9.23x
-#   triton_splitk.b64s1   fb029d2b0e27b67d  39/39  2.86x
-#   triton_splitk.b64s16  992b66e56486f2eb  30/30  10.37x
-#   triton_splitk.b64s4   53f9ce8492e128aa  33/33  5.85x
+#   reference             1ce1b87a23951010  55/55  1.00x
+#   cuda_splitk.s1        d7808f4708b69fb0  55/55  3.34x
+#   cuda_splitk.s16       faa3676ec72b24b9  37/37  10.55x
+#   cuda_splitk.s2        e72ed2d759d00285  44/44  3.73x
+#   cuda_splitk.s4        103607f3661b68be  42/42  5.54x
+#   cuda_splitk.s64       090f92bdb98b81d3  32/32  9.94x
+#   cuda_splitk.s8        3878171ea11d050d  39/39  8.10x
+#   triton_splitk.b32s64  bbae7e66dcaa9562  32/32  9.04x
+#   triton_splitk.b64s1   fb029d2b0e27b67d  55/55  3.85x
+#   triton_splitk.b64s16  992b66e56486f2eb  37/37  10.41x
+#   triton_splitk.b64s4   53f9ce8492e128aa  42/42  6.39x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_splitk.s1        cfg=(1, 2, 2)
 #   cuda_splitk.s16       cfg=(16, 2, 2)
@@ -36,42 +36,46 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.87% mean, 26.07% max;
-#             18.270x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.41% mean, 172.15% max;
-#             16.387x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.75% mean, 13.04% max;
+#             18.642x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 56.52% mean, 1446.80% max;
+#             16.230x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 4: cuda_splitk.s64, 12 workloads, 12.98x (11.01x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 4 < num_tokens <= 9: cuda_splitk.s16, 15 workloads, 12.06x (11.45x .. 12.70x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 9 < num_tokens <= 28: triton_splitk.b64s16, 2 workloads, 10.42x (10.12x .. 10.73x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   4. 28 < num_tokens <= 172: triton_splitk.b64s4, 3 workloads, 11.63x (10.72x .. 12.88x) over reference; then cuda_splitk.s2, cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b64s1, cuda_splitk.s1
-#   5. num_tokens > 172: triton_splitk.b64s1, 7 workloads, 17.57x (15.93x .. 19.09x) over reference; then cuda_splitk.s1
+#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 12.98x (11.01x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 12.02x (11.45x .. 12.70x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   3. 8 < num_tokens <= 40: triton_splitk.b64s16, 6 workloads, 10.55x (9.92x .. 11.18x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   4. 40 < num_tokens <= 157: triton_splitk.b64s4, 5 workloads, 11.86x (11.03x .. 12.69x) over reference; then cuda_splitk.s2, cuda_splitk.s4, triton_splitk.b64s1, cuda_splitk.s1
+#   5. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 17.40x (13.18x .. 21.28x) over reference; then cuda_splitk.s1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 1: cuda_splitk.s64, 2 workloads, 13.63x (12.49x .. 14.88x) over reference; then cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, cuda_splitk.s16, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8
 #   2. 1 < num_tokens <= 2: triton_splitk.b32s64, 9 workloads, 8.10x (4.88x .. 15.22x) over reference; then cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s2, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
-#   3. 2 < num_tokens <= 6: cuda_splitk.s8, 5 workloads, 11.37x (9.25x .. 15.19x) over reference; then cuda_splitk.s16, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s64, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   4. 6 < num_tokens <= 9: cuda_splitk.s64, 11 workloads, 10.04x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   5. 9 < num_tokens <= 94: cuda_splitk.s8, 4 workloads, 8.59x (7.27x .. 11.13x) over reference; then cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   6. 94 < num_tokens <= 314: cuda_splitk.s1, 2 workloads, 12.75x (12.73x .. 12.77x) over reference; then triton_splitk.b64s1, cuda_splitk.s2, triton_splitk.b64s4, cuda_splitk.s4
-#   7. num_tokens > 314: triton_splitk.b64s1, 6 workloads, 17.32x (15.15x .. 18.48x) over reference; then cuda_splitk.s1
+#   3. 2 < num_tokens <= 4: triton_splitk.b64s16, 2 workloads, 14.00x (13.89x .. 14.11x) over reference; then triton_splitk.b64s4, cuda_splitk.s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   4. 4 < num_tokens <= 6: cuda_splitk.s16, 4 workloads, 9.45x (8.53x .. 10.97x) over reference; then cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   5. 6 < num_tokens <= 8: cuda_splitk.s64, 12 workloads, 10.01x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   6. 8 < num_tokens <= 13: reference (baseline), 2 workloads
+#   7. 13 < num_tokens <= 69: cuda_splitk.s8, 6 workloads, 9.86x (7.27x .. 28.82x) over reference; then cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1
+#   8. 69 < num_tokens <= 120: cuda_splitk.s1, 2 workloads, 10.23x (9.21x .. 11.36x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s4, triton_splitk.b64s1
+#   9. num_tokens > 120: triton_splitk.b64s1, 16 workloads, 15.98x (10.81x .. 18.81x) over reference; then cuda_splitk.s1
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 12, 'speedup': (11.01, 12.98, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 9)}, 'workloads': 15, 'speedup': (11.45, 12.06, 12.7), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (9, 28)}, 'workloads': 2, 'speedup': (10.12, 10.42, 10.73), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (28, 172)}, 'workloads': 3, 'speedup': (10.72, 11.63, 12.88), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (172, None)}, 'workloads': 7, 'speedup': (15.93, 17.57, 19.09), 'fallbacks': ('cuda_splitk.s1',)},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (11.01, 12.98, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (11.45, 12.02, 12.7), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 6, 'speedup': (9.92, 10.55, 11.18), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 157)}, 'workloads': 5, 'speedup': (11.03, 11.86, 12.69), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (13.18, 17.4, 21.28), 'fallbacks': ('cuda_splitk.s1',)},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 1)}, 'workloads': 2, 'speedup': (12.49, 13.63, 14.88), 'fallbacks': ('cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8')},
     {'region': 2, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (1, 2)}, 'workloads': 9, 'speedup': (4.88, 8.1, 15.22), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (2, 6)}, 'workloads': 5, 'speedup': (9.25, 11.37, 15.19), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 9)}, 'workloads': 11, 'speedup': (9.07, 10.04, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (9, 94)}, 'workloads': 4, 'speedup': (7.27, 8.59, 11.13), 'fallbacks': ('cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 6, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (94, 314)}, 'workloads': 2, 'speedup': (12.73, 12.75, 12.77), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'cuda_splitk.s4')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (314, None)}, 'workloads': 6, 'speedup': (15.15, 17.32, 18.48), 'fallbacks': ('cuda_splitk.s1',)},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (2, 4)}, 'workloads': 2, 'speedup': (13.89, 14.0, 14.11), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 6)}, 'workloads': 4, 'speedup': (8.53, 9.45, 10.97), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 8)}, 'workloads': 12, 'speedup': (9.07, 10.01, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 6, 'variant': 'reference', 'bounds': {'num_tokens': (8, 13)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (13, 69)}, 'workloads': 6, 'speedup': (7.27, 9.86, 28.82), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 8, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (69, 120)}, 'workloads': 2, 'speedup': (9.21, 10.23, 11.36), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s1')},
+    {'region': 9, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (120, None)}, 'workloads': 16, 'speedup': (10.81, 15.98, 18.81), 'fallbacks': ('cuda_splitk.s1',)},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -80,19 +84,19 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
     # region 1: 12 workloads, 12.98x (11.01x .. 14.05x) over reference
-    if num_tokens <= 4:
+    if num_tokens <= 3:
         return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 15 workloads, 12.06x (11.45x .. 12.70x) over reference
-    if 4 < num_tokens <= 9:
+    # region 2: 17 workloads, 12.02x (11.45x .. 12.70x) over reference
+    if 3 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
-    # region 3: 2 workloads, 10.42x (10.12x .. 10.73x) over reference
-    if 9 < num_tokens <= 28:
+    # region 3: 6 workloads, 10.55x (9.92x .. 11.18x) over reference
+    if 8 < num_tokens <= 40:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
-    # region 4: 3 workloads, 11.63x (10.72x .. 12.88x) over reference
-    if 28 < num_tokens <= 172:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
-    # region 5: 7 workloads, 17.57x (15.93x .. 19.09x) over reference
-    if num_tokens > 172:
+    # region 4: 5 workloads, 11.86x (11.03x .. 12.69x) over reference
+    if 40 < num_tokens <= 157:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
+    # region 5: 15 workloads, 17.40x (13.18x .. 21.28x) over reference
+    if num_tokens > 157:
         return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
     return 'reference'
 
@@ -105,19 +109,22 @@ def route_eager(num_tokens, num_pages):
     # region 2: 9 workloads, 8.10x (4.88x .. 15.22x) over reference
     if 1 < num_tokens <= 2:
         return ('triton_splitk.b32s64', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b32s64'
-    # region 3: 5 workloads, 11.37x (9.25x .. 15.19x) over reference
-    if 2 < num_tokens <= 6:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 4: 11 workloads, 10.04x (9.07x .. 11.67x) over reference
-    if 6 < num_tokens <= 9:
-        return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s64'
-    # region 5: 4 workloads, 8.59x (7.27x .. 11.13x) over reference
-    if 9 < num_tokens <= 94:
-        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 6: 2 workloads, 12.75x (12.73x .. 12.77x) over reference
-    if 94 < num_tokens <= 314:
-        return ('cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'cuda_splitk.s4') if inside else 'cuda_splitk.s1'
-    # region 7: 6 workloads, 17.32x (15.15x .. 18.48x) over reference
-    if num_tokens > 314:
+    # region 3: 2 workloads, 14.00x (13.89x .. 14.11x) over reference
+    if 2 < num_tokens <= 4:
+        return ('triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s16'
+    # region 4: 4 workloads, 9.45x (8.53x .. 10.97x) over reference
+    if 4 < num_tokens <= 6:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+    # region 5: 12 workloads, 10.01x (9.07x .. 11.67x) over reference
+    if 6 < num_tokens <= 8:
+        return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s64'
+    # region 7: 6 workloads, 9.86x (7.27x .. 28.82x) over reference
+    if 13 < num_tokens <= 69:
+        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+    # region 8: 2 workloads, 10.23x (9.21x .. 11.36x) over reference
+    if 69 < num_tokens <= 120:
+        return ('cuda_splitk.s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
+    # region 9: 16 workloads, 15.98x (10.81x .. 18.81x) over reference
+    if num_tokens > 120:
         return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
     return 'reference'

@@ -5,21 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T03:16:25Z
-# workloads   74 (workload-set digest 3dd17ebb8f756331)
+# measured    up to 2026-11-25T07:16:19Z
+# workloads   94 (workload-set digest dc44be5543f059ca)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                  8df80b6907cc3d76  74/74  1.00x
-#   cuda_decode_warp_rows.r1    25e04ee833a98786  74/74  1.29x
-#   cuda_decode_warp_rows.r1cs  b5d67f4346cb31da  74/74  1.34x
-#   cuda_decode_warp_rows.r2    b4a339f1ce734c7b  74/74  1.27x
-#   cuda_decode_warp_rows.r2cs  2b6ed54a40f92211  74/74  1.32x
-#   cuda_decode_warp_rows.r4    9b5b2bec1e519122  74/74  1.31x
-#   cuda_decode_warp_rows.r4cs  7aa51511fdfc7733  74/74  1.35x
-#   cuda_decode_warp_rows.r8    2b3baf06116461de  74/74  1.29x
-#   cuda_decode_warp_rows.r8cs  af0763dde8b38787  74/74  1.33x
-#   fla_fused_recurrent         a798730411d694e6  74/74  0.75x
-#   triton_decode_splitv        3bd9f75d107db99a  74/74  1.31x
+#   flashinfer                  0cf07adaff3f915c  94/94  1.00x
+#   cuda_decode_warp_rows.r1    25e04ee833a98786  94/94  1.25x
+#   cuda_decode_warp_rows.r1cs  b5d67f4346cb31da  94/94  1.29x
+#   cuda_decode_warp_rows.r2    b4a339f1ce734c7b  94/94  1.24x
+#   cuda_decode_warp_rows.r2cs  2b6ed54a40f92211  94/94  1.28x
+#   cuda_decode_warp_rows.r4    9b5b2bec1e519122  94/94  1.26x
+#   cuda_decode_warp_rows.r4cs  7aa51511fdfc7733  94/94  1.30x
+#   cuda_decode_warp_rows.r8    2b3baf06116461de  94/94  1.25x
+#   cuda_decode_warp_rows.r8cs  af0763dde8b38787  94/94  1.29x
+#   fla_fused_recurrent         07acd9894da4d08f  94/94  0.72x
+#   reference                   5a09af6b07ce4345  94/94  0.14x
+#   triton_decode_splitv        3bd9f75d107db99a  94/94  1.27x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
 #   cuda_decode_warp_rows.r1cs  rows=1 cs=True
@@ -34,32 +35,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.44% mean, 9.13% max;
-#             1.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.62% mean, 86.36% max;
-#             1.754x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.48% mean, 9.18% max;
+#             1.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.05% mean, 265.06% max;
+#             1.365x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 56: cuda_decode_warp_rows.r4cs, 57 workloads, 1.45x (1.11x .. 1.98x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
-#   2. 56 < batch_size <= 618: cuda_decode_warp_rows.r1cs, 15 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
-#   3. batch_size > 618: flashinfer (baseline), 2 workloads
+#   1. batch_size <= 54: cuda_decode_warp_rows.r4cs, 66 workloads, 1.42x (1.11x .. 1.97x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, triton_decode_splitv, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2
+#   2. 54 < batch_size <= 521: cuda_decode_warp_rows.r1cs, 23 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
+#   3. batch_size > 521: flashinfer (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 1: cuda_decode_warp_rows.r4, 11 workloads, 2.80x (2.02x .. 4.09x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2
-#   2. 1 < batch_size <= 3: cuda_decode_warp_rows.r8cs, 2 workloads, 2.33x (2.16x .. 2.51x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs
-#   3. 3 < batch_size <= 9: cuda_decode_warp_rows.r4, 18 workloads, 2.31x (1.63x .. 3.43x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs
-#   4. batch_size > 9: cuda_decode_warp_rows.r1cs, 43 workloads, 1.85x (1.15x .. 2.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   1. batch_size <= 1: flashinfer (baseline), 11 workloads
+#   2. 1 < batch_size <= 3: cuda_decode_warp_rows.r8cs, 2 workloads, 1.61x (1.36x .. 1.90x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs
+#   3. 3 < batch_size <= 7: cuda_decode_warp_rows.r4, 12 workloads, 1.94x (1.43x .. 4.77x) over flashinfer; then cuda_decode_warp_rows.r2cs
+#   4. 7 < batch_size <= 9: cuda_decode_warp_rows.r1cs, 8 workloads, 1.71x (1.32x .. 1.98x) over flashinfer
+#   5. 9 < batch_size <= 26: cuda_decode_warp_rows.r8, 14 workloads, 2.11x (1.49x .. 4.01x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   6. 26 < batch_size <= 73: cuda_decode_warp_rows.r1cs, 29 workloads, 1.66x (1.26x .. 4.63x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4
+#   7. 73 < batch_size <= 99: flashinfer (baseline), 2 workloads
+#   8. 99 < batch_size <= 521: cuda_decode_warp_rows.r4cs, 11 workloads, 1.23x (1.12x .. 1.36x) over flashinfer; then cuda_decode_warp_rows.r4
+#   9. 521 < batch_size <= 705: flashinfer (baseline), 2 workloads
+#   10. batch_size > 705: cuda_decode_warp_rows.r1cs, 3 workloads, 1.15x (1.10x .. 1.25x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 56)}, 'workloads': 57, 'speedup': (1.11, 1.45, 1.98), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (56, 618)}, 'workloads': 15, 'speedup': (1.03, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (618, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 54)}, 'workloads': 66, 'speedup': (1.11, 1.42, 1.97), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (54, 521)}, 'workloads': 23, 'speedup': (1.03, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (521, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (2.02, 2.8, 4.09), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 3)}, 'workloads': 2, 'speedup': (2.16, 2.33, 2.51), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (3, 9)}, 'workloads': 18, 'speedup': (1.63, 2.31, 3.43), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (9, None)}, 'workloads': 43, 'speedup': (1.15, 1.85, 2.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 1, 'variant': 'flashinfer', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 3)}, 'workloads': 2, 'speedup': (1.36, 1.61, 1.9), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (3, 7)}, 'workloads': 12, 'speedup': (1.43, 1.94, 4.77), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (7, 9)}, 'workloads': 8, 'speedup': (1.32, 1.71, 1.98), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (9, 26)}, 'workloads': 14, 'speedup': (1.49, 2.11, 4.01), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (26, 73)}, 'workloads': 29, 'speedup': (1.26, 1.66, 4.63), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4')},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'batch_size': (73, 99)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (99, 521)}, 'workloads': 11, 'speedup': (1.12, 1.23, 1.36), 'fallbacks': ('cuda_decode_warp_rows.r4',)},
+    {'region': 9, 'variant': 'flashinfer', 'bounds': {'batch_size': (521, 705)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (705, None)}, 'workloads': 3, 'speedup': (1.1, 1.15, 1.25), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -67,27 +80,36 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 57 workloads, 1.45x (1.11x .. 1.98x) over flashinfer
-    if batch_size <= 56:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 2: 15 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
-    if 56 < batch_size <= 618:
+    # region 1: 66 workloads, 1.42x (1.11x .. 1.97x) over flashinfer
+    if batch_size <= 54:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 2: 23 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
+    if 54 < batch_size <= 521:
         return 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 2.80x (2.02x .. 4.09x) over flashinfer
-    if batch_size <= 1:
-        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4'
-    # region 2: 2 workloads, 2.33x (2.16x .. 2.51x) over flashinfer
+    # region 2: 2 workloads, 1.61x (1.36x .. 1.90x) over flashinfer
     if 1 < batch_size <= 3:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 3: 18 workloads, 2.31x (1.63x .. 3.43x) over flashinfer
-    if 3 < batch_size <= 9:
-        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4'
-    # region 4: 43 workloads, 1.85x (1.15x .. 2.84x) over flashinfer
-    if batch_size > 9:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 3: 12 workloads, 1.94x (1.43x .. 4.77x) over flashinfer
+    if 3 < batch_size <= 7:
+        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4'
+    # region 4: 8 workloads, 1.71x (1.32x .. 1.98x) over flashinfer
+    if 7 < batch_size <= 9:
+        return 'cuda_decode_warp_rows.r1cs'
+    # region 5: 14 workloads, 2.11x (1.49x .. 4.01x) over flashinfer
+    if 9 < batch_size <= 26:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
+    # region 6: 29 workloads, 1.66x (1.26x .. 4.63x) over flashinfer
+    if 26 < batch_size <= 73:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 8: 11 workloads, 1.23x (1.12x .. 1.36x) over flashinfer
+    if 99 < batch_size <= 521:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 10: 3 workloads, 1.15x (1.10x .. 1.25x) over flashinfer
+    if batch_size > 705:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

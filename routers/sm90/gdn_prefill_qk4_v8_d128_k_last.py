@@ -5,90 +5,167 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T03:17:44Z
-# workloads   140 (workload-set digest 8e726c32098d04ad)
+# measured    up to 2026-11-25T07:30:56Z
+# workloads   179 (workload-set digest e5280902b8ddfe48)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                749ecf4ce7280111  140/140  1.00x
-#   cuda_prefill_thread_rows  86276d7e11d4e789  140/140  0.79x
-#   fla_chunk                 77331920d2611be5  140/140  0.03x  [140 not graph-safe]
-#   triton_prefill_recurrent  1b61fa10fb7e9611  140/140  0.52x
-# fit         threshold splits over total_seq_len, num_seqs; a variant replaces the baseline
+#   flashinfer                       10cec463fe33ddb0  177/177  1.00x
+#   cuda_prefill_thread_rows         86276d7e11d4e789  103/103  0.90x
+#   cuda_prefill_thread_rows.k16c16  d4ee00bdf7e5b023  164/164  0.85x
+#   cuda_prefill_thread_rows.k16c8   edccfa7ac1882aea  164/164  0.75x
+#   cuda_prefill_thread_rows.k1c8    e8b07e6c752e856e  164/164  0.35x
+#   cuda_prefill_thread_rows.k2c16   55824e1beb5beac8  164/164  0.48x
+#   cuda_prefill_thread_rows.k2c8    1cef3ba8275cf900  164/164  0.46x
+#   cuda_prefill_thread_rows.k4c16   1cba39e5b75a6eba  164/164  0.71x
+#   cuda_prefill_thread_rows.k4c8    4bde91f88bdd1227  164/164  0.70x
+#   cuda_prefill_thread_rows.k8c16   6b4d477b41db0a40  164/164  0.88x
+#   cuda_prefill_thread_rows.k8c8    f701f97937e93f05  164/164  0.78x
+#   fla_chunk                        1a28e03319c36b90  174/174  0.04x  [174 not graph-safe]
+#   reference                        92f6f4739a2a173e  155/155  0.00x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  179/179  0.46x
+# configs     launch configurations the tuner measured as variants of their own
+#   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
+#   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
+#   cuda_prefill_thread_rows.k1c8    cfg=(1, 128, 8)
+#   cuda_prefill_thread_rows.k2c16   cfg=(2, 64, 16)
+#   cuda_prefill_thread_rows.k2c8    cfg=(2, 64, 8)
+#   cuda_prefill_thread_rows.k4c16   cfg=(4, 32, 16)
+#   cuda_prefill_thread_rows.k4c8    cfg=(4, 32, 8)
+#   cuda_prefill_thread_rows.k8c16   cfg=(8, 16, 16)
+#   cuda_prefill_thread_rows.k8c8    cfg=(8, 16, 8)
+# fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.14% mean, 39.10% max;
-#             1.204x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.60% mean, 210.72% max;
-#             2.351x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.24% mean, 580.32% max;
+#             1.143x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.59% mean, 670.14% max;
+#             1.722x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 56 and 6 < num_seqs <= 23: cuda_prefill_thread_rows, 3 workloads, 2.59x (1.96x .. 4.24x) over flashinfer; then triton_prefill_recurrent
-#   2. total_seq_len <= 317 and num_seqs <= 3: cuda_prefill_thread_rows, 64 workloads, 3.05x (1.05x .. 10.14x) over flashinfer
-#   3. total_seq_len <= 616 and 3 < num_seqs <= 6: cuda_prefill_thread_rows, 2 workloads, 2.43x (1.17x .. 5.04x) over flashinfer
-#   4. total_seq_len <= 760 and num_seqs > 23: triton_prefill_recurrent, 2 workloads, 1.51x (1.34x .. 1.69x) over flashinfer; then cuda_prefill_thread_rows
-#   5. total_seq_len > 56 and 6 < num_seqs <= 23: flashinfer (baseline), 11 workloads
-#   6. total_seq_len > 317 and num_seqs <= 3: flashinfer (baseline), 26 workloads
-#   7. total_seq_len > 616 and 3 < num_seqs <= 6: flashinfer (baseline), 6 workloads
-#   8. total_seq_len > 760 and num_seqs > 23: flashinfer (baseline), 26 workloads
+#   1. total_seq_len <= 6 and num_seqs <= 7 and mean_seq_len <= 4: triton_prefill_recurrent, 2 workloads, 11.57x (10.39x .. 12.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   2. total_seq_len <= 305 and num_seqs <= 7 and mean_seq_len > 10: cuda_prefill_thread_rows.k16c16, 63 workloads, 2.63x (1.04x .. 6.30x) over flashinfer
+#   3. total_seq_len <= 383 and num_seqs > 19 and mean_seq_len <= 2: cuda_prefill_thread_rows.k4c8, 2 workloads, 1.61x (1.50x .. 1.73x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16
+#   4. total_seq_len <= 383 and num_seqs > 19 and mean_seq_len > 2: flashinfer (baseline), 3 workloads
+#   5. num_seqs <= 7 and 4 < mean_seq_len <= 5: cuda_prefill_thread_rows.k16c16, 2 workloads, 6.38x (5.14x .. 7.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
+#   6. num_seqs <= 7 and 5 < mean_seq_len <= 10: cuda_prefill_thread_rows.k8c16, 2 workloads, 7.01x (6.70x .. 7.33x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
+#   7. 7 < num_seqs <= 19 and mean_seq_len <= 3: cuda_prefill_thread_rows.k4c8, 2 workloads, 1.87x (1.67x .. 2.09x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k2c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
+#   8. 7 < num_seqs <= 19 and mean_seq_len > 3: flashinfer (baseline), 14 workloads
+#   9. total_seq_len > 6 and num_seqs <= 7 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 5 workloads, 8.72x (8.04x .. 9.64x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   10. total_seq_len > 305 and num_seqs <= 7 and mean_seq_len > 10: flashinfer (baseline), 45 workloads
+#   11. total_seq_len > 383 and num_seqs > 19 and mean_seq_len <= 9: cuda_prefill_thread_rows.k4c8, 3 workloads, 1.16x (1.03x .. 1.44x) over flashinfer
+#   12. total_seq_len > 383 and num_seqs > 19 and mean_seq_len > 9: flashinfer (baseline), 36 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1007: cuda_prefill_thread_rows, 91 workloads, 7.66x (2.31x .. 22.66x) over flashinfer
-#   2. 1007 < total_seq_len <= 1458: flashinfer (baseline), 4 workloads
-#   3. 1458 < total_seq_len <= 1798 and num_seqs <= 4: cuda_prefill_thread_rows, 2 workloads, 1.95x (1.22x .. 3.11x) over flashinfer
-#   4. 1458 < total_seq_len <= 2664 and num_seqs > 4: cuda_prefill_thread_rows, 2 workloads, 1.52x (1.40x .. 1.65x) over flashinfer
-#   5. total_seq_len > 1798 and num_seqs <= 4: flashinfer (baseline), 13 workloads
-#   6. total_seq_len > 2664 and num_seqs > 4: flashinfer (baseline), 28 workloads
-# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256
+#   1. total_seq_len <= 33 and 13 < mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 3 workloads, 10.07x (9.02x .. 12.16x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   2. total_seq_len <= 33 and 14 < mean_seq_len <= 51: cuda_prefill_thread_rows.k16c16, 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   3. total_seq_len <= 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13: flashinfer (baseline), 2 workloads
+#   4. total_seq_len <= 812 and num_seqs > 4 and mean_seq_len > 51: cuda_prefill_thread_rows.k16c16, 2 workloads, 2.58x (1.88x .. 3.54x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   5. num_seqs <= 4 and 51 < mean_seq_len <= 527: cuda_prefill_thread_rows.k16c16, 39 workloads, 3.48x (1.34x .. 6.36x) over flashinfer; then cuda_prefill_thread_rows.k8c16
+#   6. num_seqs <= 4 and mean_seq_len > 527: flashinfer (baseline), 26 workloads
+#   7. num_seqs <= 36 and mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 10 workloads, 7.46x (3.33x .. 12.65x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   8. num_seqs <= 36 and 3 < mean_seq_len <= 12: cuda_prefill_thread_rows.k8c16, 10 workloads, 5.13x (1.76x .. 16.07x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
+#   9. num_seqs <= 36 and 12 < mean_seq_len <= 13: flashinfer (baseline), 2 workloads
+#   10. num_seqs > 82 and mean_seq_len <= 13: cuda_prefill_thread_rows.k2c16, 5 workloads, 2.06x (1.50x .. 3.20x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16
+#   11. 33 < total_seq_len <= 708 and 13 < mean_seq_len <= 51: cuda_prefill_thread_rows.k8c16, 26 workloads, 5.95x (1.69x .. 11.12x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
+#   12. total_seq_len > 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13: cuda_prefill_thread_rows.k4c8, 2 workloads, 2.43x (1.96x .. 3.00x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   13. total_seq_len > 708 and 13 < mean_seq_len <= 51: flashinfer (baseline), 6 workloads
+#   14. total_seq_len > 812 and num_seqs > 4 and mean_seq_len > 51: flashinfer (baseline), 34 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (6, 23), 'total_seq_len': (None, 56)}, 'workloads': 3, 'speedup': (1.96, 2.59, 4.24), 'fallbacks': ('triton_prefill_recurrent',)},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 317)}, 'workloads': 64, 'speedup': (1.05, 3.05, 10.14), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (3, 6), 'total_seq_len': (None, 616)}, 'workloads': 2, 'speedup': (1.17, 2.43, 5.04), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_recurrent', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 760)}, 'workloads': 2, 'speedup': (1.34, 1.51, 1.69), 'fallbacks': ('cuda_prefill_thread_rows',)},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'num_seqs': (6, 23), 'total_seq_len': (56, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (317, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'num_seqs': (3, 6), 'total_seq_len': (616, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (760, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 7), 'total_seq_len': (None, 6)}, 'workloads': 2, 'speedup': (10.39, 11.57, 12.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 305)}, 'workloads': 63, 'speedup': (1.04, 2.63, 6.3), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (19, None), 'total_seq_len': (None, 383)}, 'workloads': 2, 'speedup': (1.5, 1.61, 1.73), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16')},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (19, None), 'total_seq_len': (None, 383)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 5), 'num_seqs': (None, 7)}, 'workloads': 2, 'speedup': (5.14, 6.38, 7.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (5, 10), 'num_seqs': (None, 7)}, 'workloads': 2, 'speedup': (6.7, 7.01, 7.33), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, 19)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.09), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, 19)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 7), 'total_seq_len': (6, None)}, 'workloads': 5, 'speedup': (8.04, 8.72, 9.64), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (None, 7), 'total_seq_len': (305, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (19, None), 'total_seq_len': (383, None)}, 'workloads': 3, 'speedup': (1.03, 1.16, 1.44), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (19, None), 'total_seq_len': (383, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'total_seq_len': (None, 1007)}, 'workloads': 91, 'speedup': (2.31, 7.66, 22.66), 'fallbacks': ()},
-    {'region': 2, 'variant': 'flashinfer', 'bounds': {'total_seq_len': (1007, 1458)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1458, 1798)}, 'workloads': 2, 'speedup': (1.22, 1.95, 3.11), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (1458, 2664)}, 'workloads': 2, 'speedup': (1.4, 1.52, 1.65), 'fallbacks': ()},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1798, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (2664, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (13, 14), 'total_seq_len': (None, 33)}, 'workloads': 3, 'speedup': (9.02, 10.07, 12.16), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (14, 51), 'total_seq_len': (None, 33)}, 'workloads': 12, 'speedup': (7.42, 8.92, 11.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (36, 82), 'total_seq_len': (None, 538)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (51, None), 'num_seqs': (4, None), 'total_seq_len': (None, 812)}, 'workloads': 2, 'speedup': (1.88, 2.58, 3.54), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (51, 527), 'num_seqs': (None, 4)}, 'workloads': 39, 'speedup': (1.34, 3.48, 6.36), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (527, None), 'num_seqs': (None, 4)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 36)}, 'workloads': 10, 'speedup': (3.33, 7.46, 12.65), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (None, 36)}, 'workloads': 10, 'speedup': (1.76, 5.13, 16.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
+    {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (12, 13), 'num_seqs': (None, 36)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (82, None)}, 'workloads': 5, 'speedup': (1.5, 2.06, 3.2), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16')},
+    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (13, 51), 'total_seq_len': (33, 708)}, 'workloads': 26, 'speedup': (1.69, 5.95, 11.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
+    {'region': 12, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (36, 82), 'total_seq_len': (538, None)}, 'workloads': 2, 'speedup': (1.96, 2.43, 3.0), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 51), 'total_seq_len': (708, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (51, None), 'num_seqs': (4, None), 'total_seq_len': (812, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.59x (1.96x .. 4.24x) over flashinfer
-    if total_seq_len <= 56 and 6 < num_seqs <= 23:
-        return ('cuda_prefill_thread_rows', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows'
-    # region 2: 64 workloads, 3.05x (1.05x .. 10.14x) over flashinfer
-    if total_seq_len <= 317 and num_seqs <= 3:
-        return 'cuda_prefill_thread_rows'
-    # region 3: 2 workloads, 2.43x (1.17x .. 5.04x) over flashinfer
-    if total_seq_len <= 616 and 3 < num_seqs <= 6:
-        return 'cuda_prefill_thread_rows'
-    # region 4: 2 workloads, 1.51x (1.34x .. 1.69x) over flashinfer
-    if total_seq_len <= 760 and num_seqs > 23:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows') if inside else 'triton_prefill_recurrent'
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 2 workloads, 11.57x (10.39x .. 12.89x) over flashinfer
+    if total_seq_len <= 6 and num_seqs <= 7 and mean_seq_len <= 4:
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'triton_prefill_recurrent'
+    # region 2: 63 workloads, 2.63x (1.04x .. 6.30x) over flashinfer
+    if total_seq_len <= 305 and num_seqs <= 7 and mean_seq_len > 10:
+        return 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 2 workloads, 1.61x (1.50x .. 1.73x) over flashinfer
+    if total_seq_len <= 383 and num_seqs > 19 and mean_seq_len <= 2:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 5: 2 workloads, 6.38x (5.14x .. 7.92x) over flashinfer
+    if num_seqs <= 7 and 4 < mean_seq_len <= 5:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 6: 2 workloads, 7.01x (6.70x .. 7.33x) over flashinfer
+    if num_seqs <= 7 and 5 < mean_seq_len <= 10:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 7: 2 workloads, 1.87x (1.67x .. 2.09x) over flashinfer
+    if 7 < num_seqs <= 19 and mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 9: 5 workloads, 8.72x (8.04x .. 9.64x) over flashinfer
+    if total_seq_len > 6 and num_seqs <= 7 and mean_seq_len <= 4:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 11: 3 workloads, 1.16x (1.03x .. 1.44x) over flashinfer
+    if total_seq_len > 383 and num_seqs > 19 and mean_seq_len <= 9:
+        return 'cuda_prefill_thread_rows.k4c8'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    # region 1: 91 workloads, 7.66x (2.31x .. 22.66x) over flashinfer
-    if total_seq_len <= 1007:
-        return 'cuda_prefill_thread_rows'
-    # region 3: 2 workloads, 1.95x (1.22x .. 3.11x) over flashinfer
-    if 1458 < total_seq_len <= 1798 and num_seqs <= 4:
-        return 'cuda_prefill_thread_rows'
-    # region 4: 2 workloads, 1.52x (1.40x .. 1.65x) over flashinfer
-    if 1458 < total_seq_len <= 2664 and num_seqs > 4:
-        return 'cuda_prefill_thread_rows'
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 3 workloads, 10.07x (9.02x .. 12.16x) over flashinfer
+    if total_seq_len <= 33 and 13 < mean_seq_len <= 14:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 2: 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer
+    if total_seq_len <= 33 and 14 < mean_seq_len <= 51:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 2 workloads, 2.58x (1.88x .. 3.54x) over flashinfer
+    if total_seq_len <= 812 and num_seqs > 4 and mean_seq_len > 51:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 5: 39 workloads, 3.48x (1.34x .. 6.36x) over flashinfer
+    if num_seqs <= 4 and 51 < mean_seq_len <= 527:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 7: 10 workloads, 7.46x (3.33x .. 12.65x) over flashinfer
+    if num_seqs <= 36 and mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 8: 10 workloads, 5.13x (1.76x .. 16.07x) over flashinfer
+    if num_seqs <= 36 and 3 < mean_seq_len <= 12:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 10: 5 workloads, 2.06x (1.50x .. 3.20x) over flashinfer
+    if num_seqs > 82 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k2c16'
+    # region 11: 26 workloads, 5.95x (1.69x .. 11.12x) over flashinfer
+    if 33 < total_seq_len <= 708 and 13 < mean_seq_len <= 51:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 12: 2 workloads, 2.43x (1.96x .. 3.00x) over flashinfer
+    if total_seq_len > 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k4c8'
     return 'flashinfer'

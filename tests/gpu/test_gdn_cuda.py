@@ -202,7 +202,7 @@ def test_registered_and_dispatchable():
     from kdispatch import registry
     from kdispatch.arch import local_arch
 
-    for d, n in (("gdn_decode", "cuda_decode_warp_rows.r1cs"), ("gdn_prefill", "cuda_prefill_thread_rows")):
+    for d, n in (("gdn_decode", "cuda_decode_warp_rows.r1cs"), ("gdn_prefill", "cuda_prefill_thread_rows.k8c16")):
         v = registry.get(d, n)
         if local_arch() in v.archs:
             assert v.why_not(local_arch()) is None

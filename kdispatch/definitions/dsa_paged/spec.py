@@ -426,6 +426,6 @@ SPECS = {
         check=check_sparse_attention,
         rotation=Rotation("sparse_indices", _rotate_sparse_indices, _sparse_set_bytes),
         floor=sparse_attention_floor, check_values=check_sparse_attention_values,
-        coverage=Coverage({"num_tokens": (1, 8192)}, points=16, heldout=10,
+        coverage=Coverage({"num_tokens": (1, 8192)}, points=32, heldout=10,
                           complete=lambda a: {**a, "num_pages": COVERAGE_POOL_PAGES})),
 }

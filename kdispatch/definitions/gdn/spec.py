@@ -13,7 +13,7 @@ import math
 import torch
 
 from kdispatch.checks import Tol, first_bad
-from kdispatch.spec import Coverage, Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -148,16 +148,18 @@ SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
         fit=("batch_size",), main="batch_size",
-        coverage=Coverage({"batch_size": (1, 1024)}, points=20, heldout=12),
+        coverage=Coverage({"batch_size": (1, 1024)}, points=40, heldout=12),
         # FlashInfer-Bench's default 1e-2 elementwise, with the norm bounds of benchmarks/gdn.py.
         tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state": Tol(1e-2, 1e-2, rel_norm=1e-2)},
         **_COMMON),
     "gdn_prefill_qk4_v8_d128_k_last": Spec(
         short="gdn_prefill", build=build_prefill, reference="kdispatch.references.gdn_prefill",
-        # Not the mean length: the recurrent kernels' time follows the longest sequence, which a shape
-        # does not show (one long sequence among short ones has the mean of many equal ones), so
-        # regions are boxes of total tokens x sequences, measured over every length mix.
-        fit=("total_seq_len", "num_seqs"), main="total_seq_len",
+        # Regions are boxes of total tokens x sequences, measured over every length mix: the recurrent
+        # kernels' time follows the longest sequence, which a shape does not show (one long sequence
+        # among short ones has the mean of many equal ones). The mean is a third feature because the
+        # boundary between them and the chunked kernels runs along it (a diagonal in the other two).
+        fit=("total_seq_len", "num_seqs", "mean_seq_len"), main="total_seq_len",
+        derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
         # Chunked kernels do the intra-chunk math in bf16 (measured ~4e-3 norm error for FlashInfer
         # and fla, whose worst element over millions exceeds 1e-2): 5e-2 elementwise, and the norm
         # bounds catch any systematic drift.
@@ -172,7 +174,7 @@ SPECS = {
         check_values=check_prefill_values,
         # Engines batch 1 to a few hundred sequences of 1 token to 32k; lengths uniform, one long
         # among short ones, or all equal.
-        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=40, heldout=24,
+        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=80, heldout=24,
                           complete=lambda a: a if a["num_seqs"] <= a["total_seq_len"] else None,
                           mixes=("random", "skewed", "equal"), mix=prefill_mix),
         **_COMMON),

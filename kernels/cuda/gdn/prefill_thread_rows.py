@@ -14,6 +14,8 @@ first (a malformed batch: zero output, states untouched, as the reference).  A b
 128 state values in registers); the inputs of CHUNK (8 or 16) tokens are staged per barrier.  Few sequences split each head's 128 rows over more blocks and
 threads, so that the sequential token loop runs on more SMs with shorter per-thread work.
 The cost grows linearly with the longest sequence: the router should pick this for short ones.
+Every (KSPLIT, CHUNK) is a registered configuration (`cuda_prefill_thread_rows.k8c16`, ...) that the
+tuner measures and routes by shape; `config()` is the default of a direct call.
 """
 from __future__ import annotations
 
@@ -64,7 +66,19 @@ def kernel(ksplit: int, rows: int, chunk: int = 8) -> nvrtc.Kernel:
     return kern
 
 
-@variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",))
+LAUNCH_CONFIGS = {f"k{ks}c{chunk}": dict(cfg=(ks, rows, chunk)) for chunk, layouts in CHUNKS.items()
+                  for ks, rows in layouts}
+MAX_TOKENS = 8192  # the token loop is sequential: beyond this a chunked kernel is several times faster
+
+
+def _short_enough(features: dict, kwargs: dict):
+    """Offered up to MAX_TOKENS tokens in all: on the H100 the recurrence won only up to ~2700 tokens
+    (eager) and ~800 (graphs), so longer batches are not worth measuring nine configurations on."""
+    return None if features["total_seq_len"] <= MAX_TOKENS else f"more than {MAX_TOKENS} tokens"
+
+
+@variant("gdn_prefill", "cuda_prefill_thread_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+         configs=LAUNCH_CONFIGS, supports=_short_enough)
 def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                             cfg: tuple[int, int, int] | None = None):
     T, N = q.shape[0], cu_seqlens.shape[0] - 1

@@ -2,7 +2,7 @@
 variants where installed, never the baseline.
 
 fla returns a new final state, so honouring the in-place contract costs one extra state copy. Prefill
-is bracketed by kernels/triton/gdn/prefill_guard.py (cu_seqlens checked on the device before fla
+is bracketed by kernels/cuda/gdn/prefill_guard.py (cu_seqlens checked on the device before fla
 sees it; the state copy after, skipped for a malformed batch, whose output is zeroed).
 """
 from __future__ import annotations
@@ -23,14 +23,14 @@ def gdn_decode_fla(q, k, v, state, A_log, a, dt_bias, b, scale):
     return out, state.copy_(final)
 
 
-@variant("gdn_prefill", "fla_chunk", **{**_FLA, "requires": ("fla", "triton")})
+@variant("gdn_prefill", "fla_chunk", **{**_FLA, "requires": ("fla", "cuda.core")})
 def gdn_prefill_fla(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    from kdispatch.kernels.triton.gdn import prefill_guard  # imports triton: only when called
+    from kdispatch.kernels.cuda.gdn import prefill_guard
 
-    cu, ok, _, _ = prefill_guard.guard(cu_seqlens, q.shape[0])
+    cu, verdict, _, _ = prefill_guard.guard(cu_seqlens, q.shape[0])
     out, final = chunk_gated_delta_rule(q[None], k[None], v[None], g=a[None], beta=b[None], scale=scale,
                                         initial_state=state, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu,
                                         **_FLA_FLAGS)
-    return prefill_guard.commit(state, final, out[0], ok)
+    return prefill_guard.commit(state, final, out[0], verdict)

@@ -4,12 +4,14 @@ prefill on sm_90 and sm_100.
 FlashInfer updates the decode state in place; its prefill takes the gates already activated (in
 fp32) and writes the final states where `output_state` says: the initial states themselves, each
 sequence's read before it is overwritten, so the ops' in-place contract costs no copy. Prefill is
-bracketed by kernels/triton/gdn/prefill_guard.py: one launch before (cu_seqlens checked on the
-device, the gates activated; a malformed batch becomes N empty sequences, whose final states are
-their initial ones) and one after (a malformed batch's output zeroed), so no cu_seqlens value
-reaches FlashInfer unchecked.
+preceded by one launch (kernels/cuda/gdn/prefill_guard.py: cu_seqlens checked on the device, the
+gates activated; a malformed batch becomes N empty sequences, whose final states are their initial
+ones, and its output is zeroed there, since FlashInfer then writes none of it), so no cu_seqlens
+value reaches FlashInfer unchecked and nothing runs after it.
 """
 from __future__ import annotations
+
+import torch
 
 from kdispatch.registry import variant
 
@@ -25,16 +27,15 @@ def gdn_decode_flashinfer(q, k, v, state, A_log, a, dt_bias, b, scale):
     return out, state
 
 
-@variant("gdn_prefill", "flashinfer", **{**_FLASHINFER, "requires": ("flashinfer", "triton")})
+@variant("gdn_prefill", "flashinfer", **{**_FLASHINFER, "requires": ("flashinfer", "cuda.core")})
 def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-    from kdispatch.kernels.triton.gdn import prefill_guard  # imports triton: only when called
+    from kdispatch.kernels.cuda.gdn import prefill_guard
 
-    cu, ok, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=True, A_log=A_log, a=a,
-                                              dt_bias=dt_bias, b=b, malformed="empty")
-    out = chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
-                                 output_final_state=True, cu_seqlens=cu, output_state=state)
-    if isinstance(out, tuple):
-        out = out[0]
-    return prefill_guard.commit(state, None, out, ok)
+    out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    cu, _, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=(A_log, a, dt_bias, b), out=out,
+                                             malformed="empty")
+    chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
+                           output_final_state=True, cu_seqlens=cu, output=out, output_state=state)
+    return out, state

@@ -1,0 +1,52 @@
+# The re-tune and held-out check, in steps that each fit one GPU-machine call (after shared/device's
+# gpu-setup.sh). From the project root:
+#
+#   bash benchmarks/retune.sh tune MINUTES     measure what the main store lacks (contest + coverage), refit routers
+#   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on)
+#   bash benchmarks/retune.sh check            the routers on the held-out store (regret), the routed op against
+#                                              the baseline on the held-out set, every variant on the reported shapes
+#   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
+#   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
+#
+# Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
+# (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
+# carried twin older than its sqlite merges in harmlessly (per key, the later measurement wins).
+set -u
+. benchmarks/gpu_env.sh
+OUT=${OUT:-/tmp/kd-out}
+DEVICE_SLUG=$(python -c "import torch; from kdispatch.tuner.store import slug; print(slug(torch.cuda.get_device_name()))")
+MAIN_STORE=tuner/results/$DEVICE_SLUG.sqlite
+HELDOUT_STORE=tuner/results/heldout/$DEVICE_SLUG.sqlite
+step=${1:?step}
+minutes=${2:-9}
+mkdir -p "$OUT"
+keep() { tar czf "$OUT/$step.tgz" "$@" 2>/dev/null || true; }  # one archive a step: few files come back
+
+case "$step" in
+  tune)
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --max-minutes "$minutes" 2>&1 | tail -40
+    keep tuner/results/traces routers tuner/results/report ;;
+  heldout)
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --workloads traces/heldout \
+      --store "$HELDOUT_STORE" --no-route --max-minutes "$minutes" 2>&1 | tail -20
+    keep tuner/results/heldout/traces ;;
+  check)
+    python -m kdispatch.cli route --out /tmp/kd-refit --check "$HELDOUT_STORE" 2>&1 | grep "^\[check\]"  # routers/ untouched
+    timeout 300 python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
+      --json benchmarks/results/bench-heldout-routed-H100.json 2>&1 | tail -30
+    python benchmarks/reported_shapes.py --out /tmp/reported
+    timeout 200 python -m kdispatch.cli bench --workloads /tmp/reported \
+      --json benchmarks/results/bench-reported-H100.json 2>&1 | tail -40
+    keep benchmarks/results/bench-heldout-routed-H100.json benchmarks/results/bench-reported-H100.json ;;
+  contest)
+    timeout 560 python -m kdispatch.cli bench --workloads traces --variants routed \
+      --json benchmarks/results/bench-all-H100.json 2>&1 | tail -30
+    keep benchmarks/results/bench-all-H100.json ;;
+  wrapper)
+    timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-H100.json \
+      > /tmp/wrapper.txt 2>&1
+    cat /tmp/wrapper.txt
+    cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
+    keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
