@@ -72,7 +72,9 @@ class Coverage:
     with every other variable axis filled in (a cache pool's size), or None where the combination
     cannot occur (more sequences than tokens). `mixes`: ways to fill the inputs of one shape (e.g.
     prefill sequence-length mixes), taken in turn; `mix(axes, name, g)` -> {input: tensor} stored
-    with the workload (an empty dict: the spec's builder draws the inputs)."""
+    with the workload (an empty dict: the spec's builder draws the inputs). `grid`: axis -> values
+    whose product is added to the coverage set after the `points` (where kernels cross over and
+    random draws are too sparse to place the boundary)."""
 
     ranges: dict[str, tuple[int, int]]
     points: int
@@ -80,6 +82,7 @@ class Coverage:
     complete: Callable[[dict], dict | None] = dict
     mixes: tuple[str, ...] = ("random",)
     mix: Callable | None = None
+    grid: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import random
@@ -116,7 +117,8 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
 
     coverage: one axis -> `points` distinct log-spaced values; several -> every valid corner of the box,
     then stratified draws (each axis's log range cut into as many strata as draws, each stratum
-    used once, strata paired at random) until `points`. heldout: `heldout` log-uniform draws."""
+    used once, strata paired at random) until `points`; then the product of `grid` (after the
+    draws, so that adding a grid leaves them as they were). heldout: `heldout` log-uniform draws."""
     names = list(coverage.ranges)
     want = coverage.points if which == "coverage" else coverage.heldout
     out: list[dict] = []
@@ -151,7 +153,11 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
                 add({n: _log_value(*coverage.ranges[n], (strata[n][i] + rng.random()) / left) for n in names})
             else:
                 add({n: _log_value(*coverage.ranges[n], rng.random()) for n in names})
-    return out[:want]
+    out = out[:want]
+    if which == "coverage" and coverage.grid:
+        for values in itertools.product(*coverage.grid.values()):
+            add(dict(zip(coverage.grid, values)))
+    return out
 
 
 def sampled_traces(defn: dict, spec, which: str) -> tuple[list[dict], dict]:

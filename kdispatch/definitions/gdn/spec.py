@@ -176,6 +176,9 @@ SPECS = {
         # among short ones, or all equal.
         coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=80, heldout=24,
                           complete=lambda a: a if a["num_seqs"] <= a["total_seq_len"] else None,
-                          mixes=("random", "skewed", "equal"), mix=prefill_mix),
+                          mixes=("random", "skewed", "equal"), mix=prefill_mix,
+                          # few sequences of 100-800 tokens: where the recurrence hands over to the
+                          # chunked kernels (one sequence of 300 went to the slower side without it)
+                          grid={"num_seqs": (1, 2, 4, 8), "total_seq_len": (128, 192, 256, 384, 512, 768)}),
         **_COMMON),
 }
