@@ -64,9 +64,10 @@ def decode_latency(name, axes):
     return base
 
 
-def decode_policy(**kw):
+def decode_policy(params=None, **kw):
     store = build_store(DECODE, decode_workloads(), decode_latency, **kw)
-    return fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+    table = fitting.load_table(store, DECODE, "sm90")
+    return fitting.fit(table, params) if params else fitting.fit(table)
 
 
 def test_recovers_a_one_feature_policy():
@@ -175,7 +176,8 @@ def test_determinism_byte_identical(tmp_path):
 
 
 def test_a_failure_excludes_the_variant_from_its_region():
-    pol = decode_policy(failures={("A", "d4-1")})
+    # regions of one batch size (its two workloads): below the default min_leaf of 3
+    pol = decode_policy(fitting.FitParams(min_leaf=2.0), failures={("A", "d4-1")})
     route = lambda b: pol.route({"batch_size": b})  # noqa: E731
     assert route(4) == "flashinfer", "A failed correctness on a batch-4 workload"
     assert route(1) == "A" and route(2) == "A" and route(8) == "A"

@@ -26,7 +26,7 @@ def row(eid, variant, uuid, t, status="PASSED", baseline=False, h="h1"):
 def filled(path=":memory:"):
     s = Store(path)
     eid = s.add_env(ENV)
-    for b in (1, 2, 8, 16):
+    for b in (1, 2, 4, 8, 16, 32):  # three a side of the split: the fitter's min_leaf
         s.put_workload(DECODE, f"w{b}", {"batch_size": b}, {"scale": {"type": "scalar", "value": 0.088}})
         s.put(row(eid, "flashinfer", f"w{b}", 10.0 + b, baseline=True))
         s.put(row(eid, "fast", f"w{b}", (5.0 + b) if b < 8 else 50.0))
@@ -76,7 +76,7 @@ def test_the_twin_is_a_flashinfer_bench_trace_set(tmp_path):
     s.dump_jsonl()
     ts = TraceSet.from_path(str(tmp_path))
     traces = ts.traces[DECODE]
-    assert len(traces) == 12
+    assert len(traces) == 2 * 6 + 1 + 3  # two rows a workload, the broken one, the three failures
     want = {(r.variant, r.uuid): r.status for r in s.results()}
     assert {(t.solution, t.workload.uuid): t.evaluation.status.value for t in traces} == want
     fast1 = next(t for t in traces if t.solution == "fast" and t.workload.uuid == "w1")

@@ -53,6 +53,18 @@ def test_moe_rotation_keeps_routing_inside_groups():
     assert not torch.equal(x, y)
 
 
+def test_a_long_baseline_tail_does_not_hide_a_clear_win():
+    """The margin is the two half spreads; a host-synchronising baseline timed eagerly can have a
+    p90 several times its median. Ranges apart (and by the minimum gain) still count."""
+    base = stats.Timed(533.5, 493.7, 2164.9)  # the sparse-attention reference, eager, 9 tokens (H100)
+    fast = stats.Timed(55.2, 52.4, 62.4)
+    assert stats.beats(fast, base, 0.03) and stats.slower(base, fast, 0.03)
+    close = stats.Timed(520.0, 480.0, 560.0)  # overlapping ranges: no verdict either way
+    assert not stats.beats(close, base, 0.03) and not stats.slower(close, base, 0.03)
+    apart_by_little = stats.Timed(100.0, 99.0, 100.5)  # apart, but by less than the minimum gain
+    assert not stats.beats(apart_by_little, stats.Timed(102.0, 101.0, 103.0), 0.03)
+
+
 def test_percentile():
     assert stats.percentile([1, 2, 3, 4, 5], 0.5) == 3
     assert abs(stats.percentile([0, 10], 0.1) - 1.0) < 1e-12

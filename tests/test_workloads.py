@@ -5,6 +5,7 @@ cores); everything else is small or uses one shared pool per definition.
 """
 import csv
 import importlib.util
+import itertools
 import json
 import math
 import subprocess
@@ -230,7 +231,11 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
         for name in definitions.names():
             cov = definitions.get(name).spec.coverage
             ws = W.load_workloads(TRACES / which, name)
-            assert len(ws) == (cov.points if which == "coverage" else cov.heldout), (which, name)
+            grid = ([dict(zip(cov.grid, v)) for v in itertools.product(*cov.grid.values())]
+                    if which == "coverage" and cov.grid else [])
+            assert len(ws) == (cov.points + len(grid) if which == "coverage" else cov.heldout), (which, name)
+            for g in grid:  # every grid shape is there (none drawn before: each is added once)
+                assert any(all(w.axes[k] == v for k, v in g.items()) for w in ws), (name, g)
             uuids = {w.uuid for w in ws}
             assert len(uuids) == len(ws) and not uuids & seen, "uuids repeat within or across sets"
             seen |= uuids

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def add_commands(sub) -> None:
                         "workloads measured once but since dropped from the sets lack the newer variants' rows")
     p.add_argument("--check", metavar="PATH", help="a store of workloads never fitted on, measured with every "
                                                     "variant (tuner/results/heldout/): each router's regret there")
+    p.add_argument("--json", type=Path, metavar="OUT", help="with --check: write its summary there")
     p.set_defaults(func=cmd_route)
 
     p = sub.add_parser("explain", help="which variant the router picks for a shape, and why")
@@ -168,7 +170,16 @@ def cmd_route(args) -> int:
         from .flows import check_routers
         from .store import Store
 
-        check_routers(done, Store.open(args.check), sys.stdout)
+        check = Store.open(args.check)
+        summary = check_routers(done, check, sys.stdout)
+        if args.json:
+            envs = check.envs()
+            args.json.write_text(json.dumps({
+                "what": "kdispatch route --check: the routers fitted from the results store, scored on the "
+                        "stored measurements of workloads never fitted on (every variant measured there)",
+                "check_store": str(args.check), "devices": sorted({e["device"] for e in envs}),
+                "measured": [min(r.measured_at for r in check.results()), max(r.measured_at for r in check.results())],
+                "routers": {d: os.path.relpath(path) for d, path, _ in done}, "regret": summary}, indent=1) + "\n")
     return 0
 
 

@@ -12,6 +12,8 @@ everywhere, since it is a property of its code), and beats the baseline by more 
 spread:
 
     t_v + margin < t_base,   margin = max(s_v + s_base, gain * t_base)      (tuner/stats.py)
+    or: p90_v < p10_base and t_v + gain * t_base < t_base   (the 10-90 ranges apart: a long tail
+        on the baseline, e.g. the reference's eager host syncs, is no doubt about which is faster)
 
 where s = (p90 - p10) / 2 of the repetitions and gain = min_gain = 3% (CUDA-graph replays have tiny
 spreads; the floor absorbs run-to-run drift so that a re-measurement does not find the routed op
@@ -41,7 +43,7 @@ every threshold between two adjacent distinct feature values of the node's workl
 the total cost of its two children, each child valued at the better of staying one region or its own
 best split (one level of lookahead, so a variant winning only in a middle interval is found); the
 best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps
-at least `min_leaf` workloads (2), and depth <= `max_depth` (4, so at most 16 regions). Sibling
+at least `min_leaf` workloads (3: two let one length mix decide a region), and depth <= `max_depth` (4, so at most 16 regions). Sibling
 leaves with the same choice are merged, then adjacent boxes with the same choice. Ties between
 splits go to the earlier feature and the lower threshold, so the result is deterministic. Thresholds
 sit midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
@@ -84,7 +86,7 @@ def required_gain(params: "FitParams", definition: str, variant: str) -> float:
 @dataclass
 class FitParams:
     max_depth: int = 4
-    min_leaf: float = 2.0  # workload weight per region
+    min_leaf: float = 3.0  # workload weight per region
     min_split_gain: float = 0.01  # fraction of the node's cost a split must save
     min_gain: float = 0.03  # a variant must beat the baseline by this fraction (or the spread)
     # (definition, variant) -> extra known run-to-run variation, on top of the specs' `run_to_run`

@@ -36,46 +36,42 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.75% mean, 13.04% max;
-#             18.642x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 56.52% mean, 1446.80% max;
-#             16.230x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.93% mean, 18.58% max;
+#             18.644x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.71% mean, 215.05% max;
+#             16.769x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 12.98x (11.01x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 12.02x (11.45x .. 12.70x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 8 < num_tokens <= 40: triton_splitk.b64s16, 6 workloads, 10.55x (9.92x .. 11.18x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   4. 40 < num_tokens <= 157: triton_splitk.b64s4, 5 workloads, 11.86x (11.03x .. 12.69x) over reference; then cuda_splitk.s2, cuda_splitk.s4, triton_splitk.b64s1, cuda_splitk.s1
+#   3. 8 < num_tokens <= 23: triton_splitk.b64s16, 4 workloads, 10.29x (9.92x .. 10.73x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   4. 23 < num_tokens <= 157: triton_splitk.b64s4, 7 workloads, 11.48x (10.27x .. 12.69x) over reference; then cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
 #   5. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 17.40x (13.18x .. 21.28x) over reference; then cuda_splitk.s1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 1: cuda_splitk.s64, 2 workloads, 13.63x (12.49x .. 14.88x) over reference; then cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, cuda_splitk.s16, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8
-#   2. 1 < num_tokens <= 2: triton_splitk.b32s64, 9 workloads, 8.10x (4.88x .. 15.22x) over reference; then cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s2, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
-#   3. 2 < num_tokens <= 4: triton_splitk.b64s16, 2 workloads, 14.00x (13.89x .. 14.11x) over reference; then triton_splitk.b64s4, cuda_splitk.s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   4. 4 < num_tokens <= 6: cuda_splitk.s16, 4 workloads, 9.45x (8.53x .. 10.97x) over reference; then cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   5. 6 < num_tokens <= 8: cuda_splitk.s64, 12 workloads, 10.01x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   6. 8 < num_tokens <= 13: reference (baseline), 2 workloads
-#   7. 13 < num_tokens <= 69: cuda_splitk.s8, 6 workloads, 9.86x (7.27x .. 28.82x) over reference; then cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1
-#   8. 69 < num_tokens <= 120: cuda_splitk.s1, 2 workloads, 10.23x (9.21x .. 11.36x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s4, triton_splitk.b64s1
-#   9. num_tokens > 120: triton_splitk.b64s1, 16 workloads, 15.98x (10.81x .. 18.81x) over reference; then cuda_splitk.s1
+#   1. num_tokens <= 2: triton_splitk.b32s64, 11 workloads, 8.36x (4.88x .. 15.22x) over reference; then cuda_splitk.s4, cuda_splitk.s16, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s1, cuda_splitk.s8, triton_splitk.b64s1
+#   2. 2 < num_tokens <= 5: triton_splitk.b64s16, 3 workloads, 10.99x (6.76x .. 14.11x) over reference; then cuda_splitk.s16, cuda_splitk.s64, triton_splitk.b64s4, cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   3. 5 < num_tokens <= 6: cuda_splitk.s8, 3 workloads, 10.42x (9.25x .. 12.37x) over reference; then cuda_splitk.s16, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   4. 6 < num_tokens <= 8: cuda_splitk.s64, 12 workloads, 10.01x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   5. 8 < num_tokens <= 69: cuda_splitk.s8, 8 workloads, 10.29x (7.27x .. 28.82x) over reference; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1
+#   6. 69 < num_tokens <= 157: cuda_splitk.s1, 3 workloads, 10.08x (9.21x .. 11.36x) over reference; then triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1
+#   7. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 16.40x (12.43x .. 18.81x) over reference; then cuda_splitk.s1
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (11.01, 12.98, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (11.45, 12.02, 12.7), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 6, 'speedup': (9.92, 10.55, 11.18), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 157)}, 'workloads': 5, 'speedup': (11.03, 11.86, 12.69), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 23)}, 'workloads': 4, 'speedup': (9.92, 10.29, 10.73), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (23, 157)}, 'workloads': 7, 'speedup': (10.27, 11.48, 12.69), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (13.18, 17.4, 21.28), 'fallbacks': ('cuda_splitk.s1',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 1)}, 'workloads': 2, 'speedup': (12.49, 13.63, 14.88), 'fallbacks': ('cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8')},
-    {'region': 2, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (1, 2)}, 'workloads': 9, 'speedup': (4.88, 8.1, 15.22), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (2, 4)}, 'workloads': 2, 'speedup': (13.89, 14.0, 14.11), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 6)}, 'workloads': 4, 'speedup': (8.53, 9.45, 10.97), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 8)}, 'workloads': 12, 'speedup': (9.07, 10.01, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 6, 'variant': 'reference', 'bounds': {'num_tokens': (8, 13)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (13, 69)}, 'workloads': 6, 'speedup': (7.27, 9.86, 28.82), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 8, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (69, 120)}, 'workloads': 2, 'speedup': (9.21, 10.23, 11.36), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s1')},
-    {'region': 9, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (120, None)}, 'workloads': 16, 'speedup': (10.81, 15.98, 18.81), 'fallbacks': ('cuda_splitk.s1',)},
+    {'region': 1, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (None, 2)}, 'workloads': 11, 'speedup': (4.88, 8.36, 15.22), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'cuda_splitk.s8', 'triton_splitk.b64s1')},
+    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (2, 5)}, 'workloads': 3, 'speedup': (6.76, 10.99, 14.11), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (5, 6)}, 'workloads': 3, 'speedup': (9.25, 10.42, 12.37), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 8)}, 'workloads': 12, 'speedup': (9.07, 10.01, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 5, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 69)}, 'workloads': 8, 'speedup': (7.27, 10.29, 28.82), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 6, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (69, 157)}, 'workloads': 3, 'speedup': (9.21, 10.08, 11.36), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (12.43, 16.4, 18.81), 'fallbacks': ('cuda_splitk.s1',)},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -89,12 +85,12 @@ def route(num_tokens, num_pages):
     # region 2: 17 workloads, 12.02x (11.45x .. 12.70x) over reference
     if 3 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
-    # region 3: 6 workloads, 10.55x (9.92x .. 11.18x) over reference
-    if 8 < num_tokens <= 40:
+    # region 3: 4 workloads, 10.29x (9.92x .. 10.73x) over reference
+    if 8 < num_tokens <= 23:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
-    # region 4: 5 workloads, 11.86x (11.03x .. 12.69x) over reference
-    if 40 < num_tokens <= 157:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
+    # region 4: 7 workloads, 11.48x (10.27x .. 12.69x) over reference
+    if 23 < num_tokens <= 157:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
     # region 5: 15 workloads, 17.40x (13.18x .. 21.28x) over reference
     if num_tokens > 157:
         return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
@@ -103,28 +99,25 @@ def route(num_tokens, num_pages):
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 13.63x (12.49x .. 14.88x) over reference
-    if num_tokens <= 1:
-        return ('cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8') if inside else 'cuda_splitk.s64'
-    # region 2: 9 workloads, 8.10x (4.88x .. 15.22x) over reference
-    if 1 < num_tokens <= 2:
-        return ('triton_splitk.b32s64', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s2', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b32s64'
-    # region 3: 2 workloads, 14.00x (13.89x .. 14.11x) over reference
-    if 2 < num_tokens <= 4:
-        return ('triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s16'
-    # region 4: 4 workloads, 9.45x (8.53x .. 10.97x) over reference
-    if 4 < num_tokens <= 6:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
-    # region 5: 12 workloads, 10.01x (9.07x .. 11.67x) over reference
+    # region 1: 11 workloads, 8.36x (4.88x .. 15.22x) over reference
+    if num_tokens <= 2:
+        return ('triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'cuda_splitk.s8', 'triton_splitk.b64s1') if inside else 'triton_splitk.b32s64'
+    # region 2: 3 workloads, 10.99x (6.76x .. 14.11x) over reference
+    if 2 < num_tokens <= 5:
+        return ('triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s16'
+    # region 3: 3 workloads, 10.42x (9.25x .. 12.37x) over reference
+    if 5 < num_tokens <= 6:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s8'
+    # region 4: 12 workloads, 10.01x (9.07x .. 11.67x) over reference
     if 6 < num_tokens <= 8:
         return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s64'
-    # region 7: 6 workloads, 9.86x (7.27x .. 28.82x) over reference
-    if 13 < num_tokens <= 69:
-        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 8: 2 workloads, 10.23x (9.21x .. 11.36x) over reference
-    if 69 < num_tokens <= 120:
-        return ('cuda_splitk.s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
-    # region 9: 16 workloads, 15.98x (10.81x .. 18.81x) over reference
-    if num_tokens > 120:
+    # region 5: 8 workloads, 10.29x (7.27x .. 28.82x) over reference
+    if 8 < num_tokens <= 69:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+    # region 6: 3 workloads, 10.08x (9.21x .. 11.36x) over reference
+    if 69 < num_tokens <= 157:
+        return ('cuda_splitk.s1', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
+    # region 7: 15 workloads, 16.40x (12.43x .. 18.81x) over reference
+    if num_tokens > 157:
         return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
     return 'reference'

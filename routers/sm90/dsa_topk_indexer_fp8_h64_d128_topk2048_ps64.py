@@ -23,23 +23,23 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
 #             23.958x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.16% mean, 101.46% max;
-#             12.174x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.52% mean, 101.46% max;
+#             12.158x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.81x (15.51x .. 69.50x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
 #   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 32.84x) over reference
 #   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66: cuda_wgmma_radix, 64 workloads, 17.37x (12.32x .. 30.10x) over reference; then cuda_radix_select, triton_fp8_radix
-#   2. max_num_pages <= 4 and kv_pages <= 3: triton_passthrough, 5 workloads, 25.21x (21.35x .. 35.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
-#   3. max_num_pages <= 4 and 3 < kv_pages <= 4: cuda_wgmma_radix, 2 workloads, 19.24x (18.78x .. 19.71x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   4. max_num_pages <= 4 and 4 < kv_pages <= 33: triton_passthrough, 16 workloads, 25.83x (13.45x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   5. max_num_pages <= 4 and kv_pages > 33: cuda_wgmma_radix, 3 workloads, 26.28x (21.88x .. 30.97x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, torch_passthrough
-#   6. 4 < max_num_pages <= 125 and kv_pages <= 66: triton_passthrough, 7 workloads, 20.83x (11.78x .. 25.52x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   7. 125 < max_num_pages <= 373 and kv_pages <= 1458: triton_fp8_torch_topk, 2 workloads, 1.92x (1.82x .. 2.01x) over reference
-#   8. max_num_pages > 125 and kv_pages > 1458: triton_fp8_torch_topk, 8 workloads, 5.31x (1.73x .. 27.21x) over reference
-#   9. max_num_pages > 373 and kv_pages <= 1458: reference (baseline), 2 workloads
-#   10. kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66: triton_passthrough, 49 workloads, 22.21x (14.79x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   1. not kv_fits_topk and 27 < max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 17.37x (12.32x .. 30.10x) over reference; then cuda_radix_select, triton_fp8_radix
+#   2. batch_size <= 2 and max_num_pages > 373: reference (baseline), 3 workloads
+#   3. max_num_pages <= 4 and kv_pages <= 2: triton_passthrough, 4 workloads, 25.78x (21.35x .. 35.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+#   4. max_num_pages <= 4 and 2 < kv_pages <= 4: cuda_wgmma_radix, 3 workloads, 19.63x (18.78x .. 20.42x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   5. max_num_pages <= 4 and 4 < kv_pages <= 33: triton_passthrough, 16 workloads, 25.83x (13.45x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   6. max_num_pages <= 4 and kv_pages > 33: cuda_wgmma_radix, 3 workloads, 26.28x (21.88x .. 30.97x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, torch_passthrough
+#   7. 4 < max_num_pages <= 27: triton_passthrough, 31 workloads, 21.50x (11.78x .. 28.97x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   8. 125 < max_num_pages <= 373: triton_fp8_torch_topk, 4 workloads, 2.79x (1.82x .. 5.42x) over reference
+#   9. batch_size > 2 and max_num_pages > 373: triton_fp8_torch_topk, 5 workloads, 7.41x (1.83x .. 27.21x) over reference
+#   10. kv_fits_topk and 27 < max_num_pages <= 125: triton_passthrough, 25 workloads, 22.71x (14.79x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
@@ -49,16 +49,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (66, None), 'max_num_pages': (4, 125)}, 'workloads': 64, 'speedup': (12.32, 17.37, 30.1), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 3), 'max_num_pages': (None, 4)}, 'workloads': 5, 'speedup': (21.35, 25.21, 35.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
-    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (3, 4), 'max_num_pages': (None, 4)}, 'workloads': 2, 'speedup': (18.78, 19.24, 19.71), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 33), 'max_num_pages': (None, 4)}, 'workloads': 16, 'speedup': (13.45, 25.83, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 5, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (33, None), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (21.88, 26.28, 30.97), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough')},
-    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 66), 'max_num_pages': (4, 125)}, 'workloads': 7, 'speedup': (11.78, 20.83, 25.52), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 7, 'variant': 'triton_fp8_torch_topk', 'bounds': {'kv_pages': (None, 1458), 'max_num_pages': (125, 373)}, 'workloads': 2, 'speedup': (1.82, 1.92, 2.01), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_fp8_torch_topk', 'bounds': {'kv_pages': (1458, None), 'max_num_pages': (125, None)}, 'workloads': 8, 'speedup': (1.73, 5.31, 27.21), 'fallbacks': ()},
-    {'region': 9, 'variant': 'reference', 'bounds': {'kv_pages': (None, 1458), 'max_num_pages': (373, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (66, None), 'max_num_pages': (4, 125)}, 'workloads': 49, 'speedup': (14.79, 22.21, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (27, 125)}, 'workloads': 64, 'speedup': (12.32, 17.37, 30.1), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 2, 'variant': 'reference', 'bounds': {'batch_size': (None, 2), 'max_num_pages': (373, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 2), 'max_num_pages': (None, 4)}, 'workloads': 4, 'speedup': (21.35, 25.78, 35.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (2, 4), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (18.78, 19.63, 20.42), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 5, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 33), 'max_num_pages': (None, 4)}, 'workloads': 16, 'speedup': (13.45, 25.83, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 6, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (33, None), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (21.88, 26.28, 30.97), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough')},
+    {'region': 7, 'variant': 'triton_passthrough', 'bounds': {'max_num_pages': (4, 27)}, 'workloads': 31, 'speedup': (11.78, 21.5, 28.97), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 8, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, 373)}, 'workloads': 4, 'speedup': (1.82, 2.79, 5.42), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_fp8_torch_topk', 'bounds': {'batch_size': (2, None), 'max_num_pages': (373, None)}, 'workloads': 5, 'speedup': (1.83, 7.41, 27.21), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (27, 125)}, 'workloads': 25, 'speedup': (14.79, 22.71, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -87,30 +87,30 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
     # region 1: 64 workloads, 17.37x (12.32x .. 30.10x) over reference
-    if not kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66:
+    if not kv_fits_topk and 27 < max_num_pages <= 125:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
-    # region 2: 5 workloads, 25.21x (21.35x .. 35.11x) over reference
-    if max_num_pages <= 4 and kv_pages <= 3:
+    # region 3: 4 workloads, 25.78x (21.35x .. 35.11x) over reference
+    if max_num_pages <= 4 and kv_pages <= 2:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
-    # region 3: 2 workloads, 19.24x (18.78x .. 19.71x) over reference
-    if max_num_pages <= 4 and 3 < kv_pages <= 4:
+    # region 4: 3 workloads, 19.63x (18.78x .. 20.42x) over reference
+    if max_num_pages <= 4 and 2 < kv_pages <= 4:
         return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
-    # region 4: 16 workloads, 25.83x (13.45x .. 39.82x) over reference
+    # region 5: 16 workloads, 25.83x (13.45x .. 39.82x) over reference
     if max_num_pages <= 4 and 4 < kv_pages <= 33:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 5: 3 workloads, 26.28x (21.88x .. 30.97x) over reference
+    # region 6: 3 workloads, 26.28x (21.88x .. 30.97x) over reference
     if max_num_pages <= 4 and kv_pages > 33:
         return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
-    # region 6: 7 workloads, 20.83x (11.78x .. 25.52x) over reference
-    if 4 < max_num_pages <= 125 and kv_pages <= 66:
+    # region 7: 31 workloads, 21.50x (11.78x .. 28.97x) over reference
+    if 4 < max_num_pages <= 27:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 7: 2 workloads, 1.92x (1.82x .. 2.01x) over reference
-    if 125 < max_num_pages <= 373 and kv_pages <= 1458:
+    # region 8: 4 workloads, 2.79x (1.82x .. 5.42x) over reference
+    if 125 < max_num_pages <= 373:
         return 'triton_fp8_torch_topk'
-    # region 8: 8 workloads, 5.31x (1.73x .. 27.21x) over reference
-    if max_num_pages > 125 and kv_pages > 1458:
+    # region 9: 5 workloads, 7.41x (1.83x .. 27.21x) over reference
+    if batch_size > 2 and max_num_pages > 373:
         return 'triton_fp8_torch_topk'
-    # region 10: 49 workloads, 22.21x (14.79x .. 36.28x) over reference
-    if kv_fits_topk and 4 < max_num_pages <= 125 and kv_pages > 66:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
+    # region 10: 25 workloads, 22.71x (14.79x .. 36.28x) over reference
+    if kv_fits_topk and 27 < max_num_pages <= 125:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     return 'reference'

@@ -35,44 +35,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.48% mean, 9.18% max;
-#             1.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.05% mean, 265.06% max;
-#             1.365x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.55% mean, 9.18% max;
+#             1.065x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.28% mean, 265.06% max;
+#             1.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 54: cuda_decode_warp_rows.r4cs, 66 workloads, 1.42x (1.11x .. 1.97x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, triton_decode_splitv, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2
-#   2. 54 < batch_size <= 521: cuda_decode_warp_rows.r1cs, 23 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
+#   1. batch_size <= 30: cuda_decode_warp_rows.r4cs, 48 workloads, 1.55x (1.16x .. 1.97x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
+#   2. 30 < batch_size <= 521: cuda_decode_warp_rows.r1cs, 41 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
 #   3. batch_size > 521: flashinfer (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 1: flashinfer (baseline), 11 workloads
-#   2. 1 < batch_size <= 3: cuda_decode_warp_rows.r8cs, 2 workloads, 1.61x (1.36x .. 1.90x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs
-#   3. 3 < batch_size <= 7: cuda_decode_warp_rows.r4, 12 workloads, 1.94x (1.43x .. 4.77x) over flashinfer; then cuda_decode_warp_rows.r2cs
-#   4. 7 < batch_size <= 9: cuda_decode_warp_rows.r1cs, 8 workloads, 1.71x (1.32x .. 1.98x) over flashinfer
-#   5. 9 < batch_size <= 26: cuda_decode_warp_rows.r8, 14 workloads, 2.11x (1.49x .. 4.01x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
-#   6. 26 < batch_size <= 73: cuda_decode_warp_rows.r1cs, 29 workloads, 1.66x (1.26x .. 4.63x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4
-#   7. 73 < batch_size <= 99: flashinfer (baseline), 2 workloads
-#   8. 99 < batch_size <= 521: cuda_decode_warp_rows.r4cs, 11 workloads, 1.23x (1.12x .. 1.36x) over flashinfer; then cuda_decode_warp_rows.r4
-#   9. 521 < batch_size <= 705: flashinfer (baseline), 2 workloads
-#   10. batch_size > 705: cuda_decode_warp_rows.r1cs, 3 workloads, 1.15x (1.10x .. 1.25x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2
+#   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r8cs, 11 workloads, 1.71x (1.33x .. 2.07x) over flashinfer; then cuda_decode_warp_rows.r8
+#   3. 4 < batch_size <= 15: cuda_decode_warp_rows.r4cs, 15 workloads, 2.05x (1.41x .. 4.73x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs
+#   4. 15 < batch_size <= 26: cuda_decode_warp_rows.r8, 10 workloads, 2.04x (1.49x .. 4.01x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4
+#   5. 26 < batch_size <= 40: cuda_decode_warp_rows.r1cs, 10 workloads, 1.86x (1.40x .. 2.29x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2
+#   6. 40 < batch_size <= 134: cuda_decode_warp_rows.r4, 23 workloads, 1.58x (1.27x .. 4.53x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
+#   7. batch_size > 134: cuda_decode_warp_rows.r8cs, 14 workloads, 1.18x (1.08x .. 1.31x) over flashinfer; then cuda_decode_warp_rows.r4
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 54)}, 'workloads': 66, 'speedup': (1.11, 1.42, 1.97), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (54, 521)}, 'workloads': 23, 'speedup': (1.03, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 30)}, 'workloads': 48, 'speedup': (1.16, 1.55, 1.97), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (30, 521)}, 'workloads': 41, 'speedup': (1.03, 1.1, 1.15), 'fallbacks': ()},
     {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (521, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'flashinfer', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 3)}, 'workloads': 2, 'speedup': (1.36, 1.61, 1.9), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (3, 7)}, 'workloads': 12, 'speedup': (1.43, 1.94, 4.77), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (7, 9)}, 'workloads': 8, 'speedup': (1.32, 1.71, 1.98), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (9, 26)}, 'workloads': 14, 'speedup': (1.49, 2.11, 4.01), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (26, 73)}, 'workloads': 29, 'speedup': (1.26, 1.66, 4.63), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4')},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'batch_size': (73, 99)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (99, 521)}, 'workloads': 11, 'speedup': (1.12, 1.23, 1.36), 'fallbacks': ('cuda_decode_warp_rows.r4',)},
-    {'region': 9, 'variant': 'flashinfer', 'bounds': {'batch_size': (521, 705)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (705, None)}, 'workloads': 3, 'speedup': (1.1, 1.15, 1.25), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 4)}, 'workloads': 11, 'speedup': (1.33, 1.71, 2.07), 'fallbacks': ('cuda_decode_warp_rows.r8',)},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (4, 15)}, 'workloads': 15, 'speedup': (1.41, 2.05, 4.73), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (15, 26)}, 'workloads': 10, 'speedup': (1.49, 2.04, 4.01), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4')},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (26, 40)}, 'workloads': 10, 'speedup': (1.4, 1.86, 2.29), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2')},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (40, 134)}, 'workloads': 23, 'speedup': (1.27, 1.58, 4.53), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (134, None)}, 'workloads': 14, 'speedup': (1.08, 1.18, 1.31), 'fallbacks': ('cuda_decode_warp_rows.r4',)},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -80,36 +74,33 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 66 workloads, 1.42x (1.11x .. 1.97x) over flashinfer
-    if batch_size <= 54:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 2: 23 workloads, 1.08x (1.03x .. 1.10x) over flashinfer
-    if 54 < batch_size <= 521:
+    # region 1: 48 workloads, 1.55x (1.16x .. 1.97x) over flashinfer
+    if batch_size <= 30:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 2: 41 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
+    if 30 < batch_size <= 521:
         return 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 2: 2 workloads, 1.61x (1.36x .. 1.90x) over flashinfer
-    if 1 < batch_size <= 3:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 3: 12 workloads, 1.94x (1.43x .. 4.77x) over flashinfer
-    if 3 < batch_size <= 7:
-        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4'
-    # region 4: 8 workloads, 1.71x (1.32x .. 1.98x) over flashinfer
-    if 7 < batch_size <= 9:
-        return 'cuda_decode_warp_rows.r1cs'
-    # region 5: 14 workloads, 2.11x (1.49x .. 4.01x) over flashinfer
-    if 9 < batch_size <= 26:
-        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
-    # region 6: 29 workloads, 1.66x (1.26x .. 4.63x) over flashinfer
-    if 26 < batch_size <= 73:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 8: 11 workloads, 1.23x (1.12x .. 1.36x) over flashinfer
-    if 99 < batch_size <= 521:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 10: 3 workloads, 1.15x (1.10x .. 1.25x) over flashinfer
-    if batch_size > 705:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 2: 11 workloads, 1.71x (1.33x .. 2.07x) over flashinfer
+    if 1 < batch_size <= 4:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 3: 15 workloads, 2.05x (1.41x .. 4.73x) over flashinfer
+    if 4 < batch_size <= 15:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 4: 10 workloads, 2.04x (1.49x .. 4.01x) over flashinfer
+    if 15 < batch_size <= 26:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
+    # region 5: 10 workloads, 1.86x (1.40x .. 2.29x) over flashinfer
+    if 26 < batch_size <= 40:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 6: 23 workloads, 1.58x (1.27x .. 4.53x) over flashinfer
+    if 40 < batch_size <= 134:
+        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4'
+    # region 7: 14 workloads, 1.18x (1.08x .. 1.31x) over flashinfer
+    if batch_size > 134:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8cs'
     return 'flashinfer'

@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T07:30:56Z
-# workloads   179 (workload-set digest e5280902b8ddfe48)
+# measured    up to 2026-11-25T07:53:25Z
+# workloads   204 (workload-set digest 0d14a911480cd6f9)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       10cec463fe33ddb0  177/177  1.00x
-#   cuda_prefill_thread_rows         86276d7e11d4e789  103/103  0.90x
-#   cuda_prefill_thread_rows.k16c16  d4ee00bdf7e5b023  164/164  0.85x
-#   cuda_prefill_thread_rows.k16c8   edccfa7ac1882aea  164/164  0.75x
-#   cuda_prefill_thread_rows.k1c8    e8b07e6c752e856e  164/164  0.35x
-#   cuda_prefill_thread_rows.k2c16   55824e1beb5beac8  164/164  0.48x
-#   cuda_prefill_thread_rows.k2c8    1cef3ba8275cf900  164/164  0.46x
-#   cuda_prefill_thread_rows.k4c16   1cba39e5b75a6eba  164/164  0.71x
-#   cuda_prefill_thread_rows.k4c8    4bde91f88bdd1227  164/164  0.70x
-#   cuda_prefill_thread_rows.k8c16   6b4d477b41db0a40  164/164  0.88x
-#   cuda_prefill_thread_rows.k8c8    f701f97937e93f05  164/164  0.78x
+#   flashinfer                       10cec463fe33ddb0  204/204  1.00x
+#   cuda_prefill_thread_rows         86276d7e11d4e789  103/103  0.86x
+#   cuda_prefill_thread_rows.k16c16  d4ee00bdf7e5b023  188/188  0.87x
+#   cuda_prefill_thread_rows.k16c8   edccfa7ac1882aea  188/188  0.76x
+#   cuda_prefill_thread_rows.k1c8    e8b07e6c752e856e  188/188  0.35x
+#   cuda_prefill_thread_rows.k2c16   55824e1beb5beac8  188/188  0.48x
+#   cuda_prefill_thread_rows.k2c8    1cef3ba8275cf900  188/188  0.46x
+#   cuda_prefill_thread_rows.k4c16   1cba39e5b75a6eba  188/188  0.72x
+#   cuda_prefill_thread_rows.k4c8    4bde91f88bdd1227  188/188  0.70x
+#   cuda_prefill_thread_rows.k8c16   6b4d477b41db0a40  188/188  0.90x
+#   cuda_prefill_thread_rows.k8c8    f701f97937e93f05  188/188  0.80x
 #   fla_chunk                        1a28e03319c36b90  174/174  0.04x  [174 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_recurrent         1b61fa10fb7e9611  179/179  0.46x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  204/204  0.46x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
@@ -39,70 +39,74 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.24% mean, 580.32% max;
-#             1.143x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.59% mean, 670.14% max;
-#             1.722x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.67% mean, 108.89% max;
+#             1.152x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.47% mean, 358.01% max;
+#             1.797x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 6 and num_seqs <= 7 and mean_seq_len <= 4: triton_prefill_recurrent, 2 workloads, 11.57x (10.39x .. 12.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   2. total_seq_len <= 305 and num_seqs <= 7 and mean_seq_len > 10: cuda_prefill_thread_rows.k16c16, 63 workloads, 2.63x (1.04x .. 6.30x) over flashinfer
-#   3. total_seq_len <= 383 and num_seqs > 19 and mean_seq_len <= 2: cuda_prefill_thread_rows.k4c8, 2 workloads, 1.61x (1.50x .. 1.73x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16
-#   4. total_seq_len <= 383 and num_seqs > 19 and mean_seq_len > 2: flashinfer (baseline), 3 workloads
-#   5. num_seqs <= 7 and 4 < mean_seq_len <= 5: cuda_prefill_thread_rows.k16c16, 2 workloads, 6.38x (5.14x .. 7.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
-#   6. num_seqs <= 7 and 5 < mean_seq_len <= 10: cuda_prefill_thread_rows.k8c16, 2 workloads, 7.01x (6.70x .. 7.33x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
-#   7. 7 < num_seqs <= 19 and mean_seq_len <= 3: cuda_prefill_thread_rows.k4c8, 2 workloads, 1.87x (1.67x .. 2.09x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k2c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
-#   8. 7 < num_seqs <= 19 and mean_seq_len > 3: flashinfer (baseline), 14 workloads
-#   9. total_seq_len > 6 and num_seqs <= 7 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 5 workloads, 8.72x (8.04x .. 9.64x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   10. total_seq_len > 305 and num_seqs <= 7 and mean_seq_len > 10: flashinfer (baseline), 45 workloads
-#   11. total_seq_len > 383 and num_seqs > 19 and mean_seq_len <= 9: cuda_prefill_thread_rows.k4c8, 3 workloads, 1.16x (1.03x .. 1.44x) over flashinfer
-#   12. total_seq_len > 383 and num_seqs > 19 and mean_seq_len > 9: flashinfer (baseline), 36 workloads
+#   1. total_seq_len <= 7 and num_seqs <= 8 and mean_seq_len <= 55: triton_prefill_recurrent, 3 workloads, 10.01x (7.49x .. 12.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   2. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k4c8, 3 workloads, 1.82x (1.67x .. 2.09x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
+#   3. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 55: flashinfer (baseline), 3 workloads
+#   4. total_seq_len <= 167 and mean_seq_len > 125: cuda_prefill_thread_rows.k16c16, 4 workloads, 1.30x (1.24x .. 1.39x) over flashinfer; then cuda_prefill_thread_rows.k8c16
+#   5. total_seq_len <= 192 and 55 < mean_seq_len <= 65: cuda_prefill_thread_rows.k16c16, 5 workloads, 2.08x (1.88x .. 2.23x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent
+#   6. total_seq_len <= 451 and 65 < mean_seq_len <= 125: cuda_prefill_thread_rows.k16c16, 19 workloads, 1.51x (1.04x .. 2.26x) over flashinfer
+#   7. 7 < total_seq_len <= 10 and num_seqs <= 8 and mean_seq_len <= 55: cuda_prefill_thread_rows.k4c8, 4 workloads, 8.99x (8.04x .. 9.51x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   8. total_seq_len > 10 and num_seqs <= 2 and mean_seq_len <= 55: cuda_prefill_thread_rows.k16c16, 37 workloads, 3.79x (1.79x .. 7.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8
+#   9. total_seq_len > 10 and 2 < num_seqs <= 8 and mean_seq_len <= 55: cuda_prefill_thread_rows.k8c16, 14 workloads, 2.94x (1.29x .. 7.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   10. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 55: flashinfer (baseline), 21 workloads
+#   11. total_seq_len > 167 and mean_seq_len > 125: flashinfer (baseline), 81 workloads
+#   12. total_seq_len > 192 and 55 < mean_seq_len <= 65: flashinfer (baseline), 4 workloads
+#   13. total_seq_len > 451 and 65 < mean_seq_len <= 125: flashinfer (baseline), 6 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 33 and 13 < mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 3 workloads, 10.07x (9.02x .. 12.16x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   2. total_seq_len <= 33 and 14 < mean_seq_len <= 51: cuda_prefill_thread_rows.k16c16, 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   3. total_seq_len <= 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13: flashinfer (baseline), 2 workloads
-#   4. total_seq_len <= 812 and num_seqs > 4 and mean_seq_len > 51: cuda_prefill_thread_rows.k16c16, 2 workloads, 2.58x (1.88x .. 3.54x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   5. num_seqs <= 4 and 51 < mean_seq_len <= 527: cuda_prefill_thread_rows.k16c16, 39 workloads, 3.48x (1.34x .. 6.36x) over flashinfer; then cuda_prefill_thread_rows.k8c16
-#   6. num_seqs <= 4 and mean_seq_len > 527: flashinfer (baseline), 26 workloads
-#   7. num_seqs <= 36 and mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 10 workloads, 7.46x (3.33x .. 12.65x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   8. num_seqs <= 36 and 3 < mean_seq_len <= 12: cuda_prefill_thread_rows.k8c16, 10 workloads, 5.13x (1.76x .. 16.07x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
-#   9. num_seqs <= 36 and 12 < mean_seq_len <= 13: flashinfer (baseline), 2 workloads
-#   10. num_seqs > 82 and mean_seq_len <= 13: cuda_prefill_thread_rows.k2c16, 5 workloads, 2.06x (1.50x .. 3.20x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16
-#   11. 33 < total_seq_len <= 708 and 13 < mean_seq_len <= 51: cuda_prefill_thread_rows.k8c16, 26 workloads, 5.95x (1.69x .. 11.12x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
-#   12. total_seq_len > 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13: cuda_prefill_thread_rows.k4c8, 2 workloads, 2.43x (1.96x .. 3.00x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   13. total_seq_len > 708 and 13 < mean_seq_len <= 51: flashinfer (baseline), 6 workloads
-#   14. total_seq_len > 812 and num_seqs > 4 and mean_seq_len > 51: flashinfer (baseline), 34 workloads
+#   1. total_seq_len <= 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65: cuda_prefill_thread_rows.k16c16, 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   2. total_seq_len <= 806 and 17 < num_seqs <= 36: cuda_prefill_thread_rows.k8c8, 5 workloads, 2.16x (1.14x .. 3.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16
+#   3. total_seq_len <= 1180 and num_seqs <= 3 and mean_seq_len > 65: cuda_prefill_thread_rows.k16c16, 41 workloads, 3.43x (1.34x .. 6.18x) over flashinfer; then cuda_prefill_thread_rows.k8c16
+#   4. total_seq_len <= 1357 and 38 < num_seqs <= 106: cuda_prefill_thread_rows.k4c8, 5 workloads, 1.95x (1.28x .. 3.00x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16
+#   5. total_seq_len <= 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65: cuda_prefill_thread_rows.k8c16, 10 workloads, 2.14x (1.40x .. 4.29x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8
+#   6. total_seq_len <= 3044 and num_seqs > 106: cuda_prefill_thread_rows.k2c8, 4 workloads, 1.82x (1.20x .. 2.91x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
+#   7. num_seqs <= 17 and mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 8 workloads, 9.11x (3.61x .. 12.65x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   8. num_seqs <= 17 and 3 < mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 12 workloads, 8.40x (2.92x .. 36.44x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
+#   9. 36 < num_seqs <= 38: flashinfer (baseline), 5 workloads
+#   10. total_seq_len > 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65: cuda_prefill_thread_rows.k8c16, 40 workloads, 5.82x (1.69x .. 11.12x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16
+#   11. total_seq_len > 806 and 17 < num_seqs <= 36: flashinfer (baseline), 14 workloads
+#   12. total_seq_len > 1180 and num_seqs <= 3 and mean_seq_len > 65: flashinfer (baseline), 25 workloads
+#   13. total_seq_len > 1357 and 38 < num_seqs <= 106: flashinfer (baseline), 9 workloads
+#   14. total_seq_len > 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65: flashinfer (baseline), 8 workloads
+#   15. total_seq_len > 3044 and num_seqs > 106: flashinfer (baseline), 6 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 7), 'total_seq_len': (None, 6)}, 'workloads': 2, 'speedup': (10.39, 11.57, 12.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 305)}, 'workloads': 63, 'speedup': (1.04, 2.63, 6.3), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (19, None), 'total_seq_len': (None, 383)}, 'workloads': 2, 'speedup': (1.5, 1.61, 1.73), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16')},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (19, None), 'total_seq_len': (None, 383)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 5), 'num_seqs': (None, 7)}, 'workloads': 2, 'speedup': (5.14, 6.38, 7.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (5, 10), 'num_seqs': (None, 7)}, 'workloads': 2, 'speedup': (6.7, 7.01, 7.33), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, 19)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.09), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, 19)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 7), 'total_seq_len': (6, None)}, 'workloads': 5, 'speedup': (8.04, 8.72, 9.64), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (None, 7), 'total_seq_len': (305, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (19, None), 'total_seq_len': (383, None)}, 'workloads': 3, 'speedup': (1.03, 1.16, 1.44), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (19, None), 'total_seq_len': (383, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 8), 'total_seq_len': (None, 7)}, 'workloads': 3, 'speedup': (7.49, 10.01, 12.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.67, 1.82, 2.09), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 55), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (125, None), 'total_seq_len': (None, 167)}, 'workloads': 4, 'speedup': (1.24, 1.3, 1.39), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (55, 65), 'total_seq_len': (None, 192)}, 'workloads': 5, 'speedup': (1.88, 2.08, 2.23), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (65, 125), 'total_seq_len': (None, 451)}, 'workloads': 19, 'speedup': (1.04, 1.51, 2.26), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 8), 'total_seq_len': (7, 10)}, 'workloads': 4, 'speedup': (8.04, 8.99, 9.51), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 2), 'total_seq_len': (10, None)}, 'workloads': 37, 'speedup': (1.79, 3.79, 7.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (2, 8), 'total_seq_len': (10, None)}, 'workloads': 14, 'speedup': (1.29, 2.94, 7.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (125, None), 'total_seq_len': (167, None)}, 'workloads': 81, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (55, 65), 'total_seq_len': (192, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, 125), 'total_seq_len': (451, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (13, 14), 'total_seq_len': (None, 33)}, 'workloads': 3, 'speedup': (9.02, 10.07, 12.16), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (14, 51), 'total_seq_len': (None, 33)}, 'workloads': 12, 'speedup': (7.42, 8.92, 11.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (36, 82), 'total_seq_len': (None, 538)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (51, None), 'num_seqs': (4, None), 'total_seq_len': (None, 812)}, 'workloads': 2, 'speedup': (1.88, 2.58, 3.54), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (51, 527), 'num_seqs': (None, 4)}, 'workloads': 39, 'speedup': (1.34, 3.48, 6.36), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (527, None), 'num_seqs': (None, 4)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 36)}, 'workloads': 10, 'speedup': (3.33, 7.46, 12.65), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (None, 36)}, 'workloads': 10, 'speedup': (1.76, 5.13, 16.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
-    {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (12, 13), 'num_seqs': (None, 36)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (82, None)}, 'workloads': 5, 'speedup': (1.5, 2.06, 3.2), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16')},
-    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (13, 51), 'total_seq_len': (33, 708)}, 'workloads': 26, 'speedup': (1.69, 5.95, 11.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
-    {'region': 12, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (36, 82), 'total_seq_len': (538, None)}, 'workloads': 2, 'speedup': (1.96, 2.43, 3.0), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 51), 'total_seq_len': (708, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (51, None), 'num_seqs': (4, None), 'total_seq_len': (812, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (14, 65), 'num_seqs': (None, 17), 'total_seq_len': (None, 33)}, 'workloads': 12, 'speedup': (7.42, 8.92, 11.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'num_seqs': (17, 36), 'total_seq_len': (None, 806)}, 'workloads': 5, 'speedup': (1.14, 2.16, 3.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 1180)}, 'workloads': 41, 'speedup': (1.34, 3.43, 6.18), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'num_seqs': (38, 106), 'total_seq_len': (None, 1357)}, 'workloads': 5, 'speedup': (1.28, 1.95, 3.0), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (3, 17), 'total_seq_len': (None, 1556)}, 'workloads': 10, 'speedup': (1.4, 2.14, 4.29), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (None, 3044)}, 'workloads': 4, 'speedup': (1.2, 1.82, 2.91), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 17)}, 'workloads': 8, 'speedup': (3.61, 9.11, 12.65), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (3, 14), 'num_seqs': (None, 17)}, 'workloads': 12, 'speedup': (2.92, 8.4, 36.44), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 9, 'variant': 'flashinfer', 'bounds': {'num_seqs': (36, 38)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (14, 65), 'num_seqs': (None, 17), 'total_seq_len': (33, None)}, 'workloads': 40, 'speedup': (1.69, 5.82, 11.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16')},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'num_seqs': (17, 36), 'total_seq_len': (806, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (None, 3), 'total_seq_len': (1180, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'num_seqs': (38, 106), 'total_seq_len': (1357, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (3, 17), 'total_seq_len': (1556, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (3044, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -111,61 +115,61 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 11.57x (10.39x .. 12.89x) over flashinfer
-    if total_seq_len <= 6 and num_seqs <= 7 and mean_seq_len <= 4:
+    # region 1: 3 workloads, 10.01x (7.49x .. 12.89x) over flashinfer
+    if total_seq_len <= 7 and num_seqs <= 8 and mean_seq_len <= 55:
         return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'triton_prefill_recurrent'
-    # region 2: 63 workloads, 2.63x (1.04x .. 6.30x) over flashinfer
-    if total_seq_len <= 305 and num_seqs <= 7 and mean_seq_len > 10:
+    # region 2: 3 workloads, 1.82x (1.67x .. 2.09x) over flashinfer
+    if total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 4: 4 workloads, 1.30x (1.24x .. 1.39x) over flashinfer
+    if total_seq_len <= 167 and mean_seq_len > 125:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 5: 5 workloads, 2.08x (1.88x .. 2.23x) over flashinfer
+    if total_seq_len <= 192 and 55 < mean_seq_len <= 65:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 6: 19 workloads, 1.51x (1.04x .. 2.26x) over flashinfer
+    if total_seq_len <= 451 and 65 < mean_seq_len <= 125:
         return 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 2 workloads, 1.61x (1.50x .. 1.73x) over flashinfer
-    if total_seq_len <= 383 and num_seqs > 19 and mean_seq_len <= 2:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 5: 2 workloads, 6.38x (5.14x .. 7.92x) over flashinfer
-    if num_seqs <= 7 and 4 < mean_seq_len <= 5:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 2 workloads, 7.01x (6.70x .. 7.33x) over flashinfer
-    if num_seqs <= 7 and 5 < mean_seq_len <= 10:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 7: 2 workloads, 1.87x (1.67x .. 2.09x) over flashinfer
-    if 7 < num_seqs <= 19 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 9: 5 workloads, 8.72x (8.04x .. 9.64x) over flashinfer
-    if total_seq_len > 6 and num_seqs <= 7 and mean_seq_len <= 4:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 11: 3 workloads, 1.16x (1.03x .. 1.44x) over flashinfer
-    if total_seq_len > 383 and num_seqs > 19 and mean_seq_len <= 9:
-        return 'cuda_prefill_thread_rows.k4c8'
+    # region 7: 4 workloads, 8.99x (8.04x .. 9.51x) over flashinfer
+    if 7 < total_seq_len <= 10 and num_seqs <= 8 and mean_seq_len <= 55:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 8: 37 workloads, 3.79x (1.79x .. 7.92x) over flashinfer
+    if total_seq_len > 10 and num_seqs <= 2 and mean_seq_len <= 55:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 9: 14 workloads, 2.94x (1.29x .. 7.89x) over flashinfer
+    if total_seq_len > 10 and 2 < num_seqs <= 8 and mean_seq_len <= 55:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k8c16'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 10.07x (9.02x .. 12.16x) over flashinfer
-    if total_seq_len <= 33 and 13 < mean_seq_len <= 14:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 2: 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer
-    if total_seq_len <= 33 and 14 < mean_seq_len <= 51:
+    # region 1: 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer
+    if total_seq_len <= 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 2 workloads, 2.58x (1.88x .. 3.54x) over flashinfer
-    if total_seq_len <= 812 and num_seqs > 4 and mean_seq_len > 51:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 5: 39 workloads, 3.48x (1.34x .. 6.36x) over flashinfer
-    if num_seqs <= 4 and 51 < mean_seq_len <= 527:
+    # region 2: 5 workloads, 2.16x (1.14x .. 3.57x) over flashinfer
+    if total_seq_len <= 806 and 17 < num_seqs <= 36:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 3: 41 workloads, 3.43x (1.34x .. 6.18x) over flashinfer
+    if total_seq_len <= 1180 and num_seqs <= 3 and mean_seq_len > 65:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 7: 10 workloads, 7.46x (3.33x .. 12.65x) over flashinfer
-    if num_seqs <= 36 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 8: 10 workloads, 5.13x (1.76x .. 16.07x) over flashinfer
-    if num_seqs <= 36 and 3 < mean_seq_len <= 12:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 10: 5 workloads, 2.06x (1.50x .. 3.20x) over flashinfer
-    if num_seqs > 82 and mean_seq_len <= 13:
-        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k2c16'
-    # region 11: 26 workloads, 5.95x (1.69x .. 11.12x) over flashinfer
-    if 33 < total_seq_len <= 708 and 13 < mean_seq_len <= 51:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 12: 2 workloads, 2.43x (1.96x .. 3.00x) over flashinfer
-    if total_seq_len > 538 and 36 < num_seqs <= 82 and mean_seq_len <= 13:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 4: 5 workloads, 1.95x (1.28x .. 3.00x) over flashinfer
+    if total_seq_len <= 1357 and 38 < num_seqs <= 106:
+        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
+    # region 5: 10 workloads, 2.14x (1.40x .. 4.29x) over flashinfer
+    if total_seq_len <= 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 6: 4 workloads, 1.82x (1.20x .. 2.91x) over flashinfer
+    if total_seq_len <= 3044 and num_seqs > 106:
+        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k2c8'
+    # region 7: 8 workloads, 9.11x (3.61x .. 12.65x) over flashinfer
+    if num_seqs <= 17 and mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 8: 12 workloads, 8.40x (2.92x .. 36.44x) over flashinfer
+    if num_seqs <= 17 and 3 < mean_seq_len <= 14:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 10: 40 workloads, 5.82x (1.69x .. 11.12x) over flashinfer
+    if total_seq_len > 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16') if inside else 'cuda_prefill_thread_rows.k8c16'
     return 'flashinfer'

@@ -20,8 +20,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.13% mean, 20.14% max;
 #             14.619x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.96% mean, 215.11% max;
-#             7.974x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.10% mean, 215.11% max;
+#             8.063x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 384: triton_grouped_m16, 25 workloads, 21.36x (8.13x .. 29.21x) over reference; then triton_grouped_m32, triton_grouped_m64
 #   2. 384 < seq_len <= 1536: triton_grouped_m32, 3 workloads, 24.86x (23.05x .. 28.86x) over reference; then triton_grouped_m64, triton_grouped_m16
@@ -29,15 +29,12 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. seq_len <= 3: reference (baseline), 3 workloads
 #   2. 3 < seq_len <= 11: triton_grouped_m32, 3 workloads, 3.08x (2.43x .. 4.06x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   3. 11 < seq_len <= 15: triton_grouped_m16, 2 workloads, 6.49x (5.93x .. 7.10x) over reference; then triton_grouped_m64, triton_grouped_m32
-#   4. 15 < seq_len <= 24: triton_grouped_m64, 2 workloads, 5.07x (4.43x .. 5.79x) over reference; then triton_grouped_m16, triton_grouped_m32
-#   5. 24 < seq_len <= 42: triton_grouped_m16, 2 workloads, 9.35x (9.27x .. 9.43x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   6. 42 < seq_len <= 55: triton_grouped_m32, 4 workloads, 10.79x (9.56x .. 12.37x) over reference; then triton_grouped_m16, triton_grouped_m64
-#   7. 55 < seq_len <= 58: triton_grouped_m16, 3 workloads, 9.90x (8.93x .. 11.65x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   8. 58 < seq_len <= 63: triton_grouped_m32, 2 workloads, 9.82x (8.66x .. 11.13x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   9. 63 < seq_len <= 384: triton_grouped_m16, 4 workloads, 11.97x (11.00x .. 13.31x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   10. 384 < seq_len <= 962: triton_grouped_m32, 2 workloads, 13.11x (11.20x .. 15.34x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   11. seq_len > 962: triton_grouped_m64, 8 workloads, 9.39x (7.78x .. 12.47x) over reference; then triton_grouped_m32, triton_grouped_m16
+#   3. 11 < seq_len <= 24: triton_grouped_m64, 4 workloads, 5.47x (3.56x .. 9.84x) over reference; then triton_grouped_m16, triton_grouped_m32
+#   4. 24 < seq_len <= 54: triton_grouped_m32, 5 workloads, 9.60x (8.50x .. 11.49x) over reference; then triton_grouped_m16, triton_grouped_m64
+#   5. 54 < seq_len <= 57: triton_grouped_m16, 3 workloads, 10.94x (9.32x .. 12.07x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   6. 57 < seq_len <= 63: triton_grouped_m32, 3 workloads, 9.40x (8.62x .. 11.13x) over reference; then triton_grouped_m64, triton_grouped_m16
+#   7. 63 < seq_len <= 384: triton_grouped_m16, 4 workloads, 11.97x (11.00x .. 13.31x) over reference; then triton_grouped_m32, triton_grouped_m64
+#   8. seq_len > 384: triton_grouped_m64, 10 workloads, 9.89x (7.78x .. 14.37x) over reference; then triton_grouped_m32, triton_grouped_m16
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
@@ -49,15 +46,12 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'reference', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (3, 11)}, 'workloads': 3, 'speedup': (2.43, 3.08, 4.06), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 3, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (11, 15)}, 'workloads': 2, 'speedup': (5.93, 6.49, 7.1), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m32')},
-    {'region': 4, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (15, 24)}, 'workloads': 2, 'speedup': (4.43, 5.07, 5.79), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m32')},
-    {'region': 5, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (24, 42)}, 'workloads': 2, 'speedup': (9.27, 9.35, 9.43), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 6, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (42, 55)}, 'workloads': 4, 'speedup': (9.56, 10.79, 12.37), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m64')},
-    {'region': 7, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (55, 58)}, 'workloads': 3, 'speedup': (8.93, 9.9, 11.65), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 8, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (58, 63)}, 'workloads': 2, 'speedup': (8.66, 9.82, 11.13), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 9, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (63, 384)}, 'workloads': 4, 'speedup': (11.0, 11.97, 13.31), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 10, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (384, 962)}, 'workloads': 2, 'speedup': (11.2, 13.11, 15.34), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 11, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (962, None)}, 'workloads': 8, 'speedup': (7.78, 9.39, 12.47), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
+    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (11, 24)}, 'workloads': 4, 'speedup': (3.56, 5.47, 9.84), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m32')},
+    {'region': 4, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (24, 54)}, 'workloads': 5, 'speedup': (8.5, 9.6, 11.49), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m64')},
+    {'region': 5, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (54, 57)}, 'workloads': 3, 'speedup': (9.32, 10.94, 12.07), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 6, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (57, 63)}, 'workloads': 3, 'speedup': (8.62, 9.4, 11.13), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
+    {'region': 7, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (63, 384)}, 'workloads': 4, 'speedup': (11.0, 11.97, 13.31), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
+    {'region': 8, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (384, None)}, 'workloads': 10, 'speedup': (7.78, 9.89, 14.37), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -82,31 +76,22 @@ def route_eager(seq_len):
     # region 2: 3 workloads, 3.08x (2.43x .. 4.06x) over reference
     if 3 < seq_len <= 11:
         return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 3: 2 workloads, 6.49x (5.93x .. 7.10x) over reference
-    if 11 < seq_len <= 15:
-        return ('triton_grouped_m16', 'triton_grouped_m64', 'triton_grouped_m32') if inside else 'triton_grouped_m16'
-    # region 4: 2 workloads, 5.07x (4.43x .. 5.79x) over reference
-    if 15 < seq_len <= 24:
+    # region 3: 4 workloads, 5.47x (3.56x .. 9.84x) over reference
+    if 11 < seq_len <= 24:
         return ('triton_grouped_m64', 'triton_grouped_m16', 'triton_grouped_m32') if inside else 'triton_grouped_m64'
-    # region 5: 2 workloads, 9.35x (9.27x .. 9.43x) over reference
-    if 24 < seq_len <= 42:
-        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 6: 4 workloads, 10.79x (9.56x .. 12.37x) over reference
-    if 42 < seq_len <= 55:
+    # region 4: 5 workloads, 9.60x (8.50x .. 11.49x) over reference
+    if 24 < seq_len <= 54:
         return ('triton_grouped_m32', 'triton_grouped_m16', 'triton_grouped_m64') if inside else 'triton_grouped_m32'
-    # region 7: 3 workloads, 9.90x (8.93x .. 11.65x) over reference
-    if 55 < seq_len <= 58:
+    # region 5: 3 workloads, 10.94x (9.32x .. 12.07x) over reference
+    if 54 < seq_len <= 57:
         return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 8: 2 workloads, 9.82x (8.66x .. 11.13x) over reference
-    if 58 < seq_len <= 63:
+    # region 6: 3 workloads, 9.40x (8.62x .. 11.13x) over reference
+    if 57 < seq_len <= 63:
         return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 9: 4 workloads, 11.97x (11.00x .. 13.31x) over reference
+    # region 7: 4 workloads, 11.97x (11.00x .. 13.31x) over reference
     if 63 < seq_len <= 384:
         return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 10: 2 workloads, 13.11x (11.20x .. 15.34x) over reference
-    if 384 < seq_len <= 962:
-        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 11: 8 workloads, 9.39x (7.78x .. 12.47x) over reference
-    if seq_len > 962:
+    # region 8: 10 workloads, 9.89x (7.78x .. 14.37x) over reference
+    if seq_len > 384:
         return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
     return 'reference'
