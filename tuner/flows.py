@@ -230,21 +230,6 @@ def bench(roots, *, definitions=None, variants=None, device: str = "cuda", quick
     return store, {"env": env, "definitions": names, "env_id": eid}
 
 
-
-def load_bench(path) -> tuple[Store, str]:
-    """(in-memory store, env id) of a `kdispatch bench --json` file, for `bench_table` without a GPU."""
-    import dataclasses
-    import json
-
-    data = json.loads(Path(path).read_text())
-    store = Store(":memory:")
-    eid = store.add_env(data["env"])
-    names = {f.name for f in dataclasses.fields(Result)}
-    for r in data["results"]:
-        store.put(Result(**{**{k: v for k, v in r.items() if k in names}, "env": eid}))
-    return store, eid
-
-
 def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
     """A worker's measurement row as a store Result (v: the planned variant's hash, role, backend)."""
     return Result(env=env_id, definition=definition, variant=row["variant"], variant_hash=v["hash"],
