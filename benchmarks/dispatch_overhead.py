@@ -6,6 +6,9 @@ no data), so the only time measured is dispatch itself:
     fib.apply   = time(flashinfer_bench.apply(<definition>, args=args, fallback=noop)) - time(noop(*args))
     two modes   = the same with a router whose eager choice differs from its graph choice, so every
                   call asks whether the stream is capturing (dispatch.capturing) before choosing
+    custom op   = time(torch.ops.kdispatch.<op>(*args)) - time(noop(*args)) on valid CPU inputs (the
+                  noop returns preallocated outputs), the path of a compiled graph and of code that
+                  calls the registered op itself (kdispatch.custom_ops)
 FlashInfer-Bench is timed on its cheapest path (the dataset holds no solution, so it builds the
 lookup key, misses and calls the fallback). Medians over repeated timing rounds, one process.
 
@@ -25,9 +28,9 @@ from pathlib import Path
 import torch
 
 import kdispatch
-from kdispatch import definitions, registry
+from kdispatch import custom_ops, definitions, registry
 from kdispatch.registry import Variant
-from kdispatch.workloads import meta_arguments
+from kdispatch.workloads import SimpleWorkload, materialize, meta_arguments
 
 SMALL = {
     "moe_fp8": {"seq_len": 4},
@@ -46,6 +49,27 @@ def per_call_us(fn, args, calls: int, rounds: int) -> float:
             fn(*args)
         samples.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(samples)
+
+
+def custom_op_added_us(d, axes, opts) -> float:
+    """Host time torch.ops.kdispatch.<op> adds over a no-op variant (on CPU tensors: a custom op
+    called with meta tensors runs its fake implementation instead)."""
+    args = materialize(d.definition, SimpleWorkload(axes, uuid="overhead"), "cpu")
+    defn = definitions.get(d.definition)
+    made = iter(custom_ops.fake_outputs(defn)(*args) if len(custom_ops.returned_outputs(defn)) > 1
+                else (custom_ops.fake_outputs(defn)(*args),))
+    outs = tuple(args[defn.inputs.index(defn.spec.in_place[o])] if o in defn.spec.in_place else next(made)
+                 for o in defn.outputs)
+    noop = lambda *a: outs if len(outs) > 1 else outs[0]  # noqa: E731 - outputs no input aliases
+    registry.register(Variant(d.definition, "noop_cpu", noop, "torch", ("cpu",)))
+    d.set_router("cpu", lambda **axes: "noop_cpu")
+    op = getattr(torch.ops.kdispatch, d.short)
+    op(*args)
+    try:
+        return per_call_us(op, args, opts.calls, opts.rounds) - per_call_us(noop, args, opts.calls, opts.rounds)
+    finally:
+        d.set_router("cpu", None)
+        registry.unregister(d.definition, "noop_cpu")
 
 
 def main() -> None:
@@ -73,7 +97,8 @@ def main() -> None:
 
     result["capturing_call_us"] = per_call_us(capturing, (), opts.calls, opts.rounds)
     print(f"dispatch.capturing() alone: {result['capturing_call_us']:.3f} us")
-    print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'two modes +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
+    print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'two modes +us':>15}{'custom op +us':>15}"
+          f"{'fib.apply +us':>15}{'ratio':>8}")
     for op in SMALL:
         d = kdispatch.ops.DISPATCHERS[op]
         args = meta_arguments(op, SMALL[op])
@@ -91,7 +116,8 @@ def main() -> None:
         two = per_call_us(op_fn, args, opts.calls, opts.rounds) - direct
         d.set_router("meta", lambda **axes: "noop")
         registry.unregister(d.definition, "noop_eager")
-        row = {"direct_us": direct, "kdispatch_added_us": kd, "two_modes_added_us": two}
+        row = {"direct_us": direct, "kdispatch_added_us": kd, "two_modes_added_us": two,
+               "custom_op_added_us": custom_op_added_us(d, SMALL[op], opts)}
         if fib_apply is not None:
             fib_call = lambda *a, _n=d.definition: fib_apply(_n, args=a, fallback=noop)  # noqa: E731
             fib_call(*args)
@@ -99,7 +125,7 @@ def main() -> None:
             row["ratio"] = row["fib_apply_added_us"] / kd
         result["ops"][op] = row
         fib_s = f"{row['fib_apply_added_us']:>15.2f}{row['ratio']:>7.1f}x" if "ratio" in row else f"{'n/a':>15}"
-        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{two:>15.3f}{fib_s}")
+        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{two:>15.3f}{row['custom_op_added_us']:>15.3f}{fib_s}")
         d.set_router("meta", None)
         registry.unregister(d.definition, "noop")
     if fib_rt is not None:

@@ -34,4 +34,5 @@ def register_reference(d: definitions.Definition) -> None:
     """Registers the reference of one definition (the registry calls this for every definition
     that lacks one, so definitions added later, by a test or an out-of-tree operator, get theirs)."""
     run = d.reference_module().run
-    variant(d.name, REFERENCE, backend="torch", archs=(ANY_ARCH,))(_in_place(d, run) if d.spec.in_place else run)
+    variant(d.name, REFERENCE, backend="torch", archs=(ANY_ARCH,), strided=True)(  # torch ops take any strides
+        _in_place(d, run) if d.spec.in_place else run)

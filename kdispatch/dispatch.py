@@ -10,6 +10,10 @@ graph times) and for eager calls (`route_eager`, fitted on eager host + device t
 whose two answers differ asks, on each call, whether a graph is being captured (`capturing`, a
 counter read); every other signature pays nothing for the distinction.
 
+Strided calls: a signature that passes a strided view of an input the spec lists as `strided` is
+served by the router's first choice declaring `strided`, else by its first runnable choice on
+contiguous copies of those views (`explain` says which).
+
 Fallbacks to the definition's baseline: no router for the architecture, the router names an
 unknown or unavailable variant, the variant declines the shape (`Variant.declines`), or it raises
 (then a warning is printed once per variant and the signature keeps the baseline from then on).
@@ -34,6 +38,7 @@ on every call (validate.Checker.check_scalars).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import operator
@@ -120,10 +125,10 @@ class _Entry:
     """One tensor signature's decision: `variant` for captured calls, `eager` for eager calls (None:
     the same variant, and the call mode is never asked)."""
 
-    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "axes", "arch")
+    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "axes", "arch", "strided")
 
-    def __init__(self, guard, variant, eager, axes, arch):
-        self.guard, self.axes, self.arch = guard, axes, arch
+    def __init__(self, guard, variant, eager, axes, arch, strided=False):
+        self.guard, self.axes, self.arch, self.strided = guard, axes, arch, strided
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
@@ -133,6 +138,7 @@ class _Entry:
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
+CONTIGUOUS_COPIES = " (on contiguous copies)"  # suffix of a baseline served on copies of strided views
 CHECK_VAR = "KDISPATCH_CHECK"
 HOST_ARCHS = ("cpu", "meta")  # where the reference is what runs anyway: no warning
 
@@ -166,6 +172,7 @@ class Dispatcher:
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
+        self._copies: dict = {}  # baseline name -> it on contiguous copies of strided views
         self._warned: set = set()
         self.reload_switches()
 
@@ -197,6 +204,21 @@ class Dispatcher:
                     return self._variant_failed(e, fn, exc, args)
         return self._new_signature(args)
 
+    def warm(self, *args) -> tuple[str, str]:
+        """Routes this call signature now and runs the variant of each call mode once, so that what
+        they compile (Triton, NVRTC) and the decision itself happen before a CUDA graph is captured.
+        Writes the in-place outputs of `args`. Returns the (graph, eager) variant names."""
+        self(*args)
+        ts = self._tensors(args)
+        e = next(e for e in self._entries[ts[0].shape] if e.guard(*ts))
+        if e.eager_fn is not None:  # the call above ran one mode's variant; run the other's
+            fn = e.fn if not capturing() else e.eager_fn
+            try:
+                fn(*args)
+            except Exception as exc:
+                self._variant_failed(e, fn, exc, args)
+        return e.variant.name, (e.eager or e.variant).name
+
     def check_call(self, args) -> None:
         """The checked mode's validation of one call: shapes, dtypes and constraints (device values
         included), then the definition's index-value rules. Synchronises with the device."""
@@ -212,8 +234,9 @@ class Dispatcher:
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
         ts = self._tensors(args)
         arch = _arch.arch_of(ts[0].device)
-        e = _Entry(make_guard(ts), self.choose(arch, axes), self.choose(arch, axes, "eager"), tuple(axes.items()),
-                   arch)
+        strided = self.checker.is_strided(args)
+        e = _Entry(make_guard(ts), self.choose(arch, axes, strided=strided),
+                   self.choose(arch, axes, "eager", strided=strided), tuple(axes.items()), arch, strided)
         bucket = self._entries.setdefault(ts[0].shape, [])
         bucket.insert(0, e)
         del bucket[MAX_ENTRIES_PER_SHAPE:]
@@ -223,9 +246,9 @@ class Dispatcher:
         except Exception as exc:
             return self._variant_failed(e, fn, exc, args)
 
-    def choose(self, arch: str, axes: dict, mode: str = "graph") -> registry.Variant:
+    def choose(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> registry.Variant:
         """The variant for these shape features on `arch` in call mode `mode` (the baseline on any miss)."""
-        c = self.explain(arch, axes, mode)
+        c = self.explain(arch, axes, mode, strided)
         for step in c.steps:  # a forced variant that does not serve, or a router naming an unknown one
             if step.startswith(force_var(self.short)) or "unknown variant" in step:
                 self._warn_once(("choice", step.split(";")[0]), step)
@@ -243,13 +266,17 @@ class Dispatcher:
             else [f"no router for {arch}"] if self.router(arch) is None else [])
         return why + registry.baseline_gaps(self.definition, arch)
 
-    def explain(self, arch: str, axes: dict, mode: str = "graph") -> Choice:
+    def explain(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> Choice:
         """The variant a call with these shape features gets on `arch` in call mode `mode` (graph:
         captured in a CUDA graph; eager), with the reasons for every fallback on the way (what
-        `kdispatch explain` prints; `choose` is this, nothing else)."""
+        `kdispatch explain` prints; `choose` is this, nothing else). `strided`: the call passes
+        strided views (spec `strided`): the first choice declaring `strided` serves; where none does,
+        the first runnable choice (or the baseline) serves on contiguous copies of those views."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         base = registry.baseline(self.definition, arch)
+        if strided and not base.strided:
+            base = self._on_contiguous_copies(base)
         if self.disabled:
             return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"], mode=mode)
         if self.forced is not None:
@@ -264,9 +291,10 @@ class Dispatcher:
             said = chain[0] if chain else None
             named = tuple(n for n in chain if n is not None)
         steps = []
+        copies = None  # strided call: the first runnable choice that needs contiguous inputs
         for wanted in chain:
-            if wanted is None or wanted == base.name:
-                return Choice(base, said, steps, named, mode)
+            if wanted is None or wanted == base.name.split(CONTIGUOUS_COPIES)[0]:
+                break
             try:
                 v = registry.get(self.definition, wanted)
             except KeyError:
@@ -278,12 +306,38 @@ class Dispatcher:
                 why = "raised on this shape earlier"
             if why is None and (declined := v.declines(axes)) is not None:
                 why = f"declines {axes}: {declined}"
+            if why is None and strided and not v.strided:
+                copies = copies or v
+                why = "takes contiguous inputs only (this call passes strided views)"
             if why is None:
                 return Choice(v, said, steps, named, mode)
             steps.append(f"{source}: {wanted!r} {why}")
-        if steps:
-            steps[-1] += f"; serving the baseline {base.name!r}"
+        else:
+            if steps and copies is None:
+                steps[-1] += f"; serving the baseline {base.name!r}"
+        if copies is not None:  # ranked before the baseline: faster on contiguous inputs, so on copies
+            fallback = self._on_contiguous_copies(copies)
+            steps.append(f"serving {fallback.name!r}: none of the choices takes strided views")
+            return Choice(fallback, said, steps, named, mode)
         return Choice(base, said, steps, named, mode)
+
+    def _on_contiguous_copies(self, v: registry.Variant) -> registry.Variant:
+        """`v` called on contiguous copies of the strided inputs (for a variant that needs them);
+        one object per variant, so that both call modes' choices are the same one."""
+        if v.name in self._copies:
+            return self._copies[v.name]
+        positions = self.checker.strided_positions
+        fn = v.fn
+
+        def call(*args):
+            args = list(args)
+            for i in positions:
+                if args[i] is not None:
+                    args[i] = args[i].contiguous()
+            return fn(*args)
+
+        self._copies[v.name] = dataclasses.replace(v, name=v.name + CONTIGUOUS_COPIES, fn=call, strided=True)
+        return self._copies[v.name]
 
     def router(self, arch: str) -> dict | None:
         """{mode: route function} of `arch`'s generated router (None: no router)."""
@@ -304,6 +358,7 @@ class Dispatcher:
     def reset(self) -> None:
         self._entries.clear()
         self._failed.clear()
+        self._copies.clear()
 
     def _variant_failed(self, e: _Entry, fn, exc: Exception, args):
         """Variant `fn` of entry e raised: the shape goes to the router's next choice in both call
@@ -311,14 +366,15 @@ class Dispatcher:
         base = registry.baseline(self.definition, e.arch)
         eager = fn is e.eager_fn
         failed = e.eager if eager else e.variant
-        if failed is base:
+        if failed.name.split(CONTIGUOUS_COPIES)[0] == base.name:
             raise exc
-        self._failed.add((failed.name, e.arch, e.axes))
-        e.set(self.choose(e.arch, dict(e.axes)), self.choose(e.arch, dict(e.axes), "eager"))
+        self._failed.add((failed.name.split(CONTIGUOUS_COPIES)[0], e.arch, e.axes))
+        e.set(self.choose(e.arch, dict(e.axes), strided=e.strided), self.choose(e.arch, dict(e.axes), "eager", e.strided))
         nxt = (e.eager or e.variant) if eager else e.variant
+        to_base = nxt.name.split(CONTIGUOUS_COPIES)[0] == base.name
         self._warn_once(("failed", failed.name),
                         f"variant {failed.name!r} raised {type(exc).__name__}: {exc} on {dict(e.axes)}; "
-                        f"serving {'the baseline ' if nxt is base else ''}{nxt.name!r} for this shape from now on")
+                        f"serving {'the baseline ' if to_base else ''}{nxt.name!r} for this shape from now on")
         try:
             return nxt.fn(*args)
         except Exception as again:

@@ -4,6 +4,9 @@ Arguments and outputs follow the definitions (kdispatch/definitions/); each call
 definition's generated router for the device's architecture (kdispatch/dispatch.py), which the
 run-time switches KDISPATCH_DISABLE and KDISPATCH_FORCE_<OP> can override. Bad input (dtype, shape,
 device, contiguity, a broken constraint) raises ValueError naming the argument before any kernel runs.
+Tensors must be contiguous, except the GDN ops' q, k, v, a, b and sparse attention's q_nope, q_pe,
+which may be views whose last dimension is contiguous (split out of one packed projection, as
+engines do): variants that read strides take them as they are, others get contiguous copies.
 Index values (block tables, sparse indices, sequence boundaries) are not read on the host: no value
 makes a kernel read or write outside its tensors, and each op's docstring says what an out-of-range
 value means; KDISPATCH_CHECK=1 validates them on every call instead (synchronising).
@@ -18,29 +21,29 @@ import math
 
 import torch
 
-from kdispatch import definitions
+from kdispatch import definitions, workloads
+from kdispatch.custom_ops import traceable
 from kdispatch.dispatch import Dispatcher
 
-_moe_fp8 = Dispatcher("moe_fp8")
-_dsa_topk_indexer = Dispatcher("dsa_topk_indexer")
-_dsa_sparse_attention = Dispatcher("dsa_sparse_attention")
-_gdn_decode = Dispatcher("gdn_decode")
-_gdn_prefill = Dispatcher("gdn_prefill")
-
-DISPATCHERS = {d.short: d for d in (_moe_fp8, _dsa_topk_indexer, _dsa_sparse_attention, _gdn_decode, _gdn_prefill)}
-
-
-def _zero_state(definition: str, num_states: int, device) -> torch.Tensor:
-    ax = definitions.get(definition).const_axes
-    return torch.zeros(num_states, ax["num_v_heads"], ax["head_size"], ax["head_size"], dtype=torch.float32,
-                       device=device)
+DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
+                                                   "gdn_decode", "gdn_prefill"))}
+# what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
+_CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
+# GDN constants, read once here so that the code torch.compile traces below never looks them up
+_GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definitions.get(short).const_axes["head_size"])
+              for short in ("gdn_decode", "gdn_prefill")}
 
 
-def _scale(op: str, definition: str, scale) -> float:
+def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
+    heads, size = _GDN_STATE[op]
+    return torch.zeros(num_states, heads, size, size, dtype=torch.float32, device=device)
+
+
+def _scale(op: str, scale) -> float:
     """`scale` as given, 1/sqrt(head_size) for None; 0 is refused (the kernels would read it as
     "use the default", which is not what a caller passing 0 means)."""
     if scale is None:
-        return 1.0 / math.sqrt(definitions.get(definition).const_axes["head_size"])
+        return 1.0 / math.sqrt(_GDN_STATE[op][1])
     if scale == 0:
         raise ValueError(f"kdispatch.ops.{op}: argument 'scale' must be nonzero, got {scale!r} "
                          "(pass None for 1/sqrt(head_size))")
@@ -72,7 +75,7 @@ def moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, ge
         output: bfloat16 [T, 7168], the sum over each token's chosen local experts of
         routing weight * expert output.
     """
-    return _moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+    return _CALL["moe_fp8"](routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                     routed_scaling_factor)
 
@@ -97,7 +100,7 @@ def dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_ta
         min(2048, n) best of the sequence's n valid tokens, then -1 (the order among the selected
         tokens is the variant's: the set is the contract).
     """
-    return _dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
+    return _CALL["dsa_topk_indexer"](q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
 
 
 def dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
@@ -117,7 +120,7 @@ def dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_
         (output bfloat16 [T, 16, 512], lse float32 [T, 16]): the attention output and the base-2
         log-sum-exp of the scaled logits; zeros and -inf for a token without a valid index.
     """
-    return _dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
+    return _CALL["dsa_sparse_attention"](q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
 
 
 def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
@@ -138,8 +141,8 @@ def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
         (output bfloat16 [B, 1, 8, 128], new_state float32 [B, 8, 128, 128]); new_state is `state`.
     """
     if state is None:
-        state = _zero_state(_gdn_decode.definition, q.shape[0], q.device)
-    return _gdn_decode(q, k, v, state, A_log, a, dt_bias, b, _scale("gdn_decode", _gdn_decode.definition, scale))
+        state = _zero_state("gdn_decode", q.shape[0], q.device)
+    return _CALL["gdn_decode"](q, k, v, state, A_log, a, dt_bias, b, _scale("gdn_decode", scale))
 
 
 def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
@@ -165,6 +168,28 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
         (output bfloat16 [T, 8, 128], new_state float32 [N, 8, 128, 128]); new_state is `state`.
     """
     if state is None:
-        state = _zero_state(_gdn_prefill.definition, cu_seqlens.shape[0] - 1, q.device)
-    return _gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
-                        _scale("gdn_prefill", _gdn_prefill.definition, scale))
+        state = _zero_state("gdn_prefill", cu_seqlens.shape[0] - 1, q.device)
+    return _CALL["gdn_prefill"](q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, _scale("gdn_prefill", scale))
+
+
+def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:
+    """Routes and compiles op `op` for each shape before an engine captures CUDA graphs, so that no
+    kernel is compiled and no decision is made during capture.
+
+    Args:
+        op: an op name (`"gdn_decode"`) or its definition's full name.
+        shapes: an iterable of {variable axis: size}, e.g. [{"batch_size": b} for b in (1, 2, 4, 8)];
+            axes the definition derives (len_cu_seqlens) or sizes a pool (num_pages) may be left out.
+        device: where the calls run.
+
+    Each shape is called with valid inputs of its own (the definition's input builder, contiguous:
+    the layout a call must have to reuse the decision), once per call mode whose variant differs.
+    Returns [(axes, graph variant, eager variant)] for logs and tests.
+    """
+    d = DISPATCHERS.get(op) or DISPATCHERS.get(definitions.get(op).short)
+    done = []
+    for axes in shapes:
+        args = workloads.materialize(d.definition, workloads.SimpleWorkload(dict(axes), uuid="warmup"), device)
+        resolved = workloads.resolve_axes(d.definition, dict(axes))
+        done.append(({a: resolved[a] for a in definitions.get(d.definition).var_axes}, *d.warm(*args)))
+    return done

@@ -59,6 +59,7 @@ class Variant:
     baseline: bool = False
     meta: dict = field(default_factory=dict)  # provenance of landed candidates (author, parent, date)
     config: dict = field(default_factory=dict)  # the launch configuration a configured variant passes
+    strided: bool = False  # honours the strides of the definition's `strided` inputs (last dim contiguous)
 
     @cached_property
     def source(self) -> Path:
@@ -115,7 +116,7 @@ _discovered = False
 
 
 def variant(definition: str, name: str, *, backend: str, archs, supports=None, requires=(),
-            baseline: bool = False, meta=None, configs: dict[str, dict] | None = None):
+            baseline: bool = False, meta=None, configs: dict[str, dict] | None = None, strided: bool = False):
     """Register the decorated callable as a variant of `definition` (full or short name), or with
     `configs` one variant per launch configuration (see the module docstring)."""
     if backend not in BACKENDS:
@@ -126,12 +127,12 @@ def variant(definition: str, name: str, *, backend: str, archs, supports=None, r
     def deco(fn):
         if configs is None:
             register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
-                             baseline, dict(meta or {})))
+                             baseline, dict(meta or {}), strided=strided))
             return fn
         for label, kwargs in configs.items():
             register(Variant(definition, f"{name}.{label}", _configured(fn, kwargs), backend, tuple(archs),
                              _configured_supports(supports, kwargs), tuple(requires), False, dict(meta or {}),
-                             dict(kwargs)))
+                             dict(kwargs), strided))
         return fn
 
     return deco

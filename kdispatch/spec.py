@@ -8,6 +8,7 @@ beside the JSON in `kdispatch/definitions/<op_type>/spec.py`:
   served model's magnitudes (`kdispatch.workloads.materialize` calls it);
 - routing facts: derived shape features (Python expressions over the axes, pasted verbatim into the
   generated routers) and which features the fitter may split on;
+- layout facts: inputs that may arrive as strided views (last dimension contiguous);
 - correctness facts: outputs that are inputs updated in place, inputs shared between calls (pools,
   weights), tolerances, a special check where elementwise comparison is not the contract, and the
   value rules of index inputs that the checked mode (KDISPATCH_CHECK=1) enforces;
@@ -96,6 +97,10 @@ class Spec:
     derived: dict[str, Derived] = field(default_factory=dict)
     model_scalars: dict[str, float | int] = field(default_factory=dict)
     in_place: dict[str, str] = field(default_factory=dict)  # output -> the input it is written into
+    # inputs a call may pass as views whose last dimension is contiguous (engines split q/k/v out of
+    # one packed projection); every other tensor input must be contiguous. Variants declaring
+    # `strided=True` honour such strides; the dispatcher passes the others over for strided calls.
+    strided: frozenset = frozenset()
     shared: frozenset = frozenset()  # inputs shared across calls and never written (not copied per trial)
     tolerances: dict[str, Tol] = field(default_factory=dict)  # per output; default Tol(1e-2, 1e-2)
     # (args, outputs, reference) -> checks.Verdict, all by name; None: elementwise with `tolerances`

@@ -37,6 +37,8 @@ class Checker:
         self.var_axes = d.var_axes
         self.constraints = [c for c in [*d.data.get("constraints", []), *d.spec.constraints] if c not in NOT_ENFORCED]
         self.tensor_positions = tuple(i for i, (_, s) in enumerate(self.inputs) if s["shape"] is not None)
+        self.strided = d.spec.strided
+        self.strided_positions = tuple(i for i, (n, _) in enumerate(self.inputs) if n in self.strided)
         scalars = {n for n, s in self.inputs if s["shape"] is None}
         self.scalar_constraints = [c for c in self.constraints if _names(c) & scalars and _names(c) <= scalars | set(self.const)]
         # compiled once: eval() of the text on every call cost ~7 us
@@ -87,10 +89,17 @@ class Checker:
                 device, first = x.device, name
             elif x.device != device:
                 raise self._fail(name, f"device {device} (like {first!r})", f"device {x.device}")
-            if not x.is_contiguous():
-                raise self._fail(name, "a contiguous tensor", f"strides {tuple(x.stride())}")
+            if not x.is_contiguous() and not (name in self.strided and (x.dim() == 0 or x.stride(-1) == 1
+                                                                            or x.shape[-1] == 1)):
+                raise self._fail(name, "a contiguous tensor" + (", or a view whose last dimension is contiguous"
+                                                                if name in self.strided else ""),
+                                 f"strides {tuple(x.stride())}")
         self._check_constraints(args, bound, where, device, sync)
         return {k: bound[k] for k in self.var_axes if k in bound}
+
+    def is_strided(self, args) -> bool:
+        """Does this (valid) call pass a strided view where the definition allows one?"""
+        return any(args[i] is not None and not args[i].is_contiguous() for i in self.strided_positions)
 
     def _check_scalar(self, name, spec, x):
         if spec["dtype"].startswith("int"):

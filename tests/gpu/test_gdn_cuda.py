@@ -128,6 +128,25 @@ def test_decode_default_scale_and_strided_inputs():
     assert torch.equal(big[..., :DIM], st)
 
 
+@pytest.mark.parametrize("pad", [0, 4, 2], ids=["packed", "padded", "misaligned"])
+@pytest.mark.parametrize("B", [1, 33])
+def test_decode_reads_packed_views_as_contiguous(B, pad):
+    """q/k/v split out of one mixed_qkv row and a/b out of one ba row (pad: extra elements per row;
+    2 breaks the 8-byte alignment of q/k rows, where the wrapper copies them): bitwise the results
+    of contiguous inputs."""
+    args = list(decode_inputs(B, seed=11 + B))
+    want_state = args[3].clone()
+    want_out, _ = D.gdn_decode_warp_rows(*args[:3], want_state, *args[4:])
+    q, k, v, state, A_log, a, dt_bias, b, scale = args
+    mixed = torch.cat([q.reshape(B, -1), k.reshape(B, -1), v.reshape(B, -1),
+                       torch.zeros(B, pad, dtype=q.dtype, device=DEV)], dim=1)
+    ba = torch.cat([b.reshape(B, -1), a.reshape(B, -1)], dim=1)
+    views = (mixed[:, :512].view(B, 1, HQK, DIM), mixed[:, 512:1024].view(B, 1, HQK, DIM),
+             mixed[:, 1024:2048].view(B, 1, HV, DIM), ba[:, HV:].view(B, 1, HV), ba[:, :HV].view(B, 1, HV))
+    out, st = D.gdn_decode_warp_rows(views[0], views[1], views[2], state, A_log, views[3], dt_bias, views[4], scale)
+    assert torch.equal(out, want_out) and torch.equal(st, want_state)
+
+
 def test_decode_cuda_graph():
     args = decode_inputs(8, seed=3)
     state0 = args[3].clone()

@@ -422,6 +422,7 @@ SPECS = {
             # multiplies by the YaRN mscale^2 = (0.1 ln 40 + 1)^2 ~ 1.87; the contest keeps the plain value.)
             "sm_scale": 1.0 / math.sqrt(192)},
         shared=frozenset({"ckv_cache", "kpe_cache"}),
+        strided=frozenset({"q_nope", "q_pe"}),  # engines slice both out of one [T, 16, 576] query
         tolerances={"output": Tol(1e-2, 1e-2), "lse": Tol(1e-2, 1e-2)},
         check=check_sparse_attention,
         rotation=Rotation("sparse_indices", _rotate_sparse_indices, _sparse_set_bytes),

@@ -142,6 +142,7 @@ def check_prefill_values(args: dict) -> tuple[str, str] | None:
 
 
 _COMMON = dict(family="gdn", in_place={"new_state": "state"}, rotation=STATE_ROTATION, floor=floor,
+               strided=frozenset({"q", "k", "v", "a", "b"}),  # engines split them out of packed projections
                model_scalars={"scale": 1.0 / math.sqrt(128)})  # Qwen3-Next: 1/sqrt(head_size)
 
 SPECS = {

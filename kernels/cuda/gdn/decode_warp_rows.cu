@@ -1,9 +1,12 @@
 // Gated DeltaNet decode (gdn_decode_qk4_v8_d128_k_last), memory-bound: warps over V rows.
 //
-// Shapes (contiguous; B = batch, H = 8 v-heads, HK = 4 q/k heads, D = 128):
+// Shapes (B = batch, H = 8 v-heads, HK = 4 q/k heads, D = 128):
 //   q, k   [B, 1, 4, 128] bf16       v     [B, 1, 8, 128] bf16
-//   state  [B, 8, 128(V), 128(K)] fp32, k-last, read and written IN PLACE
-//   A_log  [8] fp32   a, b [B, 1, 8] bf16   dt_bias [8] fp32   out [B, 1, 8, 128] bf16
+//   state  [B, 8, 128(V), 128(K)] fp32, k-last, contiguous, read and written IN PLACE
+//   A_log  [8] fp32   a, b [B, 1, 8] bf16   dt_bias [8] fp32   out [B, 1, 8, 128] bf16, contiguous
+// q, k, v, a and b may be strided views (engines split them out of one packed projection): their
+// last dimension is contiguous and `Strides` gives the batch and head strides in elements (q and k
+// strides multiples of 4: each lane loads 8 aligned bytes).
 // v-head h reads q/k head h / 2.  Per (b, h):  g = exp(-exp(A_log) * softplus(a + dt_bias)),
 // beta = sigmoid(b); every V row r is independent:
 //   S = g * state[r, :];  old = S . k;  delta = beta * (v[r] - old)   (= new_v - old)
@@ -55,6 +58,11 @@ __device__ __forceinline__ void st_state(float4* p, float4 v) {
                  : "memory");
 }
 
+// Element strides of the strided inputs: batch (dim 0) and head (dim 2) of q, k, v; batch of a, b.
+struct Strides {
+    int q_b, q_h, k_b, k_h, v_b, v_h, a_b, b_b;
+};
+
 // The loaded inputs of one warp's R rows.
 template <int R>
 struct Rows {
@@ -72,21 +80,22 @@ template <int R, bool CS>
 __device__ __forceinline__ void load_rows(Rows<R>& x, int grp, int warp, int lane,
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
     float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
-    const float* __restrict__ dt_bias, const bf16_t* __restrict__ b) {
+    const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, const Strides& st) {
     constexpr int GROUPS_PER_HEAD = 128 / (4 * R);
     x.bh = grp / GROUPS_PER_HEAD;  // b * 8 + h
     x.row0 = (grp - x.bh * GROUPS_PER_HEAD) * (4 * R) + warp * R;
     const int h = x.bh & 7;
-    const int bq = (x.bh >> 3) * 4 + (h >> 1);  // q/k row: b * 4 + h / 2
+    const size_t bb = x.bh >> 3, hq = h >> 1;  // batch, q/k head
     x.srow = reinterpret_cast<float4*>(state + ((size_t)x.bh * 128 + x.row0) * 128) + lane;
 #pragma unroll
     for (int i = 0; i < R; ++i) x.s[i] = ld_state<CS>(x.srow + i * 32);
-    x.kr = reinterpret_cast<const uint2*>(k + (size_t)bq * 128)[lane];
-    x.qr = reinterpret_cast<const uint2*>(q + (size_t)bq * 128)[lane];
+    x.kr = reinterpret_cast<const uint2*>(k + bb * st.k_b + hq * st.k_h)[lane];
+    x.qr = reinterpret_cast<const uint2*>(q + bb * st.q_b + hq * st.q_h)[lane];
+    const bf16_t* vrow = v + bb * st.v_b + h * st.v_h + x.row0;
 #pragma unroll
-    for (int i = 0; i < R; ++i) x.vv[i] = bf16_to_f(v[(size_t)x.bh * 128 + x.row0 + i]);
-    x.a_h = bf16_to_f(a[x.bh]);
-    x.b_h = bf16_to_f(b[x.bh]);
+    for (int i = 0; i < R; ++i) x.vv[i] = bf16_to_f(vrow[i]);
+    x.a_h = bf16_to_f(a[bb * st.a_b + h]);
+    x.b_h = bf16_to_f(b[bb * st.b_b + h]);
     x.alog = A_log[h];
     x.dtb = dt_bias[h];
 }
@@ -138,10 +147,10 @@ __device__ __forceinline__ void gdn_decode_rows(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
     float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
     const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out,
-    float scale) {
+    float scale, const Strides& st) {
     const int lane = threadIdx.x & 31;
     Rows<R> x;
-    load_rows<R, CS>(x, blockIdx.x, threadIdx.x >> 5, lane, q, k, v, state, A_log, a, dt_bias, b);
+    load_rows<R, CS>(x, blockIdx.x, threadIdx.x >> 5, lane, q, k, v, state, A_log, a, dt_bias, b, st);
     finish_rows<R, CS>(x, lane, out, scale);
 }
 
@@ -150,8 +159,9 @@ __device__ __forceinline__ void gdn_decode_rows(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,   \
         float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,   \
         const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out, \
-        float scale) {                                                                              \
-        gdn_decode_rows<R, CS>(q, k, v, state, A_log, a, dt_bias, b, out, scale);                   \
+        float scale, int q_b, int q_h, int k_b, int k_h, int v_b, int v_h, int a_b, int b_b) {     \
+        gdn_decode_rows<R, CS>(q, k, v, state, A_log, a, dt_bias, b, out, scale,                    \
+                               Strides{q_b, q_h, k_b, k_h, v_b, v_h, a_b, b_b});                    \
     }
 
 // gdn_decode_warp_rows[_cs]_r<R>: grid = B * 8 * 128 / (4 R) blocks of 128 threads.

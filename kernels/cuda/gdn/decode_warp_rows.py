@@ -4,6 +4,8 @@
     state    [B, 8, 128, 128] fp32 (k-last; updated in place and returned)
     A_log    [8] fp32    a, b [B, 1, 8] bf16    dt_bias [8] fp32    scale: float (0 or None: 1/sqrt(128))
     returns  (out [B, 1, 8, 128] bf16, state)
+q, k, v, a and b may be strided views with a contiguous last dimension (split out of one packed
+projection): the kernel reads them through their batch and head strides, no copy.
 
 One kernel launch, no host-device sync (CUDA-graph safe). A warp owns R consecutive V rows of
 one (batch, head), lane l owns K columns 4l..4l+3. Every (R, evict-first state accesses) pair is a
@@ -22,7 +24,7 @@ from kdispatch import nvrtc
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("decode_warp_rows.cu")
-SIGNATURE = "p" * 9 + "f"  # q k v state A_log a dt_bias b out, scale
+SIGNATURE = "p" * 9 + "f" + "i" * 8  # q k v state A_log a dt_bias b out, scale, strides (see the .cu)
 HEADS, DIM = 8, 128
 DEFAULT_SCALE = DIM ** -0.5
 WARPS = 4  # per block, fixed in the .cu
@@ -53,7 +55,7 @@ CONFIGS = {f"r{rows}{'cs' if cs else ''}": dict(rows=rows, cs=cs) for rows in (1
 
 
 @variant("gdn_decode", "cuda_decode_warp_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
-         configs=CONFIGS)
+         configs=CONFIGS, strided=True)
 def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int | None = None,
                          cs: bool | None = None):
     B = q.shape[0]
@@ -63,7 +65,8 @@ def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int 
     if B == 0:
         return out, state
     st = state if state.is_contiguous() else state.contiguous()
-    q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
+    if (q.stride(0) | q.stride(2) | k.stride(0) | k.stride(2)) & 3:  # 8-byte loads need 4-element steps
+        q, k = q.contiguous(), k.contiguous()
     pq, pk, pst = q.data_ptr(), k.data_ptr(), st.data_ptr()
     if (pq | pk) & 7 or pst & 15:
         raise ValueError("gdn_decode_warp_rows: q/k need 8-byte and state 16-byte aligned storage")
@@ -72,7 +75,8 @@ def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int 
         R, CS = rows or R, CS if cs is None else cs
     kernel(R, CS).launch(B * HEADS * DIM // (WARPS * R), 32 * WARPS,
                          pq, pk, v, pst, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
-                         stream=nvrtc.current_stream(q.get_device()))
+                         q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
+                         a.stride(0), b.stride(0), stream=nvrtc.current_stream(q.get_device()))
     if st is not state:
         state.copy_(st)
     return out, state
