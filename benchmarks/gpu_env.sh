@@ -6,3 +6,5 @@ if ! python -c "import kdispatch.kernels, kdispatch.tuner, kdispatch.routers" 2>
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# serving engines' packages staged by benchmarks/stage_engines.sh (SGLang's kernels)
+if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines"; fi

@@ -65,7 +65,7 @@ def fake_outputs(d: definitions.Definition) -> Callable:
                 for axis, size in zip(shape, x.shape):
                     axes.setdefault(axis, size)
         res = tuple(torch.empty([axes[a] for a in shape], dtype=dtype, device=device) for shape, dtype in outs)
-        return res[0] if len(res) == 1 else res
+        return None if not res else res[0] if len(res) == 1 else res
 
     return fake
 
@@ -88,7 +88,7 @@ def register(dispatcher) -> torch._ops.OpOverload:
         if single_output:
             return outs
         res = tuple(outs[i] for i in keep)
-        return res[0] if len(res) == 1 else res
+        return None if not res else res[0] if len(res) == 1 else res  # a schema returning () wants None
 
     _LIB.define(d.short + schema(d))
     _LIB.impl(d.short, run, "CompositeExplicitAutograd")
@@ -111,7 +111,7 @@ def traceable(dispatcher) -> Callable:
         if not _is_compiling():
             return dispatcher(*args)
         res = op(*args)
-        if len(where) == 1:
+        if len(where) == 1 and where[0][0] == "op":
             return res
         res = res if several else (res,)
         return tuple(args[i] if kind == "input" else res[i] for kind, i in where)

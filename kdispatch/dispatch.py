@@ -167,6 +167,7 @@ class Dispatcher:
         self.definition, self.short = d.name, d.short
         self.checker = Checker(d, f"kdispatch.ops.{self.short}")
         self._input_names = [n for n, _ in self.checker.inputs]
+        self._in_place_positions = frozenset(self._input_names.index(i) for i in d.spec.in_place.values())
         self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
@@ -323,18 +324,28 @@ class Dispatcher:
 
     def _on_contiguous_copies(self, v: registry.Variant) -> registry.Variant:
         """`v` called on contiguous copies of the strided inputs (for a variant that needs them);
-        one object per variant, so that both call modes' choices are the same one."""
+        an input updated in place is copied back after the call, and returned in place of its copy.
+        One object per variant, so that both call modes' choices are the same one."""
         if v.name in self._copies:
             return self._copies[v.name]
-        positions = self.checker.strided_positions
+        positions, written = self.checker.strided_positions, self._in_place_positions
         fn = v.fn
 
         def call(*args):
-            args = list(args)
+            args, back = list(args), []
             for i in positions:
-                if args[i] is not None:
-                    args[i] = args[i].contiguous()
-            return fn(*args)
+                x = args[i]
+                if x is not None and not x.is_contiguous():
+                    args[i] = x.contiguous()
+                    if i in written:
+                        back.append((x, args[i]))
+            res = fn(*args)
+            if not back:
+                return res
+            for x, c in back:
+                x.copy_(c)
+            swap = {id(c): x for x, c in back}
+            return (tuple(swap.get(id(r), r) for r in res) if isinstance(res, tuple) else swap.get(id(res), res))
 
         self._copies[v.name] = dataclasses.replace(v, name=v.name + CONTIGUOUS_COPIES, fn=call, strided=True)
         return self._copies[v.name]

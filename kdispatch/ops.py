@@ -23,15 +23,19 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
 from kdispatch.dispatch import Dispatcher
 
+_PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}  # value heads -> definition
+
 DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
-                                                   "gdn_decode", "gdn_prefill"))}
+                                                   "gdn_decode", "gdn_prefill", *_PACKED.values()))}
 # what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
 _CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
 _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definitions.get(short).const_axes["head_size"])
               for short in ("gdn_decode", "gdn_prefill")}
+_PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
 
 
 def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
@@ -170,6 +174,39 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
     if state is None:
         state = _zero_state("gdn_prefill", cu_seqlens.shape[0] - 1, q.device)
     return _CALL["gdn_prefill"](q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, _scale("gdn_prefill", scale))
+
+
+def gdn_decode_packed(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out=None, scale=None):
+    """Gated DeltaNet (Qwen3-Next-80B) decode as SGLang and vLLM call it: one new token per request,
+    q/k/v packed in one row, the states in a pool of slots (definitions gdn_decode_packed_*, one per
+    TP degree: 32, 16, 8 or 4 value heads, half as many q/k heads, 128 wide).
+
+    Args:
+        mixed_qkv: bfloat16 [B, (2 HQ + HV) * 128], per row the q heads, the k heads, the v heads;
+            q and k raw (L2-normalised here, eps 1e-6). Rows may be strided (last dim contiguous).
+        a: bfloat16 [B, HV], decay logit: g = exp(-exp(A_log) * softplus(a + dt_bias)).
+        b: bfloat16 [B, HV], write-gate logit: beta = sigmoid(b).
+        A_log: float32 [HV].   dt_bias: float32 [HV].
+        state_pool: float32 [num_slots, HV, 128, 128] (k-last), updated in place; the slot pitch
+            (stride 0) may exceed a slot's size, each slot is contiguous.
+        state_indices: int32 [B], each row's slot; a value outside [0, num_slots) (-1) is a padding
+            row: output zero, no state read or written (KDISPATCH_CHECK=1: two rows naming one slot
+            raise ValueError).
+        out: bfloat16 [B, 1, HV, 128] to write the output into, or None to allocate it.
+        scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+
+    Returns:
+        (output bfloat16 [B, 1, HV, 128], state_pool): output is `out` when given.
+    """
+    heads = a.shape[-1] if isinstance(a, torch.Tensor) else None
+    call = _PACKED_CALL.get(heads)
+    if call is None:
+        raise ValueError(f"kdispatch.ops.gdn_decode_packed: argument 'a' expected [B, HV] with HV one of "
+                         f"{sorted(_PACKED_CALL)}, got {tuple(a.shape) if heads is not None else type(a).__name__}")
+    if out is None:
+        out = torch.empty(a.shape[0], 1, heads, 128, dtype=torch.bfloat16, device=a.device)
+    return call(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out,
+                1.0 / math.sqrt(128) if scale is None else _scale("gdn_decode", scale))
 
 
 def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:

@@ -76,6 +76,13 @@ def test_gdn_kernels_are_the_expected_ones(cache):
         rows, cs = D.config(b)
         name = f"gdn_decode_warp_rows{'_cs' if cs else ''}_r{rows}"
         assert name.encode() + b"\x00" in dcubin, name
+    for heads in (4, 8, 16, 32):  # the engines' packed pool decode, one cubin per head count
+        pool = nvrtc.compile(D.CU.read_text(), arch=ARCH, options=(f"-DPOOL_HV={heads}",))
+        for rows in (1, 2, 4, 8):
+            for cs in ("", "_cs"):
+                assert f"gdn_decode_pool_rows{cs}_r{rows}".encode() + b"\x00" in pool.cubin
+        info = nvrtc.ptxas_info(pool.log)
+        assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in info.values()), info
     pc = nvrtc.compile(P.CU.read_text(), arch=ARCH)
     compiled = [(ks, rows, c) for c, layouts in P.CHUNKS.items() for ks, rows in layouts]
     for ks, rows, c in compiled:

@@ -12,6 +12,7 @@ from kdispatch.registry import Variant
 # small shapes the CPU reference runs quickly (MoE's weights are 1.4 GB: fake mode only)
 SMALL = {
     "gdn_decode": {"batch_size": 3},
+    "gdn_decode_packed_qk4_v8": {"batch_size": 9, "num_slots": 12},
     "gdn_prefill": {"total_seq_len": 20, "num_seqs": 3},
     "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 40},
     "dsa_topk_indexer": {"batch_size": 2, "max_num_pages": 3, "num_pages": 8},
@@ -27,10 +28,12 @@ def clone(args):
 
 
 def as_tuple(x):
-    return x if isinstance(x, tuple) else (x,)
+    return () if x is None else x if isinstance(x, tuple) else (x,)
 
 
 def test_schemas_mark_in_place_inputs_and_return_the_rest():
+    packed = custom_ops.schema(definitions.get("gdn_decode_packed_qk4_v8"))
+    assert "Tensor(a!) state_pool" in packed and "Tensor(b!) out" in packed and packed.endswith("-> ()")
     s = custom_ops.schema(definitions.get("gdn_decode"))
     assert "Tensor(a!) state" in s and s.endswith("-> Tensor") and "float scale" in s
     assert custom_ops.schema(definitions.get("dsa_sparse_attention")).endswith("-> (Tensor, Tensor)")
@@ -42,7 +45,7 @@ def test_schemas_mark_in_place_inputs_and_return_the_rest():
 @pytest.mark.parametrize("op", sorted(kdispatch.ops.DISPATCHERS))
 def test_fake_outputs_have_the_definitions_shapes(op):
     d = definitions.get(op)
-    axes = {"moe_fp8": {"seq_len": 5}}.get(op, SMALL.get(op))
+    axes = {"moe_fp8": {"seq_len": 5}}.get(op) or SMALL.get(op) or {"batch_size": 3, "num_slots": 5}
     meta = workloads.meta_arguments(op, axes)
     resolved = workloads.resolve_axes(op, axes)
     with FakeTensorMode() as mode:
@@ -77,9 +80,14 @@ class GraphRecorder:
         return gm.forward
 
 
+def op_function(op):
+    """The kdispatch.ops function of a definition (the packed decode ops share one, by head count)."""
+    return kdispatch.ops.gdn_decode_packed if op.startswith("gdn_decode_packed") else getattr(kdispatch.ops, op)
+
+
 @pytest.mark.parametrize("op", sorted(SMALL))
 def test_compiled_fullgraph_matches_eager(op):
-    fn = getattr(kdispatch.ops, op)
+    fn = op_function(op)
     rec = GraphRecorder()
     compiled = torch.compile(lambda *a: fn(*a), fullgraph=True, backend=rec)
     args = small_args(op)

@@ -4,7 +4,8 @@ and held-out sets of the shapes serving engines send.
     python traces/build.py [--axes-dir ../shared/fib/contest-axes]
 
 Reads `<axes-dir>/<definition>.csv` (the contest's workload uuids and variable-axis values; other
-columns, such as published latencies, are ignored) and writes, next to this script:
+columns, such as published latencies, are ignored; the engine-convention definitions, tagged
+`convention:...`, have none) and writes, next to this script:
 
     definitions/<op_type>/<name>.json    byte copies of kdispatch/definitions/<op_type>/<name>.json
     workloads/<op_type>/<name>.jsonl     one workload trace per CSV row, in CSV order:
@@ -211,6 +212,12 @@ def _write_set(root: Path, defn: dict, source: Path, traces: list[dict], blob: d
         written.add(blob_out)
 
 
+def is_contest(defn: dict) -> bool:
+    """A contest definition, or an engine convention (tagged `convention:...`: SGLang's and vLLM's
+    call conventions, which have coverage and held-out sets only)."""
+    return not any(t.startswith("convention:") for t in defn.get("tags", ()))
+
+
 def build(axes_dir: Path, out_dir: Path = HERE) -> dict[str, dict[str, int]]:
     """Writes the datasets under out_dir; returns {set: {definition name: workload count}} with
     set "contest" for out_dir itself."""
@@ -221,11 +228,12 @@ def build(axes_dir: Path, out_dir: Path = HERE) -> dict[str, dict[str, int]]:
     for name in definitions.names():
         defn, spec = definitions.load(name), definitions.get(name).spec
         csv_path = axes_dir / f"{name}.csv"
-        if not csv_path.is_file():
-            raise FileNotFoundError(f"no contest axes for {name}: {csv_path}")
-        traces = workload_traces(defn, csv_path, spec.model_scalars)
-        _write_set(out_dir, defn, definitions.path(name), traces, {}, written)
-        counts["contest"][name] = len(traces)
+        if is_contest(defn):
+            if not csv_path.is_file():
+                raise FileNotFoundError(f"no contest axes for {name}: {csv_path}")
+            traces = workload_traces(defn, csv_path, spec.model_scalars)
+            _write_set(out_dir, defn, definitions.path(name), traces, {}, written)
+            counts["contest"][name] = len(traces)
         if spec.coverage is None:
             continue
         for which in SAMPLED_SETS:

@@ -17,6 +17,8 @@ SHAPES = {
                          {"batch_size": 4, "max_num_pages": 90, "num_pages": 2000}],
     "dsa_sparse_attention": [{"num_tokens": 1, "num_pages": 2000}, {"num_tokens": 8, "num_pages": 2000}],
     "moe_fp8": [{"seq_len": 1}, {"seq_len": 80}],
+    **{f"gdn_decode_packed_qk{hq}_v{hv}": [{"batch_size": 1, "num_slots": 2}, {"batch_size": 37, "num_slots": 50}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
 }
 
 

@@ -145,6 +145,82 @@ _COMMON = dict(family="gdn", in_place={"new_state": "state"}, rotation=STATE_ROT
                strided=frozenset({"q", "k", "v", "a", "b"}),  # engines split them out of packed projections
                model_scalars={"scale": 1.0 / math.sqrt(128)})  # Qwen3-Next: 1/sqrt(head_size)
 
+# ---- the engines' convention: packed q/k/v rows, a state pool, slot indices ----------------------
+
+PACKED_HEADS = {1: (16, 32), 2: (8, 16), 4: (4, 8), 8: (2, 4)}  # Qwen3-Next-80B per TP degree: (q/k, v) heads
+
+
+def packed_name(hq: int, hv: int) -> str:
+    return f"gdn_decode_packed_qk{hq}_v{hv}_d128_k_last"
+
+
+def build_decode_packed(axes, given, ctx) -> dict:
+    """Raw q/k/v rows (the op normalises q and k), a pool of batch_size + 1 or more slots whose
+    slot 0 no request uses (SGLang reserves it), the requests' slots in random order, and from 8
+    requests on the last eighth of the rows padding (-1), as in a CUDA-graph batch bucket."""
+    batch, slots = axes["batch_size"], axes["num_slots"]
+    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    if slots < batch + 1:
+        raise ValueError(f"num_slots {slots} < batch_size + 1 = {batch + 1} (slot 0 is reserved)")
+    out = {}
+    if "mixed_qkv" not in given:
+        out["mixed_qkv"] = torch.randn(batch, axes["qkv_dim"], generator=ctx.rng("mixed_qkv")).to(torch.bfloat16)
+    for name in ("a", "b"):
+        if name not in given:
+            out[name] = torch.randn(batch, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+    if "state_pool" not in given:
+        out["state_pool"] = _state(slots, hv, d, ctx.rng("state"))
+    if "state_indices" not in given:
+        idx = (torch.randperm(slots - 1, generator=ctx.rng("state_indices"))[:batch] + 1).to(torch.int32)
+        if batch >= 8:
+            idx[batch - batch // 8:] = -1
+        out["state_indices"] = idx
+    if "out" not in given:  # never read: NaN, so an unwritten row cannot pass the check
+        out["out"] = torch.full((batch, 1, hv, d), float("nan"), dtype=torch.bfloat16)
+    out.update(_gate_params(hv, ctx))
+    return out
+
+
+def _pool_bytes(args: dict) -> int:
+    """State bytes one call touches: the slots of its rows that are not padding."""
+    pool, idx = args["state_pool"], args["state_indices"]
+    live = int(((idx >= 0) & (idx < pool.shape[0])).sum())
+    return live * pool[0].numel() * pool.element_size()
+
+
+def floor_packed(args: dict, axes: dict) -> Floor:
+    """The live slots' states read + written once, the packed rows and gates read, the output written."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("mixed_qkv", "a", "b", "out"))
+    return Floor(2 * _pool_bytes(args) + moved)
+
+
+def check_packed_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rule: no two rows name the same slot (padding aside)."""
+    idx, slots = args["state_indices"], args["state_pool"].shape[0]
+    live = idx[(idx >= 0) & (idx < slots)]
+    uniq, counts = torch.unique(live, return_counts=True)
+    if bool((counts > 1).any()):
+        slot = int(uniq[counts > 1][0])
+        return "state_indices", f"slot {slot} is named by {int(counts[uniq == slot][0])} rows"
+    return None
+
+
+POOL_ROTATION = Rotation("state_pool", lambda args, i, n: args["state_pool"].clone(), _pool_bytes)
+
+
+def _packed_spec(hq: int, hv: int) -> Spec:
+    return Spec(
+        short=f"gdn_decode_packed_qk{hq}_v{hv}", family="gdn", build=build_decode_packed,
+        reference="kdispatch.references.gdn_decode_packed", fit=("batch_size",), main="batch_size",
+        in_place={"output": "out", "new_state_pool": "state_pool"},
+        strided=frozenset({"mixed_qkv", "a", "b", "state_pool"}),  # vLLM's pool is a view into cache pages
+        rotation=POOL_ROTATION, floor=floor_packed, check_values=check_packed_values,
+        model_scalars={"scale": 1.0 / math.sqrt(128)},
+        tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state_pool": Tol(1e-2, 1e-2, rel_norm=1e-2)},
+        coverage=Coverage({"batch_size": (1, 512)}, points=16, heldout=6,
+                          complete=lambda axes: {**axes, "num_slots": axes["batch_size"] + 1}))
+
+
 SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
@@ -182,4 +258,5 @@ SPECS = {
                           # chunked kernels (one sequence of 300 went to the slower side without it)
                           grid={"num_seqs": (1, 2, 4, 8), "total_seq_len": (128, 192, 256, 384, 512, 768)}),
         **_COMMON),
+    **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
 }

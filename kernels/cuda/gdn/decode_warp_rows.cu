@@ -1,13 +1,19 @@
-// Gated DeltaNet decode (gdn_decode_qk4_v8_d128_k_last), memory-bound: warps over V rows.
+// Gated DeltaNet decode, memory-bound: warps over V rows. Two conventions, one kernel template:
+//   gdn_decode_qk4_v8_d128_k_last (the contest's): q, k already L2-normalised, state [B, 8, V, K];
+//   gdn_decode_packed_* (the engines'): q, k raw and L2-normalised here (eps 1e-6), state rows of a
+//   pool [slots, HV, V, K] through int32 slot indices, for HV = 4, 8, 16, 32 value heads.
 //
-// Shapes (B = batch, H = 8 v-heads, HK = 4 q/k heads, D = 128):
-//   q, k   [B, 1, 4, 128] bf16       v     [B, 1, 8, 128] bf16
-//   state  [B, 8, 128(V), 128(K)] fp32, k-last, contiguous, read and written IN PLACE
-//   A_log  [8] fp32   a, b [B, 1, 8] bf16   dt_bias [8] fp32   out [B, 1, 8, 128] bf16, contiguous
-// q, k, v, a and b may be strided views (engines split them out of one packed projection): their
-// last dimension is contiguous and `Strides` gives the batch and head strides in elements (q and k
-// strides multiples of 4: each lane loads 8 aligned bytes).
-// v-head h reads q/k head h / 2.  Per (b, h):  g = exp(-exp(A_log) * softplus(a + dt_bias)),
+// Shapes (B = batch, HV v-heads, HV / G q/k heads, D = 128):
+//   q, k   [B, 1, HV/G, 128] bf16    v     [B, 1, HV, 128] bf16
+//   state  [B or slots, HV, 128(V), 128(K)] fp32, k-last, each slot contiguous (slot pitch
+//          `state_b` elements), read and written IN PLACE
+//   A_log  [HV] fp32   a, b [B, 1, HV] bf16   dt_bias [HV] fp32   out [B, 1, HV, 128] bf16, contiguous
+//   slots  [B] int32 (POOL only): a slot outside [0, num_slots) is a padding row: its state is
+//          neither read nor written and its output is zero
+// q, k, v, a and b may be strided views (engines split them out of one packed projection row):
+// their last dimension is contiguous and `Strides` gives the batch and head strides in elements (q
+// and k strides multiples of 4: each lane loads 8 aligned bytes).
+// v-head h reads q/k head h / G.  Per (b, h):  g = exp(-exp(A_log) * softplus(a + dt_bias)),
 // beta = sigmoid(b); every V row r is independent:
 //   S = g * state[r, :];  old = S . k;  delta = beta * (v[r] - old)   (= new_v - old)
 //   state[r, :] = S + delta * k;  out[r] = scale * (S + delta * k) . q
@@ -15,9 +21,10 @@
 //
 // Layout: one warp owns R consecutive V rows of one (b, h); lane l owns K columns 4l..4l+3 (one
 // float4), so each row is one fully coalesced 512-byte access of 16-byte loads.  All R rows' loads
-// are issued before any use; the 2R+1 dot products (S.k and S.q per row, k.q once) are reduced
-// together by one 5-stage xor butterfly, so the shuffles of all rows overlap.  A block is 4 warps
-// (4R rows of one head); grid = B * 8 * 128 / (4R) blocks (B = 1, R = 1: 256 blocks).
+// are issued before any use; the 2R+1 dot products (S.k and S.q per row, k.q once; with the L2
+// norm also q.q and k.k, which scale them afterwards) are reduced together by one 5-stage xor
+// butterfly, so the shuffles of all rows overlap.  A block is 4 warps (4R rows of one head);
+// grid = B * HV * 128 / (4R) blocks (B = 1, HV = 8, R = 1: 256 blocks).
 // Optionally (CS) the state is loaded and stored evict-first (it is touched once per step): 1-3%
 // faster on an H100 from B = 2 on, slower at B = 1.  Tried and dropped: each block looping over 2-4
 // row groups with the next group's loads issued before the current one's stores (up to 1 us slower).
@@ -58,9 +65,15 @@ __device__ __forceinline__ void st_state(float4* p, float4 v) {
                  : "memory");
 }
 
-// Element strides of the strided inputs: batch (dim 0) and head (dim 2) of q, k, v; batch of a, b.
+// Element strides of the strided inputs: batch (dim 0) and head (dim 2) of q, k, v; batch of a, b;
+// the state's slot, head and V-row strides (multiples of 4: float4 accesses); the pool's slot
+// indices and size (POOL only).
 struct Strides {
     int q_b, q_h, k_b, k_h, v_b, v_h, a_b, b_b;
+    long long state_b;
+    int state_h, state_r;
+    const int* slots;
+    int num_slots;
 };
 
 // The loaded inputs of one warp's R rows.
@@ -71,24 +84,37 @@ struct Rows {
     uint2 kr, qr;
     float a_h, b_h, alog, dtb;
     float4* srow;
+    int row4;  // float4s between V rows
     int bh, row0;
+    bool live;  // false: a padding row of the pool (nothing read or written, output zero)
 };
 
 // 1. Issue every load of row group `grp` (4R consecutive rows of one (b, h); this warp's R of them):
 // R state rows (16 B per lane each), then q, k, v and the gate inputs.  No use yet.
-template <int R, bool CS>
+template <int R, bool CS, int HV, int G, bool POOL>
 __device__ __forceinline__ void load_rows(Rows<R>& x, int grp, int warp, int lane,
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
     float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
     const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, const Strides& st) {
     constexpr int GROUPS_PER_HEAD = 128 / (4 * R);
-    x.bh = grp / GROUPS_PER_HEAD;  // b * 8 + h
+    x.bh = grp / GROUPS_PER_HEAD;  // b * HV + h
     x.row0 = (grp - x.bh * GROUPS_PER_HEAD) * (4 * R) + warp * R;
-    const int h = x.bh & 7;
-    const size_t bb = x.bh >> 3, hq = h >> 1;  // batch, q/k head
-    x.srow = reinterpret_cast<float4*>(state + ((size_t)x.bh * 128 + x.row0) * 128) + lane;
+    const int h = x.bh % HV;
+    const size_t bb = x.bh / HV, hq = h / G;  // batch, q/k head
+    long long slot = bb;
+    x.live = true;
+    if (POOL) {  // one index per block (all its warps share b): a uniform branch
+        slot = st.slots[bb];
+        x.live = slot >= 0 && slot < st.num_slots;
+        if (!x.live) slot = 0;
+    }
+    // the contest's state is contiguous: its strides are constants there
+    const size_t s_b = POOL ? st.state_b : (size_t)HV * 128 * 128, s_h = POOL ? st.state_h : 128 * 128;
+    const size_t s_r = POOL ? st.state_r : 128;
+    x.srow = reinterpret_cast<float4*>(state + slot * s_b + h * s_h + x.row0 * s_r) + lane;
+    x.row4 = (int)(s_r >> 2);
 #pragma unroll
-    for (int i = 0; i < R; ++i) x.s[i] = ld_state<CS>(x.srow + i * 32);
+    for (int i = 0; i < R; ++i) x.s[i] = x.live ? ld_state<CS>(x.srow + i * x.row4) : make_float4(0.f, 0.f, 0.f, 0.f);
     x.kr = reinterpret_cast<const uint2*>(k + bb * st.k_b + hq * st.k_h)[lane];
     x.qr = reinterpret_cast<const uint2*>(q + bb * st.q_b + hq * st.q_h)[lane];
     const bf16_t* vrow = v + bb * st.v_b + h * st.v_h + x.row0;
@@ -100,10 +126,10 @@ __device__ __forceinline__ void load_rows(Rows<R>& x, int grp, int warp, int lan
     x.dtb = dt_bias[h];
 }
 
-// 2. + 3. Reduce, update the state in place, write the outputs.
-template <int R, bool CS>
+// 2. + 3. Reduce, update the state in place, write the outputs.  POOL: q and k L2-normalised here.
+template <int R, bool CS, bool POOL>
 __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* __restrict__ out, float scale) {
-    const float k0 = bf16_lo(x.kr.x), k1 = bf16_hi(x.kr.x), k2 = bf16_lo(x.kr.y), k3 = bf16_hi(x.kr.y);
+    float k0 = bf16_lo(x.kr.x), k1 = bf16_hi(x.kr.x), k2 = bf16_lo(x.kr.y), k3 = bf16_hi(x.kr.y);
     const float q0 = bf16_lo(x.qr.x), q1 = bf16_hi(x.qr.x), q2 = bf16_lo(x.qr.y), q3 = bf16_hi(x.qr.y);
     const float g = expf(-expf(x.alog) * softplus(x.a_h + x.dtb));
     const float beta = 1.f / (1.f + expf(-x.b_h));
@@ -111,6 +137,8 @@ __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* 
     // Partial dots of this lane's 4 columns, all reduced together across the warp.
     float sk[R], sq[R];
     float kq = k0 * q0 + k1 * q1 + k2 * q2 + k3 * q3;
+    float qq = POOL ? q0 * q0 + q1 * q1 + q2 * q2 + q3 * q3 : 0.f;
+    float kk = POOL ? k0 * k0 + k1 * k1 + k2 * k2 + k3 * k3 : 0.f;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         sk[i] = x.s[i].x * k0 + x.s[i].y * k1 + x.s[i].z * k2 + x.s[i].w * k3;
@@ -124,6 +152,20 @@ __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* 
             sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], off);
         }
         kq += __shfl_xor_sync(0xffffffffu, kq, off);
+        if (POOL) {
+            qq += __shfl_xor_sync(0xffffffffu, qq, off);
+            kk += __shfl_xor_sync(0xffffffffu, kk, off);
+        }
+    }
+    if (POOL) {  // q / sqrt(q.q + 1e-6), k likewise: scale the reduced dots and the k columns
+        const float rq = rsqrtf(qq + 1e-6f), rk = rsqrtf(kk + 1e-6f);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            sk[i] *= rk;
+            sq[i] *= rq;
+        }
+        kq *= rq * rk;
+        k0 *= rk, k1 *= rk, k2 *= rk, k3 *= rk;
     }
 
     // Update in place and write the outputs (lane i writes row i's output).
@@ -136,13 +178,13 @@ __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* 
         n.y = fmaf(g, x.s[i].y, delta * k1);
         n.z = fmaf(g, x.s[i].z, delta * k2);
         n.w = fmaf(g, x.s[i].w, delta * k3);
-        st_state<CS>(x.srow + i * 32, n);
-        if (lane == i) out[(size_t)x.bh * 128 + x.row0 + i] = f_to_bf16(scale * fmaf(g, sq[i], delta * kq));
+        if (x.live) st_state<CS>(x.srow + i * x.row4, n);
+        if (lane == i) out[(size_t)x.bh * 128 + x.row0 + i] = x.live ? f_to_bf16(scale * fmaf(g, sq[i], delta * kq)) : 0;
     }
 }
 
 // One block = 4 warps = 4R consecutive rows of one (b, h): load everything, then reduce and store.
-template <int R, bool CS>
+template <int R, bool CS, int HV, int G, bool POOL>
 __device__ __forceinline__ void gdn_decode_rows(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
     float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
@@ -150,26 +192,44 @@ __device__ __forceinline__ void gdn_decode_rows(
     float scale, const Strides& st) {
     const int lane = threadIdx.x & 31;
     Rows<R> x;
-    load_rows<R, CS>(x, blockIdx.x, threadIdx.x >> 5, lane, q, k, v, state, A_log, a, dt_bias, b, st);
-    finish_rows<R, CS>(x, lane, out, scale);
+    load_rows<R, CS, HV, G, POOL>(x, blockIdx.x, threadIdx.x >> 5, lane, q, k, v, state, A_log, a, dt_bias, b, st);
+    finish_rows<R, CS, POOL>(x, lane, out, scale);
 }
 
-#define GDN_DECODE_KERNEL(NAME, R, CS)                                                              \
+// Launch parameters of every kernel: q k v state A_log a dt_bias b out, scale, 8 input strides,
+// the state's 3 strides, slots (nullptr unless POOL), num_slots.
+#define GDN_DECODE_KERNEL(NAME, R, CS, HV, G, POOL)                                                 \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,   \
         float* __restrict__ state, const float* __restrict__ A_log, const bf16_t* __restrict__ a,   \
         const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out, \
-        float scale, int q_b, int q_h, int k_b, int k_h, int v_b, int v_h, int a_b, int b_b) {     \
-        gdn_decode_rows<R, CS>(q, k, v, state, A_log, a, dt_bias, b, out, scale,                    \
-                               Strides{q_b, q_h, k_b, k_h, v_b, v_h, a_b, b_b});                    \
+        float scale, int q_b, int q_h, int k_b, int k_h, int v_b, int v_h, int a_b, int b_b,       \
+        long long state_b, int state_h, int state_r, const int* __restrict__ slots, int num_slots) {  \
+        gdn_decode_rows<R, CS, HV, G, POOL>(q, k, v, state, A_log, a, dt_bias, b, out, scale,       \
+            Strides{q_b, q_h, k_b, k_h, v_b, v_h, a_b, b_b, state_b, state_h, state_r, slots,         \
+                    num_slots});                                                                    \
     }
 
-// gdn_decode_warp_rows[_cs]_r<R>: grid = B * 8 * 128 / (4 R) blocks of 128 threads.
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_r1, 1, false)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_r2, 2, false)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_r4, 4, false)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_r8, 8, false)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r1, 1, true)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r2, 2, true)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r4, 4, true)
-GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r8, 8, true)
+#ifndef POOL_HV
+// The contest definition (HV = 8, G = 2), gdn_decode_warp_rows[_cs]_r<R>:
+// grid = B * 8 * 128 / (4 R) blocks of 128 threads.
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_r1, 1, false, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_r2, 2, false, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_r4, 4, false, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_r8, 8, false, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r1, 1, true, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r2, 2, true, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r4, 4, true, 8, 2, false)
+GDN_DECODE_KERNEL(gdn_decode_warp_rows_cs_r8, 8, true, 8, 2, false)
+#else
+// The engines' packed pool decode, compiled once per value-head count (-DPOOL_HV=<HV>, G = 2 as in
+// every Qwen3-Next TP split): gdn_decode_pool_rows[_cs]_r<R>, grid = B * HV * 128 / (4 R).
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_r1, 1, false, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_r2, 2, false, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_r4, 4, false, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_r8, 8, false, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r1, 1, true, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r2, 2, true, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r4, 4, true, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r8, 8, true, POOL_HV, 2, true)
+#endif

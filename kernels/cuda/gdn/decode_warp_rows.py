@@ -1,4 +1,6 @@
 """GDN decode, CUDA: warps over V rows, lanes along K (decode_warp_rows.cu), compiled through NVRTC.
+Two conventions share the kernel template: the contest's (below) and the engines' packed pool
+decode (`gdn_decode_packed_rows`, one variant per TP head count, see its docstring).
 
     q, k     [B, 1, 4, 128] bf16          v        [B, 1, 8, 128] bf16
     state    [B, 8, 128, 128] fp32 (k-last; updated in place and returned)
@@ -21,10 +23,12 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("decode_warp_rows.cu")
-SIGNATURE = "p" * 9 + "f" + "i" * 8  # q k v state A_log a dt_bias b out, scale, strides (see the .cu)
+SIGNATURE = "p" * 9 + "f" + "i" * 8 + "lii" + "pi"  # q k v state A_log a dt_bias b out, scale, strides,
+# state strides, slots, num_slots (see the .cu)
 HEADS, DIM = 8, 128
 DEFAULT_SCALE = DIM ** -0.5
 WARPS = 4  # per block, fixed in the .cu
@@ -76,7 +80,51 @@ def gdn_decode_warp_rows(q, k, v, state, A_log, a, dt_bias, b, scale, rows: int 
     kernel(R, CS).launch(B * HEADS * DIM // (WARPS * R), 32 * WARPS,
                          pq, pk, v, pst, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
                          q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
-                         a.stride(0), b.stride(0), stream=nvrtc.current_stream(q.get_device()))
+                         a.stride(0), b.stride(0), HEADS * DIM * DIM, DIM * DIM, DIM, None, B,
+                         stream=nvrtc.current_stream(q.get_device()))
     if st is not state:
         state.copy_(st)
     return out, state
+
+
+_pool_kernels: dict[tuple[int, int, bool], nvrtc.Kernel] = {}
+
+
+def pool_kernel(heads: int, rows: int, cs: bool = False) -> nvrtc.Kernel:
+    """The packed pool kernel for `heads` value heads (compiled once per head count)."""
+    kern = _pool_kernels.get((heads, rows, cs))
+    if kern is None:
+        name = f"gdn_decode_pool_rows{'_cs' if cs else ''}_r{rows}"
+        kern = _pool_kernels[(heads, rows, cs)] = nvrtc.load_kernel(CU, name, signature=SIGNATURE,
+                                                                    options=(f"-DPOOL_HV={heads}",))
+    return kern
+
+
+def gdn_decode_packed_rows(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale,
+                           rows: int = 4, cs: bool = True):
+    """The engines' decode (definitions gdn_decode_packed_*): q/k/v read from the packed rows through
+    their stride, q and k L2-normalised in the kernel, each row's state read from and written to
+    its slot of the pool in place (slot outside the pool: zero output, nothing touched), the output
+    written into `out`. Returns (out, state_pool)."""
+    B, HV = a.shape
+    if B == 0:
+        return out, state_pool
+    HQ = (mixed_qkv.shape[1] - HV * DIM) // (2 * DIM)
+    if mixed_qkv.stride(0) & 3 or mixed_qkv.data_ptr() & 7:  # q/k rows are read 8 bytes a lane
+        mixed_qkv = mixed_qkv.contiguous()
+    sp = state_pool.stride()
+    if (sp[0] | sp[1] | sp[2]) & 3 or state_pool.data_ptr() & 15:
+        raise ValueError("gdn_decode_packed_rows: state_pool needs 16-byte aligned slots, heads and rows")
+    row, base = mixed_qkv.stride(0), mixed_qkv.data_ptr()
+    qk_bytes = HQ * DIM * mixed_qkv.element_size()
+    pool_kernel(HV, rows, cs).launch(
+        B * HV * DIM // (WARPS * rows), 32 * WARPS,
+        base, base + qk_bytes, base + 2 * qk_bytes, state_pool, A_log, a, dt_bias, b, out,
+        scale or DEFAULT_SCALE, row, DIM, row, DIM, row, DIM, a.stride(0), b.stride(0), sp[0], sp[1], sp[2],
+        state_indices, state_pool.shape[0], stream=nvrtc.current_stream(a.get_device()))
+    return out, state_pool
+
+
+for _hq, _hv in PACKED_HEADS.values():
+    variant(packed_name(_hq, _hv), "cuda_decode_pool_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+            configs=CONFIGS, strided=True)(gdn_decode_packed_rows)

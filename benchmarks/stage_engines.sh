@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Stages the serving engines' Python code for the GPU machine, which has no network: SGLang's wheel
+# (its GDN kernels are Triton, the baseline of the gdn_decode_packed_* definitions; see
+# kernels/library/gdn/sglang.py), into .kd-wheels/engines/ (git-ignored, under 60 MiB).
+#
+#   bash benchmarks/stage_engines.sh                       # here, once
+#   run: carry [".kd-wheels/engines"], command
+#        bash .kd-wheels/engines/gpu-setup.sh && . benchmarks/gpu_env.sh && ...
+# gpu-setup.sh unpacks it under /tmp/kd-engines (after shared/device's three bundles, in the same
+# hold of the machine); benchmarks/gpu_env.sh puts /tmp/kd-engines on PYTHONPATH when it exists.
+set -euo pipefail
+SGLANG_SPEC=${SGLANG_SPEC:-sglang==0.5.23}
+out=.kd-wheels/engines
+rm -rf "$out"
+mkdir -p "$out"
+pip download --no-deps --quiet -d "$out" "$SGLANG_SPEC"
+cat > "$out/gpu-setup.sh" <<'SETUP'
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mkdir -p /tmp/kd-engines
+for w in "$here"/*.whl; do python -m zipfile -e "$w" /tmp/kd-engines; done
+python - <<'CHECK'
+import importlib.util, sys
+sys.path.insert(0, "/tmp/kd-engines")
+spec = importlib.util.find_spec("sglang")
+print("kd-engines ready:", spec.submodule_search_locations[0] if spec else "sglang NOT FOUND")
+CHECK
+SETUP
+du -sh "$out"
+echo "staged: carry .kd-wheels/engines and run bash .kd-wheels/engines/gpu-setup.sh on the GPU host"
