@@ -78,9 +78,9 @@ def test_gdn_kernels_are_the_expected_ones(cache):
         assert name.encode() + b"\x00" in dcubin, name
     for heads in (4, 8, 16, 32):  # the engines' packed pool decode, one cubin per head count
         pool = nvrtc.compile(D.CU.read_text(), arch=ARCH, options=(f"-DPOOL_HV={heads}",))
-        for rows in (1, 2, 4, 8):
-            for cs in ("", "_cs"):
-                assert f"gdn_decode_pool_rows{cs}_r{rows}".encode() + b"\x00" in pool.cubin
+        for label, cfg in D.POOL_CONFIGS.items():
+            name = f"gdn_decode_pool_rows{'_cs' if cfg['cs'] else ''}_r{cfg['rows']}"
+            assert name.encode() + b"\x00" in pool.cubin, name
         info = nvrtc.ptxas_info(pool.log)
         assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in info.values()), info
     pc = nvrtc.compile(P.CU.read_text(), arch=ARCH)

@@ -232,4 +232,9 @@ GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r1, 1, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r2, 2, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r4, 4, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r8, 8, true, POOL_HV, 2, true)
+// 16 and 32 rows a warp (155-255 registers): more state bytes in flight per warp, which large
+// batches want (32 without evict-first spills: not compiled)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_r16, 16, false, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r16, 16, true, POOL_HV, 2, true)
+GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r32, 32, true, POOL_HV, 2, true)
 #endif

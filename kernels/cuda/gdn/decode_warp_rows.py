@@ -125,6 +125,8 @@ def gdn_decode_packed_rows(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_in
     return out, state_pool
 
 
+POOL_CONFIGS = {f"r{rows}{'cs' if cs else ''}": dict(rows=rows, cs=cs) for rows in (1, 2, 4, 8, 16, 32)
+                for cs in (False, True) if cs or rows < 32}  # r32 without evict-first spills
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "cuda_decode_pool_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
-            configs=CONFIGS, strided=True)(gdn_decode_packed_rows)
+            configs=POOL_CONFIGS, strided=True)(gdn_decode_packed_rows)

@@ -13,11 +13,13 @@ packages above the kernel's folder are registered as bare packages over their fo
 with `benchmarks/stage_engines.sh`.
 
 Safety: SGLang's kernel treats a negative slot as padding but trusts the others; the wrapper sends
-slots past the pool's end to -1 first (one small launch), so no index reads or writes outside it.
+slots past the pool's end to -1 first (kernels/cuda/gdn/slot_guard.py, one launch), so no index
+reads or writes outside it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
+from kdispatch.kernels.cuda.gdn import slot_guard
 from kdispatch.registry import variant
 
 KERNEL_MODULE = "sglang.kernels.ops.attention.fla.fused_recurrent"
@@ -36,21 +39,21 @@ def _bare_packages(module: str) -> None:
     """Registers every package above `module` that is not imported yet as a bare package over its
     installed folder, and `sglang.srt.utils.common.torch_release` where that module is absent."""
     root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+
+    def bare(name: str) -> None:
+        if name not in sys.modules:  # a package with a spec (find_spec keeps working), no __init__ run
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [str(root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+
     parts = module.split(".")[:-1]
     for i in range(1, len(parts) + 1):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(root.joinpath(*parts[1:i]))]
-            sys.modules[name] = pkg
+        bare(".".join(parts[:i]))
     if "sglang.srt.utils.common" not in sys.modules:
         from packaging import version
 
-        for name in ("sglang.srt", "sglang.srt.utils"):
-            if name not in sys.modules:
-                pkg = types.ModuleType(name)
-                pkg.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
-                sys.modules[name] = pkg
+        bare("sglang.srt")
+        bare("sglang.srt.utils")
         common = types.ModuleType("sglang.srt.utils.common")
         common.torch_release = version.parse(torch.__version__).release
         sys.modules[common.__name__] = common
@@ -69,7 +72,7 @@ def packed_decode_kernel():
 def gdn_decode_packed_sglang(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale):
     if not state_pool[0].is_contiguous():  # SGLang's kernel steps slots by stride(0), nothing else
         raise ValueError("sglang_packed_decode: each slot of state_pool must be contiguous")
-    slots = torch.where(state_indices < state_pool.shape[0], state_indices, -1)
+    slots = slot_guard.safe_slots(state_indices, state_pool.shape[0])
     packed_decode_kernel()(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                            scale=scale or state_pool.shape[-1] ** -0.5, initial_state=state_pool, out=out,
                            ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
@@ -78,4 +81,4 @@ def gdn_decode_packed_sglang(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_
 
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "sglang_packed_decode", backend="library", archs=("sm90", "sm100"),
-            requires=("sglang", "triton"), baseline=True, strided=True)(gdn_decode_packed_sglang)
+            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True)(gdn_decode_packed_sglang)
