@@ -37,5 +37,9 @@ setup(
         "tune": ["flashinfer-bench", "matplotlib"],
         "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "safetensors"],
     },
-    entry_points={"console_scripts": ["kdispatch = kdispatch.cli:main"]},
+    entry_points={
+        "console_scripts": ["kdispatch = kdispatch.cli:main"],
+        # SGLang loads these in every process; kdispatch's hooks register only with KDISPATCH_SGLANG=1
+        "sglang.srt.plugins": ["kdispatch = kdispatch.integrations.sglang:register"],
+    },
 )
