@@ -41,5 +41,7 @@ setup(
         "console_scripts": ["kdispatch = kdispatch.cli:main"],
         # SGLang loads these in every process; kdispatch's hooks register only with KDISPATCH_SGLANG=1
         "sglang.srt.plugins": ["kdispatch = kdispatch.integrations.sglang:register"],
+        # vLLM loads these in every worker; kdispatch's patch applies only with KDISPATCH_VLLM=1
+        "vllm.general_plugins": ["kdispatch = kdispatch.integrations.vllm:register"],
     },
 )

@@ -13,6 +13,7 @@ hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
 gdn_triton = pytest.importorskip("sglang.srt.layers.attention.linear.kernels.gdn_triton")
 
 from kdispatch import registry  # noqa: E402
+from kdispatch.integrations import packed_decode  # noqa: E402
 from kdispatch.integrations import sglang as plugin  # noqa: E402
 from kdispatch.workloads import materialize  # noqa: E402
 
@@ -75,10 +76,10 @@ def test_uncovered_calls_go_to_sglangs_kernel():
         return "sglang"
 
     kw16 = {**kw, "ssm_states": kw["ssm_states"].to(torch.bfloat16)}
-    assert plugin.packed_decode(sglang_kernel, None, *args, **kw16) == "sglang"
+    assert plugin.hook(sglang_kernel, None, *args, **kw16) == "sglang"
     ring = {**kw, "replayssm_d": torch.zeros(1), "replayssm_k": torch.zeros(1), "replayssm_g": torch.zeros(1),
             "replayssm_write_pos": torch.zeros(1)}
-    assert plugin.packed_decode(sglang_kernel, None, *args, **ring) == "sglang"
+    assert plugin.hook(sglang_kernel, None, *args, **ring) == "sglang"
     assert seen == [torch.bfloat16, torch.float32]
-    assert plugin.not_covered(args[0], args[1], args[2], kw["ssm_states"], kw["cache_indices"], 12, 128, {}) \
+    assert packed_decode.not_covered(args[0], args[1], args[2], kw["ssm_states"], kw["cache_indices"], 12, 128) \
         == "12 value heads of 128"

@@ -21,16 +21,14 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
+from kdispatch.integrations import packed_decode
 
 SWITCH = "KDISPATCH_SGLANG"
 TARGET = "sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode"
-HEADS = (4, 8, 16, 32)  # value heads of the gdn_decode_packed definitions
-DIM = 128
+RING_CACHES = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")  # SGLang's ReplaySSM decode
 STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 
 logger = logging.getLogger(__name__)
-_fp32: dict = {}  # (data_ptr, dtype, numel) of a layer's A_log / dt_bias -> its fp32 copy, made once
 
 
 def enabled() -> bool:
@@ -44,51 +42,22 @@ def register() -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(TARGET, packed_decode, HookType.AROUND)
+    HookRegistry.register(TARGET, hook, HookType.AROUND)
     logger.info("kdispatch: SGLang GDN packed decode hooked (%s=%s)", SWITCH, os.environ[SWITCH])
     return True
 
 
-def not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim, kwargs) -> str | None:
-    """Why kdispatch does not serve this call (None: it does)."""
-    if any(kwargs.get(k) is not None for k in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")):
-        return "ReplaySSM ring caches"
-    if num_v_heads not in HEADS or head_v_dim != DIM:
-        return f"{num_v_heads} value heads of {head_v_dim}"
-    if mixed_qkv.dtype != torch.bfloat16 or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-        return f"rows of {mixed_qkv.dtype}, gates of {a.dtype}"
-    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != 2 * num_v_heads * DIM:
-        return f"packed rows {tuple(mixed_qkv.shape)} (want [B, {2 * num_v_heads * DIM}])"
-    if ssm_states.dtype != torch.float32 or ssm_states.dim() != 4 or tuple(ssm_states.shape[1:]) != (num_v_heads, DIM, DIM):
-        return f"state pool {ssm_states.dtype} {tuple(ssm_states.shape)}"
-    if cache_indices.dtype != torch.int32 or cache_indices.dim() != 1:
-        return f"slot indices {cache_indices.dtype} of {cache_indices.dim()} dims"
-    return None
-
-
-def _as_fp32(t: torch.Tensor) -> torch.Tensor:
-    """A layer parameter as float32 (the definition's dtype), converted once per parameter."""
-    if t.dtype == torch.float32:
-        return t
-    key = (t.data_ptr(), t.dtype, t.numel())
-    if key not in _fp32:
-        _fp32[key] = t.float().contiguous()
-    return _fp32[key]
-
-
-def packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices,
-                  num_v_heads, head_v_dim, **kwargs):
+def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
+         head_v_dim, **kwargs):
     """AROUND hook of TritonGDNKernel.packed_decode: same arguments, same result ([1, B, HV, V])."""
-    why = not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim, kwargs)
+    why = ("ReplaySSM ring caches" if any(kwargs.get(k) is not None for k in RING_CACHES) else
+           packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim))
     if why is not None:
         STATS["passed"] += 1
         STATS["first_pass_reason"] = STATS["first_pass_reason"] or why
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
-    import kdispatch.ops
-
     STATS["served"] += 1
     out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
-    kdispatch.ops.gdn_decode_packed(mixed_qkv, a, b, _as_fp32(A_log), _as_fp32(dt_bias), ssm_states, cache_indices,
-                                    out, scale)
+    packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
     return out.transpose(0, 1)
