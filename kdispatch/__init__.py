@@ -8,17 +8,14 @@ Submodules load on first use so that `import kdispatch` stays cheap.
 import importlib
 
 __version__ = "0.1.0"
-_LAZY = ("ops", "registry", "definitions", "spec", "checks", "workloads", "dispatch", "arch", "nvrtc", "provenance",
-         "custom_ops")
+_LAZY = ("ops", "registry", "definitions", "spec", "checks", "workloads", "dispatch", "arch", "nvrtc", "provenance")
 
 
 def __getattr__(name):
-    if name == "warmup":  # kdispatch.warmup(op, shapes): before an engine captures CUDA graphs
-        return importlib.import_module("kdispatch.ops").warmup
     if name in _LAZY:
         return importlib.import_module(f"kdispatch.{name}")
     raise AttributeError(f"module 'kdispatch' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY) + ["warmup"])
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,6 +1,6 @@
 """torch custom ops (kdispatch::<op>): schemas from the definitions, fake implementations with the
 definitions' output shapes, torch.compile(fullgraph=True) matching eager calls with in-place state
-updates kept, and kdispatch.warmup routing and running both call modes' variants."""
+updates kept, and kdispatch.ops.warmup routing and running both call modes' variants."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -144,7 +144,7 @@ def two_mode_router():
 
 def test_warmup_routes_and_runs_each_call_modes_variant(two_mode_router):
     calls = two_mode_router
-    done = kdispatch.warmup("gdn_decode", [{"batch_size": 2}, {"batch_size": 7}], device="cpu")
+    done = kdispatch.ops.warmup("gdn_decode", [{"batch_size": 2}, {"batch_size": 7}], device="cpu")
     assert done == [({"batch_size": 2}, "graph_tag", "eager_tag"), ({"batch_size": 7}, "graph_tag", "eager_tag")]
     assert sorted(calls) == ["eager", "eager", "graph", "graph"]
     d = kdispatch.ops.DISPATCHERS["gdn_decode"]
@@ -157,6 +157,6 @@ def test_warmup_routes_and_runs_each_call_modes_variant(two_mode_router):
 
 def test_warmup_names_the_op_by_full_name_too():
     name = definitions.get("gdn_prefill").name
-    [(axes, graph, eager)] = kdispatch.warmup(name, [{"total_seq_len": 9, "num_seqs": 2}], device="cpu")
+    [(axes, graph, eager)] = kdispatch.ops.warmup(name, [{"total_seq_len": 9, "num_seqs": 2}], device="cpu")
     assert axes == {"total_seq_len": 9, "num_seqs": 2, "len_cu_seqlens": 3}
     assert graph == eager == registry.REFERENCE

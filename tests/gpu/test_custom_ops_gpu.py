@@ -1,5 +1,5 @@
 """The custom ops on the GPU: torch.compile(fullgraph=True) with inductor passes the correctness gate
-for every op, and after kdispatch.warmup a CUDA-graph capture of each op compiles no kernel and makes
+for every op, and after kdispatch.ops.warmup a CUDA-graph capture of each op compiles no kernel and makes
 no new decision, and its replay passes the gate. Skipped without CUDA."""
 import pytest
 import torch
@@ -39,7 +39,7 @@ def test_compiled_op_passes_the_gate(op):
 
 @pytest.mark.parametrize("op", sorted(SHAPES))
 def test_capture_after_warmup_compiles_nothing(op):
-    [(_, graph_variant, _)] = kdispatch.warmup(op, [SHAPES[op]])
+    [(_, graph_variant, _)] = kdispatch.ops.warmup(op, [SHAPES[op]])
     d = kdispatch.ops.DISPATCHERS[op]
     fn = getattr(kdispatch.ops, op)
     before = (dict(nvrtc.stats), sum(len(b) for b in d._entries.values()))
