@@ -23,6 +23,11 @@ from kdispatch.workloads import materialize
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "traces"
 AXES_DIR = REPO.parent / "shared" / "fib" / "contest-axes"
+_build_spec = importlib.util.spec_from_file_location("traces_build", TRACES / "build.py")
+traces_build = importlib.util.module_from_spec(_build_spec)
+_build_spec.loader.exec_module(traces_build)
+# the contest's definitions (the engine conventions have coverage and held-out sets only)
+CONTEST = [n for n in definitions.names() if traces_build.is_contest(definitions.load(n))]
 PAGE = 64
 TOPK = 2048
 
@@ -184,7 +189,7 @@ def test_trace_set_loads_every_contest_workload():
     from flashinfer_bench.data import TraceSet
 
     ts = TraceSet.from_path(str(TRACES))
-    assert sorted(ts.definitions) == sorted(definitions.names())
+    assert sorted(ts.definitions) == sorted(CONTEST)
     assert sum(len(v) for v in ts.workloads.values()) == 324
     for short, n in COUNTS.items():
         full = definitions.resolve_name(short)
@@ -201,7 +206,7 @@ def test_trace_set_loads_every_contest_workload():
 
 @pytest.mark.skipif(not AXES_DIR.is_dir(), reason="contest axes not available")
 def test_every_csv_workload_is_shipped_with_its_axes():
-    for name in definitions.names():
+    for name in CONTEST:
         var = [k for k, a in definitions.load(name)["axes"].items() if a["type"] == "var"]
         with (AXES_DIR / f"{name}.csv").open(newline="") as f:
             want = {r["uuid"]: {k: int(r[k]) for k in var} for r in csv.DictReader(f)}
@@ -211,9 +216,7 @@ def test_every_csv_workload_is_shipped_with_its_axes():
 
 @pytest.mark.skipif(not AXES_DIR.is_dir(), reason="contest axes not available")
 def test_build_is_deterministic_and_shipped_files_are_current(tmp_path):
-    spec = importlib.util.spec_from_file_location("traces_build", TRACES / "build.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = traces_build
     counts = build.build(AXES_DIR, tmp_path)
     built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     shipped = sorted(p.relative_to(TRACES) for root in ("", *build.SAMPLED_SETS) for pattern in build.DATASET_FILES
@@ -265,8 +268,10 @@ def test_prefill_coverage_mixes_are_valid_partitions():
 def test_shipped_definitions_are_the_kdispatch_definitions():
     for name in definitions.names():
         d = definitions.load(name)
-        assert (TRACES / "definitions" / d["op_type"] / f"{name}.json").read_bytes() == \
-            definitions.path(name).read_bytes(), "stale copy: rerun python traces/build.py"
+        for root in ([TRACES] if name in CONTEST else []) + [TRACES / s for s in traces_build.SAMPLED_SETS]:
+            assert (root / "definitions" / d["op_type"] / f"{name}.json").read_bytes() == \
+                definitions.path(name).read_bytes(), "stale copy: rerun python traces/build.py"
+    assert len(CONTEST) == 5
 
 
 def test_load_workloads_with_and_without_flashinfer_bench(monkeypatch):
