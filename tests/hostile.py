@@ -1,10 +1,10 @@
-"""Hostile index inputs for the three definitions whose tensors carry indices, shared by the CPU
+"""Hostile index inputs for the definitions whose tensors carry indices, shared by the CPU
 tests (tests/test_hostile_input.py), the GPU tests (tests/gpu/test_hostile_gpu.py) and the sanitizer
 script (tests/gpu/sanitize.py).
 
 `hostile(short, args, seed)` returns the call's arguments with its index tensors corrupted: random
 int32 values at the edges (negative, -1, just past the end, INT32_MAX / MIN) in a seeded fraction
-of the entries of a block table, sparse-index table or seq_lens, or one kind of malformed
+of the entries of a block table, sparse-index table, seq_lens or pool slot indices, or one kind of malformed
 cu_seqlens per seed. The kernels must treat them as each definition's JSON says (padding, or a
 whole-batch no-op for cu_seqlens): the gate compares every variant with the reference on them.
 """
@@ -14,7 +14,8 @@ import torch
 
 from kdispatch import definitions
 
-INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill")
+PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4)))
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED)
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
 
@@ -66,6 +67,8 @@ def hostile(short: str, args, seed: int) -> list:
         a["sparse_indices"] = _corrupt(a["sparse_indices"], tokens, g, 0.3)
     elif d.short == "gdn_prefill":
         a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
+    elif d.short in PACKED:  # every corrupted slot is outside the pool: a padding row
+        a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
     else:
         raise ValueError(f"{short} has no index inputs")
     return [a[n] for n in d.inputs]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kdispatch
-from hostile import INDEXED, MALFORMED_CU, hostile
+from hostile import INDEXED, MALFORMED_CU, PACKED, hostile
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
 from kdispatch.tuner import gate
@@ -24,6 +24,7 @@ SHAPES = {
                          {"batch_size": 4, "max_num_pages": 40, "num_pages": 60}],
     "dsa_sparse_attention": [{"num_tokens": 2, "num_pages": 40}],
     "gdn_prefill": [{"total_seq_len": 12, "num_seqs": 3}],
+    **{short: [{"batch_size": 9, "num_slots": 12}] for short in PACKED},
 }
 
 
@@ -68,6 +69,16 @@ def test_the_padding_rule_is_what_the_references_say():
     table, num_pages = bad[4], bad[1].shape[0]
     allowed = {int(p) * 64 + s for p in table.flatten().tolist() if 0 <= p < num_pages for s in range(64)}
     assert set(out[out >= 0].tolist()) <= allowed  # no token of an out-of-range page is ever selected
+
+    from kdispatch.references import gdn_decode_packed
+
+    args = _args("gdn_decode_packed_qk4_v8", SHAPES["gdn_decode_packed_qk4_v8"][0])
+    bad = hostile("gdn_decode_packed_qk4_v8", args, 1)
+    idx = bad[6]
+    assert bool(((idx < 0) | (idx >= 12)).any())
+    padded = [*bad[:6], torch.where((idx >= 0) & (idx < 12), idx, -1), *bad[7:]]
+    for x, y in zip(gdn_decode_packed.run(*bad), gdn_decode_packed.run(*padded)):
+        assert torch.equal(x, y)
 
     args = _args("gdn_prefill", SHAPES["gdn_prefill"][0])
     for kind in MALFORMED_CU[1:]:

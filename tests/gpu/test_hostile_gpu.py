@@ -1,4 +1,4 @@
-"""Fuzzed hostile index tensors through every variant of the three indexed definitions on the GPU:
+"""Fuzzed hostile index tensors through every variant of the indexed definitions on the GPU:
 no illegal address, and the outputs equal the reference's padding semantics (the correctness gate
 on the corrupted inputs). Skipped without CUDA; tests/gpu/sanitize.py runs the same inputs under
 compute-sanitizer."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import runnable_variant, variant_cases
-from hostile import INDEXED, hostile, sparse_attention_shapes
+from hostile import INDEXED, PACKED, hostile, sparse_attention_shapes
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -17,6 +17,7 @@ SHAPES = {
                          {"batch_size": 6, "max_num_pages": 90, "num_pages": 600}],
     "dsa_sparse_attention": sparse_attention_shapes(num_pages=300),
     "gdn_prefill": [{"total_seq_len": 40, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 5}],
+    **{short: [{"batch_size": 1, "num_slots": 2}, {"batch_size": 40, "num_slots": 50}] for short in PACKED},
 }
 SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)
 
