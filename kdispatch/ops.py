@@ -23,19 +23,23 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name
 from kdispatch.dispatch import Dispatcher
 
-_PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}  # value heads -> definition
+# the engine-convention GDN definitions, one per TP degree: value heads -> definition
+_PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
+_POOL_PREFILL = {hv: pool_prefill_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 
 DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
-                                                   "gdn_decode", "gdn_prefill", *_PACKED.values()))}
+                                                   "gdn_decode", "gdn_prefill", *_PACKED.values(),
+                                                   *_POOL_PREFILL.values()))}
 # what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
 _CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
 _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definitions.get(short).const_axes["head_size"])
               for short in ("gdn_decode", "gdn_prefill")}
 _PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
+_POOL_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _POOL_PREFILL.items()}
 
 
 def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
@@ -207,6 +211,41 @@ def gdn_decode_packed(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices
         out = torch.empty(a.shape[0], 1, heads, 128, dtype=torch.bfloat16, device=a.device)
     return call(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out,
                 1.0 / math.sqrt(128) if scale is None else _scale("gdn_decode", scale))
+
+
+def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out=None,
+                     scale=None):
+    """Gated DeltaNet (Qwen3-Next-80B) prefill as SGLang and vLLM call it: sequences packed along the
+    token axis, gates already activated, the states in a pool of slots (definitions
+    gdn_prefill_pool_*, one per TP degree: 32, 16, 8 or 4 value heads, half as many q/k heads).
+
+    Args:
+        q, k: bfloat16 [T, HQ, 128], L2-normalised here (eps 1e-6; normalised input is unchanged).
+        v: bfloat16 [T, HV, 128].
+        g: float32 [T, HV], log decay (the state is multiplied by exp(g)).   beta: float32 [T, HV].
+        state_pool: float32 [num_slots, HV, 128, 128] (k-last); each sequence's final state is
+            written into its slot in place.
+        state_indices: int32 [N], each sequence's slot; a value outside [0, num_slots) is a padding
+            sequence: output zero, nothing read or written.
+        has_initial_state: bool [N], whether a sequence continues its slot's state (else zeros).
+        cu_seqlens: int32 [N + 1], boundaries; checked on the device without a host sync: any
+            malformed values zero the output and leave the pool untouched (KDISPATCH_CHECK=1:
+            ValueError naming the first bad entry, or a slot named twice).
+        out: bfloat16 [T, HV, 128] to write the output into, or None to allocate it.
+        scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+
+    Returns:
+        (output bfloat16 [T, HV, 128], state_pool): output is `out` when given.
+    """
+    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    call = _POOL_PREFILL_CALL.get(heads)
+    if call is None:
+        raise ValueError(f"kdispatch.ops.gdn_prefill_pool: argument 'v' expected [T, HV, 128] with HV one of "
+                         f"{sorted(_POOL_PREFILL_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    if out is None:
+        out = torch.empty(v.shape[0], heads, 128, dtype=torch.bfloat16, device=v.device)
+    return call(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+                1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 
 
 def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:

@@ -14,8 +14,10 @@ import torch
 
 from kdispatch import definitions
 
-PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4)))
-INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED)
+HEADS = ((16, 32), (8, 16), (4, 8), (2, 4))  # the engine-convention definitions' (q/k, v) heads
+PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in HEADS)
+POOL_PREFILL = tuple(f"gdn_prefill_pool_qk{hq}_v{hv}" for hq, hv in HEADS)
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL)
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
 
@@ -49,7 +51,7 @@ def malformed_cu(cu: torch.Tensor, total: int, kind: str) -> torch.Tensor:
     elif kind == "negative":
         c[n // 2] = -5
     elif kind == "huge":
-        c[-1] = 2**62
+        c[-1] = 2**62 if c.dtype == torch.int64 else INT32_MAX
     return c.to(cu.device)
 
 
@@ -69,6 +71,9 @@ def hostile(short: str, args, seed: int) -> list:
         a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
     elif d.short in PACKED:  # every corrupted slot is outside the pool: a padding row
         a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
+    elif d.short in POOL_PREFILL:  # corrupted slots (padding sequences) and one kind of boundaries per seed
+        a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
+        a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
     else:
         raise ValueError(f"{short} has no index inputs")
     return [a[n] for n in d.inputs]

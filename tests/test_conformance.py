@@ -25,6 +25,8 @@ SMALL = {
     "moe_fp8": [{"seq_len": 1}],  # its weights (32 experts of 7168 x 4096 FP8) take ~10 s to build
     **{f"gdn_decode_packed_qk{hq}_v{hv}": [{"batch_size": 1, "num_slots": 2}, {"batch_size": 9, "num_slots": 12}]
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_prefill_pool_qk{hq}_v{hv}": [{"total_seq_len": 11, "num_seqs": 9, "num_slots": 12}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
 }
 # Interpreted Triton variants that take too long here: at seq_len 1 one MoE variant took 22-100 s
 # for two trials (2 cores). tests/test_moe_triton.py runs them at reduced sizes, tests/gpu/ at full.

@@ -13,6 +13,7 @@ from kdispatch.registry import Variant
 SMALL = {
     "gdn_decode": {"batch_size": 3},
     "gdn_decode_packed_qk4_v8": {"batch_size": 9, "num_slots": 12},
+    "gdn_prefill_pool_qk2_v4": {"total_seq_len": 13, "num_seqs": 9, "num_slots": 12},
     "gdn_prefill": {"total_seq_len": 20, "num_seqs": 3},
     "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 40},
     "dsa_topk_indexer": {"batch_size": 2, "max_num_pages": 3, "num_pages": 8},
@@ -45,7 +46,8 @@ def test_schemas_mark_in_place_inputs_and_return_the_rest():
 @pytest.mark.parametrize("op", sorted(kdispatch.ops.DISPATCHERS))
 def test_fake_outputs_have_the_definitions_shapes(op):
     d = definitions.get(op)
-    axes = {"moe_fp8": {"seq_len": 5}}.get(op) or SMALL.get(op) or {"batch_size": 3, "num_slots": 5}
+    axes = {"moe_fp8": {"seq_len": 5}}.get(op) or SMALL.get(op) or (
+        {"total_seq_len": 7, "num_seqs": 3, "num_slots": 5} if "prefill" in op else {"batch_size": 3, "num_slots": 5})
     meta = workloads.meta_arguments(op, axes)
     resolved = workloads.resolve_axes(op, axes)
     with FakeTensorMode() as mode:
@@ -82,7 +84,8 @@ class GraphRecorder:
 
 def op_function(op):
     """The kdispatch.ops function of a definition (the packed decode ops share one, by head count)."""
-    return kdispatch.ops.gdn_decode_packed if op.startswith("gdn_decode_packed") else getattr(kdispatch.ops, op)
+    return (kdispatch.ops.gdn_decode_packed if op.startswith("gdn_decode_packed") else
+            kdispatch.ops.gdn_prefill_pool if op.startswith("gdn_prefill_pool") else getattr(kdispatch.ops, op))
 
 
 @pytest.mark.parametrize("op", sorted(SMALL))

@@ -19,6 +19,8 @@ SHAPES = {
     "moe_fp8": [{"seq_len": 1}, {"seq_len": 80}],
     **{f"gdn_decode_packed_qk{hq}_v{hv}": [{"batch_size": 1, "num_slots": 2}, {"batch_size": 37, "num_slots": 50}]
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_prefill_pool_qk{hq}_v{hv}": [{"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
 }
 
 

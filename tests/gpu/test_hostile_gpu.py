@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import runnable_variant, variant_cases
-from hostile import INDEXED, PACKED, hostile, sparse_attention_shapes
+from hostile import INDEXED, PACKED, POOL_PREFILL, hostile, sparse_attention_shapes
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -18,6 +18,7 @@ SHAPES = {
     "dsa_sparse_attention": sparse_attention_shapes(num_pages=300),
     "gdn_prefill": [{"total_seq_len": 40, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 5}],
     **{short: [{"batch_size": 1, "num_slots": 2}, {"batch_size": 40, "num_slots": 50}] for short in PACKED},
+    **{short: [{"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
 }
 SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)
 

@@ -221,6 +221,83 @@ def _packed_spec(hq: int, hv: int) -> Spec:
                           complete=lambda axes: {**axes, "num_slots": axes["batch_size"] + 1}))
 
 
+# ---- the engines' prefill: gates activated by the engine, a state pool, slot indices ------------
+
+def pool_prefill_name(hq: int, hv: int) -> str:
+    return f"gdn_prefill_pool_qk{hq}_v{hv}_d128_k_last"
+
+
+def _live_slots(n: int, slots: int, g: torch.Generator) -> torch.Tensor:
+    """[n] int32: distinct slots from 1 on in random order (slot 0 stays unused, as SGLang reserves
+    it), from 8 rows on the last eighth -1 (padding, as in a CUDA-graph bucket)."""
+    if slots < n + 1:
+        raise ValueError(f"num_slots {slots} < {n + 1} (one slot per row, slot 0 reserved)")
+    idx = (torch.randperm(slots - 1, generator=g)[:n] + 1).to(torch.int32)
+    if n >= 8:
+        idx[n - n // 8:] = -1
+    return idx
+
+
+def build_prefill_pool(axes, given, ctx) -> dict:
+    """Raw q/k (the op normalises them), the engine's activated gates (log decay from the model's
+    A_log/dt_bias ranges, beta = sigmoid of N(0, 1)), a pool whose slots three in four sequences
+    continue (`has_initial_state`), int32 boundaries at random cut points."""
+    total, n, slots = axes["total_seq_len"], axes["num_seqs"], axes["num_slots"]
+    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    out = {}
+    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
+        if name not in given:
+            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+    params = _gate_params(hv, ctx)
+    if "g" not in given:
+        a = torch.randn(total, hv, generator=ctx.rng("a"))
+        out["g"] = -torch.exp(params["A_log"]) * torch.nn.functional.softplus(a + params["dt_bias"])
+    if "beta" not in given:
+        out["beta"] = torch.sigmoid(torch.randn(total, hv, generator=ctx.rng("b")))
+    if "state_pool" not in given:
+        out["state_pool"] = _state(slots, hv, d, ctx.rng("state"))
+    if "state_indices" not in given:
+        out["state_indices"] = _live_slots(n, slots, ctx.rng("state_indices"))
+    if "has_initial_state" not in given:
+        out["has_initial_state"] = torch.rand(n, generator=ctx.rng("has_initial_state")) < 0.75
+    if "cu_seqlens" not in given:
+        out["cu_seqlens"] = random_cu_seqlens(total, n, ctx.rng("cu_seqlens")).to(torch.int32)
+    if "out" not in given:  # never read: NaN, so an unwritten row cannot pass the check
+        out["out"] = torch.full((total, hv, d), float("nan"), dtype=torch.bfloat16)
+    return out
+
+
+def pool_prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
+    """The coverage mixes of the contest prefill, with the engines' int32 boundaries."""
+    return {k: t.to(torch.int32) for k, t in prefill_mix(axes, mix, g).items()}
+
+
+def floor_pool_prefill(args: dict, axes: dict) -> Floor:
+    """The live slots' states read + written once, q/k/v and the gates read, the output written."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("q", "k", "v", "g", "beta", "out"))
+    return Floor(2 * _pool_bytes(args) + moved)
+
+
+def _pool_prefill_spec(hq: int, hv: int) -> Spec:
+    return Spec(
+        short=f"gdn_prefill_pool_qk{hq}_v{hv}", family="gdn", build=build_prefill_pool,
+        reference="kdispatch.references.gdn_prefill_pool",
+        fit=("total_seq_len", "num_seqs", "mean_seq_len"), main="total_seq_len",
+        derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
+        in_place={"output": "out", "new_state_pool": "state_pool"},
+        strided=frozenset({"q", "k", "v", "state_pool"}),  # SGLang splits q/k/v out of one projection
+        rotation=POOL_ROTATION, floor=floor_pool_prefill,
+        check_values=lambda args: check_prefill_values(args) or check_packed_values(args),
+        model_scalars={"scale": 1.0 / math.sqrt(128)},
+        # as the contest prefill: chunked kernels do the intra-chunk math in bf16
+        tolerances={"output": Tol(5e-2, 5e-2, rel_norm=2e-2), "new_state_pool": Tol(5e-2, 5e-2, rel_norm=1e-2)},
+        reference_graph_safe=False,  # loops over cu_seqlens on the host
+        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=40, heldout=8,
+                          complete=lambda a: ({**a, "num_slots": a["num_seqs"] + 1}
+                                              if a["num_seqs"] <= a["total_seq_len"] else None),
+                          mixes=("random", "skewed", "equal"), mix=pool_prefill_mix))
+
+
 SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
@@ -259,4 +336,5 @@ SPECS = {
                           grid={"num_seqs": (1, 2, 4, 8), "total_seq_len": (128, 192, 256, 384, 512, 768)}),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
+    **{pool_prefill_name(hq, hv): _pool_prefill_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
 }

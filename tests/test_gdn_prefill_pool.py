@@ -1,0 +1,82 @@
+"""The engines' GDN prefill convention (gdn_prefill_pool_*): its reference is the contest prefill's
+math on the same inputs, padding sequences and unnamed slots stay untouched, a sequence without an
+initial state starts from zeros, malformed boundaries are a whole-batch no-op, and the op picks the
+definition by head count and takes a pool whose slot pitch exceeds a slot."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kdispatch
+from kdispatch.references import gdn_prefill as contest
+from kdispatch.references import gdn_prefill_pool as pool_ref
+from kdispatch.workloads import materialize
+
+
+def pool_args(hq, hv, total, seqs, slots, seed=0):
+    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": slots}, "inputs": {},
+         "uuid": f"pool-prefill-{hv}-{total}-{seqs}"}
+    return list(materialize(f"gdn_prefill_pool_qk{hq}_v{hv}", w, device="cpu", seed=seed))
+
+
+def clone(args):
+    return [x.clone() if torch.is_tensor(x) else x for x in args]
+
+
+def test_reference_is_the_contest_prefill_on_the_same_inputs():
+    """Contest inputs (unit q/k, raw gates) through both references: the pool one given the gates the
+    engine would compute and the initial states in their slots."""
+    w = {"axes": {"total_seq_len": 23, "num_seqs": 3}, "inputs": {}, "uuid": "pool-vs-contest"}
+    q, k, v, state, A_log, a, dt_bias, b, cu, scale = materialize("gdn_prefill", w)
+    want_out, want_state = contest.run(q, k, v, state, A_log, a, dt_bias, b, cu, scale)
+    g = -torch.exp(A_log) * F.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    pool = torch.randn(6, 8, 128, 128)
+    slots = torch.tensor([4, 1, 5], dtype=torch.int32)
+    pool[slots.long()] = state
+    got_out, got_pool = pool_ref.run(q, k, v, g, beta, pool, slots, torch.ones(3, dtype=torch.bool),
+                                     cu.to(torch.int32), torch.empty_like(want_out), scale)
+    # q, k renormalised after rounding to bf16: ~1e-3 relative apart
+    torch.testing.assert_close(got_out, want_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got_pool[slots.long()], want_state, rtol=1e-3, atol=1e-3)
+    for s in (0, 2, 3):
+        assert torch.equal(got_pool[s], pool[s])
+
+
+def test_padding_sequences_fresh_starts_and_malformed_boundaries():
+    args = pool_args(2, 4, 30, 9, 12)
+    q, k, v, g, beta, pool, idx, has_init, cu, out, scale = args
+    assert int((idx < 0).sum()) == 1
+    has_init[0] = False
+    got_out, got_pool = pool_ref.run(*args)
+    pad = int((idx < 0).nonzero()[0])
+    rows = slice(int(cu[pad]), int(cu[pad + 1]))
+    assert not got_out[rows].any(), "a padding sequence's output is zero"
+    named = set(idx[idx >= 0].tolist())
+    for s in range(12):
+        assert torch.equal(got_pool[s], pool[s]) == (s not in named), s
+    # a fresh sequence does not depend on what its slot held
+    other = clone(args)
+    other[5][int(idx[0])] = 123.0
+    out2, pool2 = pool_ref.run(*other)
+    assert torch.equal(out2, got_out) and torch.equal(pool2[int(idx[0])], got_pool[int(idx[0])])
+    bad = clone(args)
+    bad[8][-1] = 29
+    bad_out, bad_pool = pool_ref.run(*bad)
+    assert not bad_out.any() and torch.equal(bad_pool, pool)
+
+
+def test_the_op_picks_the_head_count_and_takes_a_strided_pool():
+    args = pool_args(8, 16, 17, 3, 5)
+    want_out, want_pool = kdispatch.ops.gdn_prefill_pool(*clone(args))
+    pool = args[5]
+    slot = pool[0].numel()
+    pages = torch.zeros(5, slot + 256)
+    pages[:, :slot] = pool.reshape(5, -1)
+    view = pages.as_strided(pool.shape, (slot + 256, *pool.stride()[1:]))
+    args[5] = view
+    out, new_pool = kdispatch.ops.gdn_prefill_pool(*args[:9])
+    assert new_pool is view and out.shape == (17, 16, 128)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(view, want_pool, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="HV one of"):
+        kdispatch.ops.gdn_prefill_pool(args[0], args[1], args[2][:, :12], *args[3:9])
