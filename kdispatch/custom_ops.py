@@ -86,7 +86,7 @@ def register(dispatcher) -> torch._ops.OpOverload:
     def run(*args):
         outs = dispatcher(*args)
         if single_output:
-            return outs
+            return outs if keep else None
         res = tuple(outs[i] for i in keep)
         return None if not res else res[0] if len(res) == 1 else res  # a schema returning () wants None
 

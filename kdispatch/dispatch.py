@@ -138,7 +138,7 @@ class _Entry:
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
-CONTIGUOUS_COPIES = " (on contiguous copies)"  # suffix of a baseline served on copies of strided views
+CONTIGUOUS_COPIES = " (on contiguous copies)"  # name suffix of a variant served on copies of strided views
 CHECK_VAR = "KDISPATCH_CHECK"
 HOST_ARCHS = ("cpu", "meta")  # where the reference is what runs anyway: no warning
 
@@ -173,7 +173,7 @@ class Dispatcher:
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
-        self._copies: dict = {}  # baseline name -> it on contiguous copies of strided views
+        self._copies: dict = {}  # variant name -> it on contiguous copies of strided views
         self._warned: set = set()
         self.reload_switches()
 
