@@ -75,7 +75,8 @@ class Coverage:
     prefill sequence-length mixes), taken in turn; `mix(axes, name, g)` -> {input: tensor} stored
     with the workload (an empty dict: the spec's builder draws the inputs). `grid`: axis -> values
     whose product is added to the coverage set after the `points` (where kernels cross over and
-    random draws are too sparse to place the boundary)."""
+    random draws are too sparse to place the boundary); with `grid_every_mix`, each grid shape is
+    measured in every mix (where the mix decides the winner, the fitter must see them all)."""
 
     ranges: dict[str, tuple[int, int]]
     points: int
@@ -84,6 +85,7 @@ class Coverage:
     mixes: tuple[str, ...] = ("random",)
     mix: Callable | None = None
     grid: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    grid_every_mix: bool = False
 
 
 @dataclass(frozen=True)

@@ -165,12 +165,18 @@ def sampled_traces(defn: dict, spec, which: str) -> tuple[list[dict], dict]:
     """(workload traces, {tensor key: tensor} for the set's blob) of one definition."""
     rng = random.Random(f"{which}/{defn['name']}")
     traces, blob = [], {}
+    mixes = spec.coverage.mixes
     for i, axes in enumerate(sample_shapes(spec.coverage, which, rng)):
-        mixes = spec.coverage.mixes
-        mix = mixes[i % len(mixes)] if which == "coverage" else rng.choice(mixes)
-        key = json.dumps(axes, sort_keys=True) + (f"/{mix}" if len(mixes) > 1 else "")
-        uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kdispatch/{which}/{defn['name']}/{key}"))
-        traces.append(_trace(defn, axes, mixed_inputs(defn, spec, axes, mix, uuid, blob), uuid))
+        if which != "coverage":
+            chosen = [rng.choice(mixes)]
+        elif i >= spec.coverage.points and spec.coverage.grid_every_mix:  # a grid shape: every mix,
+            chosen = [mixes[(i + k) % len(mixes)] for k in range(len(mixes))]  # its own one first
+        else:
+            chosen = [mixes[i % len(mixes)]]
+        for mix in chosen:
+            key = json.dumps(axes, sort_keys=True) + (f"/{mix}" if len(mixes) > 1 else "")
+            uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kdispatch/{which}/{defn['name']}/{key}"))
+            traces.append(_trace(defn, axes, mixed_inputs(defn, spec, axes, mix, uuid, blob), uuid))
     return traces, blob
 
 
