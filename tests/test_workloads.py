@@ -236,9 +236,12 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
             ws = W.load_workloads(TRACES / which, name)
             grid = ([dict(zip(cov.grid, v)) for v in itertools.product(*cov.grid.values())]
                     if which == "coverage" and cov.grid else [])
-            assert len(ws) == (cov.points + len(grid) if which == "coverage" else cov.heldout), (which, name)
-            for g in grid:  # every grid shape is there (none drawn before: each is added once)
-                assert any(all(w.axes[k] == v for k, v in g.items()) for w in ws), (name, g)
+            per_grid_shape = len(cov.mixes) if cov.grid_every_mix else 1
+            assert len(ws) == (cov.points + per_grid_shape * len(grid) if which == "coverage" else cov.heldout), \
+                (which, name)
+            for g in grid:  # every grid shape is there (none drawn before: each is added once), in each mix
+                found = [w for w in ws if all(w.axes[k] == v for k, v in g.items())]
+                assert len(found) == per_grid_shape, (name, g)
             uuids = {w.uuid for w in ws}
             assert len(uuids) == len(ws) and not uuids & seen, "uuids repeat within or across sets"
             seen |= uuids
