@@ -23,16 +23,17 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
 from kdispatch.dispatch import Dispatcher
 
 # the engine-convention GDN definitions, one per TP degree: value heads -> definition
 _PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _POOL_PREFILL = {hv: pool_prefill_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
+_VERIFY = {hv: verify_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 
 DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
                                                    "gdn_decode", "gdn_prefill", *_PACKED.values(),
-                                                   *_POOL_PREFILL.values()))}
+                                                   *_POOL_PREFILL.values(), *_VERIFY.values()))}
 # what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
 _CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
@@ -40,6 +41,7 @@ _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definiti
               for short in ("gdn_decode", "gdn_prefill")}
 _PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
 _POOL_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _POOL_PREFILL.items()}
+_VERIFY_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY.items()}
 
 
 def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
@@ -246,6 +248,40 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
         out = torch.empty(v.shape[0], heads, 128, dtype=torch.bfloat16, device=v.device)
     return call(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
                 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+
+
+def gdn_verify(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
+               cache_indices, scale=None):
+    """Gated DeltaNet (Qwen3-Next-80B) speculative verification as SGLang calls it (MTP / EAGLE draft
+    tokens): each request's tokens run from its slot's state without writing the pool, and the state
+    after every step is stored for the engine to commit the accepted one (definitions gdn_verify_*,
+    one per TP degree: 32, 16, 8 or 4 value heads, half as many q/k heads).
+
+    Args:
+        q, k: bfloat16 [T, HQ, 128], L2-normalised here (eps 1e-6).   v: bfloat16 [T, HV, 128].
+        a, b: bfloat16 [T, HV], the raw gates (decay exp(-exp(A_log) * softplus(a + dt_bias)),
+            write strength sigmoid(b)).   A_log, dt_bias: float32 [HV].
+        state_pool: float32 [num_slots, HV, 128, 128] (k-last), read only.
+        state_indices: int32 [N], each request's slot; a value outside [0, num_slots) starts the
+            request from zeros (padding).
+        cu_seqlens: int32 [N + 1], request boundaries (malformed values are read as the even
+            partition n * T // N; KDISPATCH_CHECK=1: ValueError naming the first bad entry).
+        intermediate_states: float32 [num_cache_rows, cache_steps, HV, 128, 128]: the state of a
+            request of at most cache_steps tokens after its step j is stored at [cache_indices[n], j],
+            in place.
+        cache_indices: int32 [N], each request's row; a value outside [0, num_cache_rows) stores nothing.
+        scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+
+    Returns:
+        (output bfloat16 [T, HV, 128], intermediate_states).
+    """
+    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    call = _VERIFY_CALL.get(heads)
+    if call is None:
+        raise ValueError(f"kdispatch.ops.gdn_verify: argument 'v' expected [T, HV, 128] with HV one of "
+                         f"{sorted(_VERIFY_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    return call(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
+                cache_indices, 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 
 
 def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:

@@ -11,8 +11,9 @@ A variant depends on
 - for a library-backed variant (backend "library"), the installed versions of the distributions
   that provide the modules it requires: a new FlashInfer or fla-core is a new variant.
 
-`kdispatch.registry` itself is not followed: it is the registration decorator every variant
-imports, and does not change what any kernel computes.
+`kdispatch.registry` is not followed: it is the registration decorator every variant imports, and
+does not change what any kernel computes; nor is the package's `__init__` (`from kdispatch import
+nvrtc` names it), which only loads submodules lazily and exports names.
 
 The hash covers each file's name (not its path, so a moved file keeps its hash) and bytes, sorted
 by name, plus the variant's name (two variants of one file differ) and the library versions.
@@ -32,7 +33,7 @@ _PROJECT_ROOT = _PACKAGE_ROOT.parent
 # setup.py's package_dir: top-level folders that are subpackages of kdispatch.
 _MAPPED = {"kdispatch.kernels": _PROJECT_ROOT / "kernels", "kdispatch.routers": _PROJECT_ROOT / "routers",
            "kdispatch.tuner": _PROJECT_ROOT / "tuner"}
-NOT_FOLLOWED = frozenset({"kdispatch.registry"})
+NOT_FOLLOWED = frozenset({"kdispatch", "kdispatch.registry"})
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 

@@ -17,7 +17,8 @@ from kdispatch import definitions
 HEADS = ((16, 32), (8, 16), (4, 8), (2, 4))  # the engine-convention definitions' (q/k, v) heads
 PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in HEADS)
 POOL_PREFILL = tuple(f"gdn_prefill_pool_qk{hq}_v{hv}" for hq, hv in HEADS)
-INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL)
+VERIFY = tuple(f"gdn_verify_qk{hq}_v{hv}" for hq, hv in HEADS)
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL, *VERIFY)
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
 
@@ -73,6 +74,10 @@ def hostile(short: str, args, seed: int) -> list:
         a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
     elif d.short in POOL_PREFILL:  # corrupted slots (padding sequences) and one kind of boundaries per seed
         a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
+        a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
+    elif d.short in VERIFY:  # slots (start from zeros), cache rows (store nothing), boundaries (even partition)
+        a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
+        a["cache_indices"] = _corrupt(a["cache_indices"], a["intermediate_states"].shape[0], g, 0.3)
         a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
     else:
         raise ValueError(f"{short} has no index inputs")

@@ -69,6 +69,7 @@ def _kernel_names(src):
 def test_gdn_kernels_are_the_expected_ones(cache):
     """The wrappers launch these names; they must exist in the cubins."""
     from kdispatch.kernels.cuda.gdn import decode_warp_rows as D
+    from kdispatch.kernels.cuda.gdn import pool_states as PS
     from kdispatch.kernels.cuda.gdn import prefill_thread_rows as P
 
     dcubin = nvrtc.compile_cubin(D.CU.read_text(), arch=ARCH)
@@ -97,6 +98,16 @@ def test_gdn_kernels_are_the_expected_ones(cache):
     if pinfo:  # one thread per V row holds its 128 fp32 state values in registers; nothing spills
         assert pinfo["gdn_prefill_thread_rows_k1_r128_c8"]["registers"] >= 128
         assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in pinfo.values()), pinfo
+    for heads in (4, 8, 16, 32):  # the engines' pool prefill, one cubin per head count
+        pool = nvrtc.compile(P.CU.read_text(), arch=ARCH, options=(f"-DPOOL_HV={heads}",))
+        for label, kw in P.LAUNCH_CONFIGS.items():
+            ks, rows, c = kw["cfg"]
+            assert f"gdn_prefill_pool_rows_k{ks}_r{rows}_c{c}".encode() + b"\x00" in pool.cubin, label
+        info = nvrtc.ptxas_info(pool.log)
+        assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in info.values()), info
+    states = nvrtc.compile(PS.CU.read_text(), arch=ARCH)
+    for name in ("gdn_pool_gather", "gdn_pool_scatter"):
+        assert name.encode() + b"\x00" in states.cubin
 
 
 @needs_nvrtc

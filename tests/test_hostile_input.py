@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kdispatch
-from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, hostile
+from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, hostile
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
 from kdispatch.tuner import gate
@@ -26,6 +26,8 @@ SHAPES = {
     "gdn_prefill": [{"total_seq_len": 12, "num_seqs": 3}],
     **{short: [{"batch_size": 9, "num_slots": 12}] for short in PACKED},
     **{short: [{"total_seq_len": 13, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
+    **{short: [{"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12, "num_cache_rows": 10}]
+       for short in VERIFY},
 }
 
 
@@ -46,7 +48,7 @@ def _cases():
 @pytest.mark.parametrize("short,name,axes", list(_cases()))
 def test_hostile_indices_follow_the_padding_rule(short, name, axes):
     v = registry.get(short, name)
-    for seed in range(len(MALFORMED_CU) if short == "gdn_prefill" or short in POOL_PREFILL else 3):
+    for seed in range(len(MALFORMED_CU) if short == "gdn_prefill" or short in POOL_PREFILL + VERIFY else 3):
         args = hostile(short, _args(short, axes, seed), seed)
         verdict = gate.run_gate(short, v.fn, [(args, gate.reference(short, args))])
         assert verdict.passed, f"{name} seed {seed}: {verdict.status} {verdict.reason}"

@@ -83,3 +83,122 @@ def test_uncovered_calls_go_to_sglangs_kernel():
     assert seen == [torch.bfloat16, torch.float32]
     assert packed_decode.not_covered(args[0], args[1], args[2], kw["ssm_states"], kw["cache_indices"], 12, 128) \
         == "12 value heads of 128"
+
+
+def sglang_extend_call(total=40, seqs=4, slots=7, seed=0):
+    """SGLang's extend arguments for Qwen3-Next at TP 4 (q/k [1, T, 4, 128] and v [1, T, 8, 128] as
+    views of one projection row, g/beta [1, T, 8] fp32, an fp32 pool, int32 slots and boundaries),
+    and kdispatch's argument tuple for the same call."""
+    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": slots}, "inputs": {},
+         "uuid": f"sglang-extend-{total}"}
+    q, k, v, g, beta, pool, idx, _, cu, out, scale = materialize("gdn_prefill_pool_qk4_v8", w, seed=seed)
+    idx[2] = -1  # a padding sequence
+    row = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
+    qs, ks, vs = row.split([512, 512, 1024], dim=1)
+    sg = (qs.view(1, total, 4, 128), ks.view(1, total, 4, 128), vs.view(1, total, 8, 128), g[None], beta[None])
+    kw = dict(ssm_states=pool, cache_indices=idx, query_start_loc=cu, state_checkpoint_cu_starts=None,
+              num_state_checkpoints=0, state_checkpoint_every_n_tokens=0, output=torch.full((1, total, 8, 128),
+              float("nan"), dtype=torch.bfloat16), layer_id=0, extend_prefix_lens=None, track_state=None,
+              track_chunk_idx=None)
+    ref = [q, k, v, g, beta, pool.clone(), idx, torch.ones(seqs, dtype=torch.bool), cu, out, scale]
+    return sg, kw, ref
+
+
+@pytest.fixture
+def all_hooked(monkeypatch):
+    """Both kernel classes with every kdispatch hook applied through SGLang's registry; undone after."""
+    gdn_flashinfer = pytest.importorskip("sglang.srt.layers.attention.linear.kernels.gdn_flashinfer")
+    classes = (gdn_flashinfer.FlashInferGDNKernel, gdn_triton.TritonGDNKernel)
+    methods = [(cls, name, cls.__dict__[name]) for cls in classes
+               for name in ("extend", "packed_decode", "target_verify") if name in cls.__dict__]
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    hook_registry.HookRegistry.reset()
+    assert plugin.register()
+    hook_registry.HookRegistry.apply_hooks()
+    hooked = {(cls.__name__, name) for cls, name, orig in methods if cls.__dict__[name] is not orig}
+    assert {("FlashInferGDNKernel", "extend"), ("TritonGDNKernel", "extend"), ("TritonGDNKernel", "packed_decode"),
+            ("TritonGDNKernel", "target_verify")} <= hooked
+    yield classes
+    for cls, name, orig in methods:
+        setattr(cls, name, orig)
+    hook_registry.HookRegistry.reset()
+
+
+def test_sglang_extend_is_served_by_kdispatch(all_hooked):
+    sg, kw, ref = sglang_extend_call()
+    pool_before = ref[5].clone()
+    want_out, want_pool = registry.get("gdn_prefill_pool_qk4_v8", "reference").fn(*ref)  # writes ref's pool
+    for cls in all_hooked:
+        pool = kw["ssm_states"] = pool_before.clone()
+        served = plugin.EXTEND_STATS["served"]
+        got, last_state, checkpoints = cls.__new__(cls).extend(*sg, **kw)
+        assert plugin.EXTEND_STATS["served"] == served + 1
+        assert got is kw["output"] and last_state is None and checkpoints is None
+        torch.testing.assert_close(got[0], want_out, rtol=0, atol=0)
+        torch.testing.assert_close(pool, want_pool, rtol=0, atol=0)
+        t0, t1 = int(kw["query_start_loc"][2]), int(kw["query_start_loc"][3])
+        assert t1 > t0 and torch.equal(got[0, t0:t1], torch.zeros_like(got[0, t0:t1])), "the padding sequence's rows"
+
+
+def test_uncovered_extend_calls_go_to_sglangs_kernel():
+    sg, kw, _ = sglang_extend_call()
+    seen = []
+
+    def sglang_kernel(self, *a, **k):
+        seen.append(sorted(k))
+        return "sglang"
+
+    assert plugin.extend_hook(sglang_kernel, None, *sg, **{**kw, "num_state_checkpoints": 2}) == "sglang"
+    assert plugin.extend_hook(sglang_kernel, None, *sg, **{**kw, "ssm_states": kw["ssm_states"].bfloat16()}) == "sglang"
+    assert plugin.extend_hook(sglang_kernel, None, *sg, **{**kw, "query_start_loc": kw["query_start_loc"].long()}) \
+        == "sglang"
+    assert len(seen) == 3 and plugin.EXTEND_STATS["first_pass_reason"] is not None
+
+
+def sglang_verify_call(seqs=5, steps=3, seed=0):
+    """TritonGDNKernel.target_verify's keyword arguments as SGLang's GDN backend passes them (Qwen3-Next
+    at TP 4, q/k/v [1, T, H, 128] views of one projection row, a/b [T, 8] bf16, A_log fp32, dt_bias
+    bf16), and kdispatch's argument tuple for the same call."""
+    total = seqs * steps
+    w = {"axes": {"num_seqs": seqs, "cache_steps": steps, "total_seq_len": total, "num_slots": seqs + 2,
+                  "num_cache_rows": seqs}, "inputs": {}, "uuid": f"sglang-verify-{seqs}"}
+    q, k, v, a, b, A_log, dt_bias, pool, idx, cu, inter, rows, scale = materialize("gdn_verify_qk4_v8", w, seed=seed)
+    idx[1] = -1  # a padding request
+    row = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
+    qs, ks, vs = row.split([512, 512, 1024], dim=1)
+    dt16 = dt_bias.to(torch.bfloat16)
+    kw = dict(A_log=A_log, dt_bias=dt16, q=qs.view(1, total, 4, 128), k=ks.view(1, total, 4, 128),
+              v=vs.view(1, total, 8, 128), a=a, b=b, ssm_states=pool, cache_indices=idx, query_start_loc=cu,
+              intermediate_states_buffer=inter, intermediate_state_indices=rows, cache_steps=steps,
+              retrieve_parent_token=None, stable_rows=False)
+    ref = [q, k, v, a, b, A_log, dt16.float(), pool.clone(), idx, cu, inter.clone(), rows, scale]
+    return kw, ref
+
+
+def test_sglang_verify_is_served_by_kdispatch(all_hooked):
+    cls = gdn_triton.TritonGDNKernel
+    kw, ref = sglang_verify_call()
+    want_out, want_inter = registry.get("gdn_verify_qk4_v8", "reference").fn(*ref)
+    pool_before = kw["ssm_states"].clone()
+    served = plugin.VERIFY_STATS["served"]
+    got = cls.__new__(cls).target_verify(**kw)
+    assert plugin.VERIFY_STATS["served"] == served + 1
+    assert got.shape == (1, 15, 8, 128)
+    torch.testing.assert_close(got[0], want_out, rtol=0, atol=0)
+    torch.testing.assert_close(kw["intermediate_states_buffer"], want_inter, rtol=0, atol=0)
+    assert torch.equal(kw["ssm_states"], pool_before), "verify never writes the pool"
+
+
+def test_draft_trees_go_to_sglangs_verify_kernel():
+    kw, _ = sglang_verify_call()
+    seen = []
+
+    def sglang_kernel(self, *a, **k):
+        seen.append(k["retrieve_parent_token"])
+        return "sglang"
+
+    tree = torch.zeros(5, 3, dtype=torch.int64)
+    args = [kw.pop(n) for n in ("A_log", "dt_bias", "q", "k", "v", "a", "b")]
+    assert plugin.verify_hook(sglang_kernel, None, *args, **{**kw, "retrieve_parent_token": tree}) == "sglang"
+    assert plugin.verify_hook(sglang_kernel, None, *args, **{**kw, "intermediate_states_buffer": None}) == "sglang"
+    assert len(seen) == 2 and seen[0] is tree

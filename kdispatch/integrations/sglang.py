@@ -1,32 +1,47 @@
-"""kdispatch inside SGLang: GDN (Qwen3-Next) decode served by kdispatch's routed packed decode.
+"""kdispatch inside SGLang: GDN (Qwen3-Next) decode and prefill served by kdispatch's routed ops.
 
 Turn it on: install kdispatch in SGLang's environment and set `KDISPATCH_SGLANG=1`. SGLang calls
 every `sglang.srt.plugins` entry point in each of its processes (kdispatch's is `register` below,
 declared in setup.py); with the switch unset the plugin does nothing.
 
-What it replaces: `TritonGDNKernel.packed_decode`, what SGLang's GDN backend calls for decode on
-Hopper (its Triton packed decode: q/k/v packed per request, the state pool updated in place through
-slot indices). An AROUND hook sends each call that kdispatch's `gdn_decode_packed` definitions cover
-(bf16 rows, an fp32 pool of 128 x 128 states, 4, 8, 16 or 32 value heads with half as many q/k
-heads, int32 slots; no ReplaySSM ring caches) to `kdispatch.ops.gdn_decode_packed`, and every other
-call to SGLang's own kernel. Extend (prefill), target verify and the other kernel backends stay
-SGLang's.
+What it replaces, through AROUND hooks in SGLang's HookRegistry:
+- decode: `TritonGDNKernel.packed_decode`, what SGLang's GDN backend calls for decode on Hopper (its
+  Triton packed decode: q/k/v packed per request, the state pool updated in place through slot
+  indices). Calls that kdispatch's `gdn_decode_packed` definitions cover (bf16 rows, an fp32 pool
+  of 128 x 128 states, 4, 8, 16 or 32 value heads with half as many q/k heads, int32 slots; no
+  ReplaySSM ring caches) go to `kdispatch.ops.gdn_decode_packed`.
+- prefill: `extend` of `FlashInferGDNKernel` (SGLang's default prefill on sm_90 and sm_100) and of
+  `TritonGDNKernel`. Calls that the `gdn_prefill_pool` definitions cover (bf16 q/k/v, fp32 gates
+  and pool, int32 slots and boundaries; no state checkpoints, no tracked states, in-place update) go
+  to `kdispatch.ops.gdn_prefill_pool`, every sequence starting from its slot (SGLang zeroes a
+  request's slot when it allocates it).
+- verify: `TritonGDNKernel.target_verify` (SGLang's linear-chain MTP verify on Hopper). Calls that the
+  `gdn_verify` definitions cover (bf16 inputs, fp32 pool and intermediate-states buffer, int32
+  indices; no draft tree) go to `kdispatch.ops.gdn_verify`.
+Every other call goes to SGLang's own kernel; the other kernel backends stay SGLang's.
 
-Check it is active: each process logs "kdispatch: SGLang GDN packed decode hooked" at startup, and
+Check it is active: each process logs "kdispatch: SGLang GDN kernels hooked" at startup, and
 `kdispatch.integrations.sglang.STATS` counts the calls kdispatch served and those it passed to
-SGLang (with the first reason).
+SGLang (with the first reason), per kernel method.
 """
 from __future__ import annotations
 
 import logging
 import os
 
-from kdispatch.integrations import packed_decode
+import torch
+
+from kdispatch.integrations import packed_decode, pool_prefill, verify
 
 SWITCH = "KDISPATCH_SGLANG"
-TARGET = "sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode"
+KERNELS = "sglang.srt.layers.attention.linear.kernels"
+TARGET = f"{KERNELS}.gdn_triton.TritonGDNKernel.packed_decode"
+EXTEND_TARGETS = (f"{KERNELS}.gdn_flashinfer.FlashInferGDNKernel.extend", f"{KERNELS}.gdn_triton.TritonGDNKernel.extend")
+VERIFY_TARGET = f"{KERNELS}.gdn_triton.TritonGDNKernel.target_verify"
 RING_CACHES = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")  # SGLang's ReplaySSM decode
-STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
+STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
+EXTEND_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
+VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +51,24 @@ def enabled() -> bool:
 
 
 def register() -> bool:
-    """The `sglang.srt.plugins` entry point: hooks the packed decode when KDISPATCH_SGLANG is set.
-    Returns whether it registered the hook."""
+    """The `sglang.srt.plugins` entry point: hooks the packed decode and the prefill kernels when
+    KDISPATCH_SGLANG is set. Returns whether it registered the hooks."""
     if not enabled():
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, hook, HookType.AROUND)
-    logger.info("kdispatch: SGLang GDN packed decode hooked (%s=%s)", SWITCH, os.environ[SWITCH])
+    for target in EXTEND_TARGETS:
+        HookRegistry.register(target, extend_hook, HookType.AROUND)
+    HookRegistry.register(VERIFY_TARGET, verify_hook, HookType.AROUND)
+    logger.info("kdispatch: SGLang GDN kernels hooked: packed decode, extend, target verify (%s=%s)", SWITCH,
+                os.environ[SWITCH])
     return True
+
+
+def _passed(stats: dict, why: str) -> None:
+    stats["passed"] += 1
+    stats["first_pass_reason"] = stats["first_pass_reason"] or why
 
 
 def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
@@ -53,11 +77,58 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
     why = ("ReplaySSM ring caches" if any(kwargs.get(k) is not None for k in RING_CACHES) else
            packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim))
     if why is not None:
-        STATS["passed"] += 1
-        STATS["first_pass_reason"] = STATS["first_pass_reason"] or why
+        _passed(STATS, why)
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
     STATS["served"] += 1
     out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
     packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
     return out.transpose(0, 1)
+
+
+def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
+    """AROUND hook of the GDN kernels' `extend`: same arguments (q/k/v [1, T, H, 128], g/beta
+    [1, T, HV]), same result: (output [1, T, HV, 128], None, None)."""
+    output = kwargs.get("output")
+    slots = cache_indices[: query_start_loc.shape[0] - 1]  # a CUDA-graph bucket may pass more
+    why = ("state checkpoints" if kwargs.get("num_state_checkpoints") or kwargs.get("track_state") is not None
+           else "no in-place state update" if kwargs.get("inplace_update", True) is False
+           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or g.dim() != 3
+           else "an output buffer other than contiguous bf16 [1, T, HV, 128]"
+           if output is not None and (tuple(output.shape) != tuple(v.shape) or output.dtype != torch.bfloat16
+                                      or not output.is_contiguous())
+           else "fewer slots than sequences" if cache_indices.shape[0] < query_start_loc.shape[0] - 1
+           else pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots, query_start_loc))
+    if why is not None:
+        _passed(EXTEND_STATS, why)
+        return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
+                        query_start_loc=query_start_loc, **kwargs)
+    EXTEND_STATS["served"] += 1
+    out = output if output is not None else v.new_empty(v.shape)
+    pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots,
+                       pool_prefill.all_true(slots.shape[0], slots.device), query_start_loc, out[0])
+    return out, None, None
+
+
+def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
+                intermediate_states_buffer=None, intermediate_state_indices=None, retrieve_parent_token=None,
+                **kwargs):
+    """AROUND hook of TritonGDNKernel.target_verify: same arguments (q/k/v [1, T, H, 128], a/b
+    [T, HV]), same result: the output [1, T, HV, 128]; the pool is not written."""
+    n = query_start_loc.shape[0] - 1
+    slots = cache_indices[:n]  # a CUDA-graph bucket may pass more
+    rows = intermediate_state_indices[:n] if intermediate_state_indices is not None else None
+    why = ("a draft tree (retrieve_parent_token)" if retrieve_parent_token is not None
+           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1
+           else "fewer slots than requests" if cache_indices.shape[0] < n
+           else verify.not_covered(q[0], k[0], v[0], a, b, ssm_states, slots, query_start_loc,
+                                   intermediate_states_buffer, rows))
+    if why is not None:
+        _passed(VERIFY_STATS, why)
+        return original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
+                        query_start_loc=query_start_loc, intermediate_states_buffer=intermediate_states_buffer,
+                        intermediate_state_indices=intermediate_state_indices,
+                        retrieve_parent_token=retrieve_parent_token, **kwargs)
+    VERIFY_STATS["served"] += 1
+    return verify.serve(q[0], k[0], v[0], a, b, A_log, dt_bias, ssm_states, slots, query_start_loc,
+                        intermediate_states_buffer, rows)[None]

@@ -287,10 +287,113 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         # as the contest prefill: chunked kernels do the intra-chunk math in bf16
         tolerances={"output": Tol(5e-2, 5e-2, rel_norm=2e-2), "new_state_pool": Tol(5e-2, 5e-2, rel_norm=1e-2)},
         reference_graph_safe=False,  # loops over cu_seqlens on the host
-        # No coverage set yet: with no kernel variant a tune would only time the reference's
-        # per-token host loop (seconds a workload at 32k tokens). It comes with the first variants:
-        # the contest prefill's ranges and length mixes (int32 boundaries), one slot per sequence.
-        )
+        # The contest prefill's ranges and length mixes, one slot per sequence; fewer points (four
+        # head counts, and the recurrence's pairs are the tune's slowest).
+        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=16, heldout=6,
+                          complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix))
+
+
+def _pool_prefill_axes(axes: dict) -> dict | None:
+    """A slot per sequence plus the reserved slot 0; no more sequences than tokens."""
+    if axes["num_seqs"] > axes["total_seq_len"]:
+        return None
+    return {**axes, "num_slots": axes["num_seqs"] + 1}
+
+
+def pool_prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
+    """prefill_mix with the engines' int32 boundaries."""
+    return {name: t.to(torch.int32) for name, t in prefill_mix(axes, mix, g).items()}
+
+
+# ---- the engines' speculative verification (SGLang's contract) -------------------------------------
+
+def verify_name(hq: int, hv: int) -> str:
+    return f"gdn_verify_qk{hq}_v{hv}_d128_k_last"
+
+
+def build_verify(axes, given, ctx) -> dict:
+    """num_seqs requests of cache_steps draft tokens each (raw q/k, raw gates), a pool of num_seqs + 1
+    slots (slot 0 unused) and a cache row per request, both in random order; from 8 requests on the
+    last eighth are padding (slot and cache row -1), as in a CUDA-graph bucket."""
+    n, steps, total = axes["num_seqs"], axes["cache_steps"], axes["total_seq_len"]
+    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    if total != n * steps:
+        raise ValueError(f"total_seq_len {total} != num_seqs {n} x cache_steps {steps}")
+    if axes["num_cache_rows"] < n:
+        raise ValueError(f"num_cache_rows {axes['num_cache_rows']} < num_seqs {n}")
+    out = {}
+    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
+        if name not in given:
+            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+    for name in ("a", "b"):
+        if name not in given:
+            out[name] = torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+    out.update(_gate_params(hv, ctx))
+    if "state_pool" not in given:
+        out["state_pool"] = _state(axes["num_slots"], hv, d, ctx.rng("state"))
+    if "state_indices" not in given:
+        out["state_indices"] = _live_slots(n, axes["num_slots"], ctx.rng("state_indices"))
+    if "cu_seqlens" not in given:
+        out["cu_seqlens"] = torch.arange(0, total + 1, steps, dtype=torch.int32)
+    if "intermediate_states" not in given:  # rows a call does not store into must keep these zeros
+        out["intermediate_states"] = torch.zeros(axes["num_cache_rows"], steps, hv, d, d)
+    if "cache_indices" not in given:
+        rows = torch.randperm(axes["num_cache_rows"], generator=ctx.rng("cache_indices"))[:n].to(torch.int32)
+        if n >= 8:
+            rows[n - n // 8:] = -1
+        out["cache_indices"] = rows
+    return out
+
+
+def _stored_bytes(args: dict) -> int:
+    """Intermediate-state bytes one call stores: the steps of each request that stores them."""
+    inter, rows, cu = args["intermediate_states"], args["cache_indices"], args["cu_seqlens"]
+    lengths = (cu[1:] - cu[:-1]).clamp(min=0)
+    cached = (rows >= 0) & (rows < inter.shape[0]) & (lengths <= inter.shape[1])
+    return int(lengths[cached].sum()) * inter[0, 0].numel() * inter.element_size()
+
+
+def floor_verify(args: dict, axes: dict) -> Floor:
+    """The live slots' states read once, the stored steps' states written once, q/k/v and the gates
+    read, the output (bf16, v's shape) written."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("q", "k", "v", "a", "b")) + args["v"].numel() * 2
+    return Floor(_pool_bytes(args) + _stored_bytes(args) + moved)
+
+
+def check_verify_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rule: well-formed boundaries, no two requests storing into one cache row."""
+    bad = check_prefill_values(args)
+    if bad is not None:
+        return bad
+    rows, n = args["cache_indices"], args["intermediate_states"].shape[0]
+    live = rows[(rows >= 0) & (rows < n)]
+    uniq, counts = torch.unique(live, return_counts=True)
+    if bool((counts > 1).any()):
+        row = int(uniq[counts > 1][0])
+        return "cache_indices", f"cache row {row} is named by {int(counts[uniq == row][0])} requests"
+    return None
+
+
+def _verify_axes(axes: dict) -> dict:
+    """Equal draft lengths; a slot and a cache row per request (slot 0 reserved)."""
+    n, steps = axes["num_seqs"], axes["cache_steps"]
+    return {**axes, "total_seq_len": n * steps, "num_slots": n + 1, "num_cache_rows": n}
+
+
+def _verify_spec(hq: int, hv: int) -> Spec:
+    return Spec(
+        short=f"gdn_verify_qk{hq}_v{hv}", family="gdn", build=build_verify,
+        reference="kdispatch.references.gdn_verify", fit=("num_seqs", "cache_steps"), main="num_seqs",
+        in_place={"new_intermediate_states": "intermediate_states"},  # the output is new, as SGLang's
+        strided=frozenset({"q", "k", "v", "a", "b", "state_pool"}),  # split out of one projection row
+        rotation=POOL_ROTATION, floor=floor_verify, check_values=check_verify_values,
+        model_scalars={"scale": 1.0 / math.sqrt(128)},
+        tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_intermediate_states": Tol(1e-2, 1e-2, rel_norm=1e-2)},
+        reference_graph_safe=False,  # loops over the steps on the host
+        # speculative decoding batches (decode sizes) of 2-8 tokens a request (MTP 1-3 drafts + 1,
+        # EAGLE chains up to 7)
+        coverage=Coverage({"num_seqs": (1, 256), "cache_steps": (2, 8)}, points=12, heldout=4,
+                          complete=_verify_axes))
 
 
 SPECS = {
@@ -335,4 +438,5 @@ SPECS = {
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{pool_prefill_name(hq, hv): _pool_prefill_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
+    **{verify_name(hq, hv): _verify_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
 }

@@ -1,6 +1,8 @@
 """GDN prefill, CUDA: the recurrence token by token with the state in registers
 (prefill_thread_rows.cu), compiled through NVRTC.  For short sequences, where chunked kernels
-spend their time on launch latency and multi-kernel pipelines.
+spend their time on launch latency and multi-kernel pipelines.  Two conventions share the kernel
+template: the contest's (below) and the engines' pool prefill (`gdn_prefill_pool_rows`, one variant
+per TP head count, see its docstring).
 
     q, k        [T, 4, 128] bf16        v [T, 8, 128] bf16        a, b [T, 8] bf16
     state       [N, 8, 128, 128] fp32 (k-last; updated in place and returned)
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_thread_rows.cu")
@@ -101,3 +104,53 @@ def gdn_prefill_thread_rows(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sc
     if st is not state:
         state.copy_(st)
     return out, state
+
+
+POOL_SIGNATURE = "p" * 8 + "fl" + "l" * 11 + "ppi"  # q k v pool g beta cu_seqlens out, scale, T, strides,
+# slots, has_init, num_slots (see the .cu)
+_pool_kernels: dict[tuple[int, int, int, int], nvrtc.Kernel] = {}
+
+
+def pool_kernel(heads: int, ksplit: int, rows: int, chunk: int) -> nvrtc.Kernel:
+    """The pool prefill kernel for `heads` value heads (compiled once per head count)."""
+    kern = _pool_kernels.get((heads, ksplit, rows, chunk))
+    if kern is None:
+        if (ksplit, rows) not in CHUNKS.get(chunk, ()):
+            raise ValueError(f"gdn_prefill_pool_rows: no kernel for KSPLIT={ksplit}, ROWS={rows}, CHUNK={chunk}")
+        kern = nvrtc.load_kernel(CU, f"gdn_prefill_pool_rows_k{ksplit}_r{rows}_c{chunk}", signature=POOL_SIGNATURE,
+                                 options=(f"-DPOOL_HV={heads}",))
+        _pool_kernels[(heads, ksplit, rows, chunk)] = kern
+    return kern
+
+
+def gdn_prefill_pool_rows(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+                          scale, cfg: tuple[int, int, int] | None = None):
+    """The engines' prefill (definitions gdn_prefill_pool_*): q/k/v read through their token and head
+    strides, q and k L2-normalised in the kernel, the gates as the engine activated them, each
+    sequence's state read from its slot (zeros without has_initial_state) and its final state written
+    back in place (slot outside the pool: zero output, nothing touched), the output written into
+    `out`. One launch, no host sync. Returns (out, state_pool)."""
+    T, HV = g.shape
+    N = cu_seqlens.shape[0] - 1
+    if N <= 0:
+        return out, state_pool
+    if any(x.stride(0) & 3 or x.stride(1) & 3 or x.data_ptr() & 7 for x in (q, k)):
+        q, k = q.contiguous(), k.contiguous()  # q/k rows are read 8 bytes a lane
+    sp = state_pool.stride()
+    if (sp[0] | sp[1] | sp[2]) & 3 or state_pool.data_ptr() & 15:
+        raise ValueError("gdn_prefill_pool_rows: state_pool needs 16-byte aligned slots, heads and rows")
+    if not out.is_contiguous():
+        raise ValueError("gdn_prefill_pool_rows: out must be contiguous")
+    ksplit, rows, chunk = cfg or config(max(N * HV // HEADS, 1), T * HV // HEADS)
+    pool_kernel(HV, ksplit, rows, chunk).launch(
+        N * HV * (DIM // rows), rows * ksplit,
+        q, k, v, state_pool, g, beta, cu_seqlens, out, scale or DEFAULT_SCALE, T,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        sp[0], sp[1], sp[2], state_indices, has_initial_state, state_pool.shape[0],
+        stream=nvrtc.current_stream(q.get_device()))
+    return out, state_pool
+
+
+for _hq, _hv in PACKED_HEADS.values():
+    variant(pool_prefill_name(_hq, _hv), "cuda_prefill_pool_rows", backend="cuda", archs=("sm90",),
+            requires=("cuda.core",), configs=LAUNCH_CONFIGS, supports=_short_enough, strided=True)(gdn_prefill_pool_rows)

@@ -1,8 +1,16 @@
-"""SGLang's own GDN decode kernel, the baseline of the engine-convention definitions
-(gdn_decode_packed_*) on Hopper: SGLang decodes Qwen3-Next there with its Triton packed decode
-(`fused_recurrent_gated_delta_rule_packed_decode`, q/k/v packed, L2 norm and gates in the kernel,
-the state pool updated in place through slot indices), called as its GDN backend calls it. vLLM's
-default decode kernel has the same contract.
+"""SGLang's GDN paths on Hopper, the baselines of the engine-convention definitions, each called as
+its GDN backend calls it:
+- decode (gdn_decode_packed_*): its Triton packed decode (`fused_recurrent_gated_delta_rule_packed_decode`,
+  q/k/v packed, L2 norm and gates in the kernel, the state pool updated in place through slot
+  indices). vLLM's default decode kernel has the same contract.
+- prefill (gdn_prefill_pool_*): SGLang 0.5.23 defaults GDN prefill on sm_90 to FlashInfer
+  (`flashinfer_gdn_prefill_default`; its `FlashInferGDNKernel.extend`): q/k L2-normalised by its
+  Triton `gdn_prefill_qkv_prepare_fwd`, alpha = exp(g), the slots' states gathered into a
+  contiguous batch, FlashInfer's `chunk_gated_delta_rule` into a new final-state buffer, the finals
+  written back to the pool.
+- verify (gdn_verify_*): its Triton `fused_sigmoid_gating_delta_rule_update` with the state update
+  disabled and every step's state cached (`TritonGDNKernel.target_verify`, SGLang's verify kernel on
+  Hopper unless decode runs on FlashInfer).
 
 Loading: SGLang's package `__init__` starts its whole server stack (zmq, orjson, starlette, ...),
 which a kernel benchmark does not have and does not need. Where `sglang` is not imported yet, the
@@ -12,12 +20,19 @@ packages above the kernel's folder are registered as bare packages over their fo
 (inside the engine) the real modules are used as they are. Stage the wheel for the GPU machine
 with `benchmarks/stage_engines.sh`.
 
-Safety: SGLang's kernel treats a negative slot as padding but trusts the others; the wrapper sends
-slots past the pool's end to -1 first (kernels/cuda/gdn/slot_guard.py, one launch), so no index
-reads or writes outside it.
+Safety: SGLang's decode kernel treats a negative slot as padding but trusts the others; the wrapper
+sends slots past the pool's end to -1 first (kernels/cuda/gdn/slot_guard.py, one launch), so no
+index reads or writes outside it. For prefill, the gather and scatter (kernels/cuda/gdn/pool_states.py,
+one launch each, as SGLang's indexing ops) skip padding slots and zero their output rows, and
+cu_seqlens is checked on the device first (kernels/cuda/gdn/prefill_guard.py, which replaces SGLang's
+`.to(torch.int64)` launch): a malformed batch writes nothing back. For verify, one launch
+(`slot_guard.verify_guard`) sends slots and cache rows outside their tensors to -1, and the row of a
+request longer than a cache row's steps (SGLang's kernel would store past the row), and replaces
+malformed boundaries by the even partition.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -27,24 +42,51 @@ from pathlib import Path
 
 import torch
 
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
-from kdispatch.kernels.cuda.gdn import slot_guard
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
+from kdispatch.kernels.cuda.gdn import pool_states, prefill_guard, slot_guard
 from kdispatch.registry import variant
 
-KERNEL_MODULE = "sglang.kernels.ops.attention.fla.fused_recurrent"
-_kernel = None
+DECODE_MODULE = "sglang.kernels.ops.attention.fla.fused_recurrent"
+VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
+PREPARE_MODULE = "sglang.kernels.ops.attention.fla.l2norm"
+
+
+def _cuda_version() -> tuple[int, ...]:
+    return tuple(map(int, torch.version.cuda.split("."))) if torch.version.cuda else (0, 0)
+
+
+def _sm() -> int:
+    if not torch.cuda.is_available():
+        return 0
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+# What the kernels' modules take from `sglang.srt.utils(.common)` at import, which imports SGLang's
+# server stack: the same facts from torch (SGLang 0.5.23's definitions, restated).
+SRT_UTILS = {
+    "is_cuda": lambda: torch.cuda.is_available() and torch.version.cuda is not None,
+    "is_hip": lambda: torch.version.hip is not None,
+    "get_device_sm": _sm,
+    "get_cuda_version": _cuda_version,
+    "is_gfx95_supported": lambda: False,  # AMD only
+    "is_sm90_supported": lambda: _sm() // 10 == 9 and _cuda_version() >= (12, 3),
+}
 
 
 def _bare_packages(module: str) -> None:
     """Registers every package above `module` that is not imported yet as a bare package over its
-    installed folder, and `sglang.srt.utils.common.torch_release` where that module is absent."""
+    installed folder; where `sglang.srt.utils.common` is absent, a module with `torch_release` and
+    SRT_UTILS (also on the bare `sglang.srt.utils`); and `sglang.kernels.jit.utils` bare, with
+    `is_arch_support_pdl` from its `arch` module (its `__init__` loads SGLang's JIT compiler)."""
     root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
 
-    def bare(name: str) -> None:
+    def bare(name: str) -> types.ModuleType:
         if name not in sys.modules:  # a package with a spec (find_spec keeps working), no __init__ run
             spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
             spec.submodule_search_locations = [str(root.joinpath(*name.split(".")[1:]))]
             sys.modules[name] = importlib.util.module_from_spec(spec)
+        return sys.modules[name]
 
     parts = module.split(".")[:-1]
     for i in range(1, len(parts) + 1):
@@ -53,20 +95,32 @@ def _bare_packages(module: str) -> None:
         from packaging import version
 
         bare("sglang.srt")
-        bare("sglang.srt.utils")
+        utils = bare("sglang.srt.utils")
         common = types.ModuleType("sglang.srt.utils.common")
         common.torch_release = version.parse(torch.__version__).release
+        for name, fn in SRT_UTILS.items():
+            setattr(common, name, fn)
+            if not hasattr(utils, name):
+                setattr(utils, name, fn)
         sys.modules[common.__name__] = common
+    if "sglang.kernels.jit.utils" not in sys.modules:
+        for name in ("sglang.kernels", "sglang.kernels.jit"):
+            bare(name)
+        jit_utils = bare("sglang.kernels.jit.utils")
+        jit_utils.is_arch_support_pdl = importlib.import_module("sglang.kernels.jit.utils.arch").is_arch_support_pdl
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_function(module: str, name: str):
+    """`name` from SGLang's `module`, imported on first use (bare packages above it, see the top)."""
+    if "sglang" not in sys.modules:
+        _bare_packages(module)
+    return getattr(importlib.import_module(module), name)
 
 
 def packed_decode_kernel():
-    """SGLang's fused_recurrent_gated_delta_rule_packed_decode (imported on first use)."""
-    global _kernel
-    if _kernel is None:
-        if "sglang" not in sys.modules:
-            _bare_packages(KERNEL_MODULE)
-        _kernel = importlib.import_module(KERNEL_MODULE).fused_recurrent_gated_delta_rule_packed_decode
-    return _kernel
+    """SGLang's fused_recurrent_gated_delta_rule_packed_decode."""
+    return sglang_function(DECODE_MODULE, "fused_recurrent_gated_delta_rule_packed_decode")
 
 
 def gdn_decode_packed_sglang(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale):
@@ -82,3 +136,53 @@ def gdn_decode_packed_sglang(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "sglang_packed_decode", backend="library", archs=("sm90", "sm100"),
             requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True)(gdn_decode_packed_sglang)
+
+
+def gdn_prefill_pool_sglang(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+                            scale):
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+
+    T = q.shape[0]
+    q, k, v = sglang_function(PREPARE_MODULE, "gdn_prefill_qkv_prepare_fwd")(q, k, v)
+    alpha = torch.exp(g.to(torch.float32))
+    cu, verdict, _, _ = prefill_guard.guard(cu_seqlens, T, out=out, malformed="empty")
+    initial = pool_states.gather(state_pool, state_indices, has_initial_state)
+    final = torch.empty_like(initial)
+    chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta.to(torch.float32), scale=scale, initial_state=initial,
+                           output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=False, output=out,
+                           output_state=final)
+    pool_states.scatter(state_pool, state_indices, final, verdict, cu, out)
+    return out, state_pool
+
+
+for _hq, _hv in PACKED_HEADS.values():
+    variant(pool_prefill_name(_hq, _hv), "sglang_flashinfer_prefill", backend="library", archs=("sm90",),
+            requires=("sglang", "flashinfer", "triton", "cuda.core"), baseline=True,
+            strided=True)(gdn_prefill_pool_sglang)
+
+
+def gdn_verify_sglang(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
+                      cache_indices, scale):
+    if not state_pool[0].is_contiguous():  # the kernel steps slots by stride(0), nothing else
+        raise ValueError("sglang_verify: each slot of state_pool must be contiguous")
+    if q.stride(1) != q.shape[2] or k.stride(1) != k.shape[2] or v.stride(1) != v.shape[2]:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # heads adjacent within a token
+    slots, rows, cu = slot_guard.verify_guard(state_indices, cache_indices, cu_seqlens, q.shape[0],
+                                              state_pool.shape[0], *intermediate_states.shape[:2])
+    return verify_call(q, k, v, a, b, A_log, dt_bias, state_pool, slots, cu, intermediate_states, rows, scale)
+
+
+def verify_call(q, k, v, a, b, A_log, dt_bias, state_pool, slots, cu_seqlens, intermediate_states, rows, scale):
+    """SGLang's verify kernel called as `TritonGDNKernel.target_verify` calls it, on safe indices."""
+    out = sglang_function(VERIFY_MODULE, "fused_sigmoid_gating_delta_rule_update")(
+        A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0, q=q[None], k=k[None],
+        v=v[None], b=b, initial_state_source=state_pool, initial_state_indices=slots, scale=scale or None,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, is_kda=False, disable_state_update=True,
+        intermediate_states_buffer=intermediate_states, intermediate_state_indices=rows,
+        cache_steps=intermediate_states.shape[1], retrieve_parent_token=None)
+    return out[0], intermediate_states
+
+
+for _hq, _hv in PACKED_HEADS.values():
+    variant(verify_name(_hq, _hv), "sglang_verify", backend="library", archs=("sm90", "sm100"),
+            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True)(gdn_verify_sglang)

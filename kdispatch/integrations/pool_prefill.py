@@ -1,0 +1,45 @@
+"""The engines' GDN prefill call over a state pool (SGLang's `extend`: q/k/v [1, T, H, 128] split
+out of one projection, gates activated by the engine, int32 slots and boundaries) served by
+`kdispatch.ops.gdn_prefill_pool`, for the engine plugins.
+
+`not_covered(...)` says why kdispatch's definitions do not cover a call (None: they do); `serve(...)`
+runs a covered call, writing the output into `out` and the final states into the pool in place.
+"""
+from __future__ import annotations
+
+import torch
+
+from kdispatch.integrations.packed_decode import DIM, HEADS
+
+_all_true: dict = {}  # device -> a bool buffer of ones, sliced per call (has_initial_state)
+
+
+def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens) -> str | None:
+    hv = v.shape[-2] if v.dim() >= 2 else None
+    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
+        return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
+    if not all(x.dtype == torch.bfloat16 for x in (q, k, v)) or g.dtype != torch.float32 or beta.dtype != torch.float32:
+        return f"q/k/v of {q.dtype}, gates of {g.dtype}"
+    if pool.dtype != torch.float32 or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
+        return f"state pool {pool.dtype} {tuple(pool.shape)}"
+    if slots.dtype != torch.int32 or slots.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        return f"slots {slots.dtype} / boundaries {cu_seqlens.dtype}"
+    if slots.shape[0] != cu_seqlens.shape[0] - 1:
+        return f"{slots.shape[0]} slots for {cu_seqlens.shape[0] - 1} sequences"
+    if any(x.stride(-1) != 1 for x in (q, k, v, pool)) or not (g.is_contiguous() and beta.is_contiguous()):
+        return "an input whose last dimension is strided, or strided gates"
+    return None
+
+
+def all_true(n: int, device) -> torch.Tensor:
+    """[n] bool ones (SGLang starts every sequence from its slot: new slots are zeroed on allocation)."""
+    buf = _all_true.get(device)
+    if buf is None or buf.shape[0] < n:
+        buf = _all_true[device] = torch.ones(max(n, 256), dtype=torch.bool, device=device)
+    return buf[:n]
+
+
+def serve(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale=None) -> None:
+    import kdispatch.ops
+
+    kdispatch.ops.gdn_prefill_pool(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale)

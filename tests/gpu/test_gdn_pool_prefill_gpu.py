@@ -1,0 +1,128 @@
+"""The engines' pool prefill on the GPU (gdn_prefill_pool_*): the CUDA recurrence and SGLang's default
+Hopper path (FlashInfer with its gather/scatter; where staged: benchmarks/stage_engines.sh) against the
+reference on engine layouts (q/k/v split out of one projection row, a pool whose slot pitch exceeds a
+slot), on padding and hostile slot indices (nothing outside the pool read or written), a malformed
+cu_seqlens (zero output, pool unchanged), and inside a CUDA graph. Skipped without CUDA."""
+import pytest
+import torch
+
+from kdispatch import arch, registry
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.workloads import materialize
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
+VARIANTS = ["cuda_prefill_pool_rows.k1c8", "cuda_prefill_pool_rows.k2c16", "cuda_prefill_pool_rows.k8c8",
+            "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill"]
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
+
+
+def args_for(hq, hv, total, seqs, slots, seed=0):
+    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": slots}, "inputs": {},
+         "uuid": f"pool-prefill-gpu-{hv}-{total}-{seqs}"}
+    return list(materialize(pool_prefill_name(hq, hv), w, device="cuda", seed=seed))
+
+
+def runnable(hq, hv, name):
+    v = registry.get(pool_prefill_name(hq, hv), name)
+    why = v.why_not(arch.local_arch())
+    if why:
+        pytest.skip(f"{name}: {why}")
+    return v
+
+
+def reference(hq, hv, args):
+    return registry.get(pool_prefill_name(hq, hv), "reference").fn(
+        *[x.clone() if torch.is_tensor(x) else x for x in args])
+
+
+def check(got, want, pool=None):
+    (out, new_pool), (want_out, want_pool) = got, want
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=5e-2, atol=5e-2)  # the spec's tolerance
+    torch.testing.assert_close(new_pool if pool is None else pool, want_pool, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("hq,hv", HEADS)
+@pytest.mark.parametrize("total,seqs", [(1, 1), (37, 3), (300, 12), (700, 40)])
+def test_engine_layouts(hq, hv, total, seqs, name):
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, total, seqs, seqs + 5, seed=total)
+    if seqs >= 3:  # an empty live sequence starting from zeros: its slot is zeroed
+        cu = args[CU]
+        cu[2] = cu[1]
+        args[INIT][1] = False
+    want = reference(hq, hv, args)
+    # q | k | v as views of one projection row [T, (2 HQ + HV) * 128 + 64], as SGLang splits them
+    q, k, vv = args[Q], args[K], args[V]
+    row = torch.zeros(total, (2 * hq + hv) * 128 + 64, dtype=q.dtype, device="cuda")
+    parts = row[:, 64:].split([hq * 128, hq * 128, hv * 128], dim=1)
+    for dst, src in zip(parts, (q, k, vv)):
+        dst.copy_(src.reshape(total, -1))
+    args[Q], args[K], args[V] = (p.view(total, -1, 128) for p in parts)
+    pool = args[POOL]
+    slot = pool[0].numel()
+    pages = torch.zeros(pool.shape[0], slot + 2048, device="cuda")
+    pages[:, :slot] = pool.reshape(pool.shape[0], -1)
+    view = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
+    args[POOL] = view
+    got = v.fn(*args)
+    assert got[1] is view and got[0] is args[OUT]
+    check(got, want)
+    assert torch.equal(pages[:, slot:], torch.zeros_like(pages[:, slot:])), "written between slots"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_hostile_slots_touch_nothing_outside_the_pool(name):
+    hq, hv = 4, 8
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, 200, 16, 20, seed=3)
+    args[IDX][:8] = torch.tensor([INT32_MIN, -65, -1, 20, 21, 1 << 20, INT32_MAX, -2], dtype=torch.int32)
+    slot = args[POOL][0].numel()
+    buf = torch.full((22 * slot,), 7.0, device="cuda")  # margins that must stay untouched
+    pool = buf[slot:21 * slot].view(args[POOL].shape)
+    pool.copy_(args[POOL])
+    args[POOL] = pool
+    want = reference(hq, hv, args)
+    got = v.fn(*args)
+    check(got, want)
+    assert bool((buf[:slot] == 7).all()) and bool((buf[21 * slot:] == 7).all())
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("bad", ["first", "decreasing", "last"])
+def test_malformed_cu_seqlens_is_a_no_op(name, bad):
+    hq, hv = 4, 8
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, 120, 6, 10, seed=5)
+    cu = args[CU]
+    if bad == "first":
+        cu[0] = 3
+    elif bad == "decreasing":
+        cu[3] = cu[2] - 1
+    else:
+        cu[-1] = 1 << 30
+    before = args[POOL].clone()
+    out, pool = v.fn(*args)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill"])
+@pytest.mark.parametrize("hq,hv", HEADS)
+def test_in_a_graph(hq, hv, name):
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, 512, 9, 12)
+    want = reference(hq, hv, args)
+    work = [x.clone() if torch.is_tensor(x) else x for x in args]
+    v.fn(*[x.clone() if torch.is_tensor(x) else x for x in args])  # compile and autotune outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = v.fn(*work)
+    for i in (OUT, POOL):
+        work[i].copy_(args[i])
+    g.replay()
+    check(got, want, pool=work[POOL])
