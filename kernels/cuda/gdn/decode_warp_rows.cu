@@ -126,13 +126,13 @@ __device__ __forceinline__ void load_rows(Rows<R>& x, int grp, int warp, int lan
     x.dtb = dt_bias[h];
 }
 
-// 2. + 3. Reduce, update the state in place, write the outputs.  POOL: q and k L2-normalised here.
-template <int R, bool CS, bool POOL>
-__device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* __restrict__ out, float scale) {
-    float k0 = bf16_lo(x.kr.x), k1 = bf16_hi(x.kr.x), k2 = bf16_lo(x.kr.y), k3 = bf16_hi(x.kr.y);
-    const float q0 = bf16_lo(x.qr.x), q1 = bf16_hi(x.qr.x), q2 = bf16_lo(x.qr.y), q3 = bf16_hi(x.qr.y);
-    const float g = expf(-expf(x.alog) * softplus(x.a_h + x.dtb));
-    const float beta = 1.f / (1.f + expf(-x.b_h));
+// 2. One delta-rule step of R state rows (lane: 4 columns of each): the new rows and each row's
+// output (before the scale).  POOL: q and k L2-normalised here.
+template <int R, bool POOL>
+__device__ __forceinline__ void delta_step(const float4 (&s)[R], const float (&vv)[R], uint2 kr, uint2 qr, float g,
+                                           float beta, float4 (&ns)[R], float (&o)[R]) {
+    float k0 = bf16_lo(kr.x), k1 = bf16_hi(kr.x), k2 = bf16_lo(kr.y), k3 = bf16_hi(kr.y);
+    const float q0 = bf16_lo(qr.x), q1 = bf16_hi(qr.x), q2 = bf16_lo(qr.y), q3 = bf16_hi(qr.y);
 
     // Partial dots of this lane's 4 columns, all reduced together across the warp.
     float sk[R], sq[R];
@@ -141,8 +141,8 @@ __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* 
     float kk = POOL ? k0 * k0 + k1 * k1 + k2 * k2 + k3 * k3 : 0.f;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        sk[i] = x.s[i].x * k0 + x.s[i].y * k1 + x.s[i].z * k2 + x.s[i].w * k3;
-        sq[i] = x.s[i].x * q0 + x.s[i].y * q1 + x.s[i].z * q2 + x.s[i].w * q3;
+        sk[i] = s[i].x * k0 + s[i].y * k1 + s[i].z * k2 + s[i].w * k3;
+        sq[i] = s[i].x * q0 + s[i].y * q1 + s[i].z * q2 + s[i].w * q3;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -167,19 +167,32 @@ __device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* 
         kq *= rq * rk;
         k0 *= rk, k1 *= rk, k2 *= rk, k3 *= rk;
     }
-
-    // Update in place and write the outputs (lane i writes row i's output).
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const float old = g * sk[i];
-        const float delta = beta * (x.vv[i] - old);
-        float4 n;
-        n.x = fmaf(g, x.s[i].x, delta * k0);
-        n.y = fmaf(g, x.s[i].y, delta * k1);
-        n.z = fmaf(g, x.s[i].z, delta * k2);
-        n.w = fmaf(g, x.s[i].w, delta * k3);
-        if (x.live) st_state<CS>(x.srow + i * x.row4, n);
-        if (lane == i) out[(size_t)x.bh * 128 + x.row0 + i] = x.live ? f_to_bf16(scale * fmaf(g, sq[i], delta * kq)) : 0;
+        const float delta = beta * (vv[i] - old);
+        ns[i].x = fmaf(g, s[i].x, delta * k0);
+        ns[i].y = fmaf(g, s[i].y, delta * k1);
+        ns[i].z = fmaf(g, s[i].z, delta * k2);
+        ns[i].w = fmaf(g, s[i].w, delta * k3);
+        o[i] = fmaf(g, sq[i], delta * kq);
+    }
+}
+
+__device__ __forceinline__ float gate(float a, float A_log, float dt_bias) {
+    return expf(-expf(A_log) * softplus(a + dt_bias));
+}
+
+// 3. Update the state in place, write the outputs (lane i writes row i's output).
+template <int R, bool CS, bool POOL>
+__device__ __forceinline__ void finish_rows(const Rows<R>& x, int lane, bf16_t* __restrict__ out, float scale) {
+    float4 ns[R];
+    float o[R];
+    delta_step<R, POOL>(x.s, x.vv, x.kr, x.qr, gate(x.a_h, x.alog, x.dtb), 1.f / (1.f + expf(-x.b_h)), ns, o);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (x.live) st_state<CS>(x.srow + i * x.row4, ns[i]);
+        if (lane == i) out[(size_t)x.bh * 128 + x.row0 + i] = x.live ? f_to_bf16(scale * o[i]) : 0;
     }
 }
 
@@ -194,6 +207,70 @@ __device__ __forceinline__ void gdn_decode_rows(
     Rows<R> x;
     load_rows<R, CS, HV, G, POOL>(x, blockIdx.x, threadIdx.x >> 5, lane, q, k, v, state, A_log, a, dt_bias, b, st);
     finish_rows<R, CS, POOL>(x, lane, out, scale);
+}
+
+// Speculative verification (gdn_verify_*, SGLang's contract), built with the pool kernels: a block is
+// 4 warps = 4R rows of one (request, head), grid = N * HV * 128 / (4R).  The rows are read from the
+// request's slot once (zeros where the slot is outside the pool), stay in registers over its tokens
+// and are never written back; after step j they are stored (evict-first) at [row, j] of the
+// intermediate-states buffer [num_rows, steps, HV, 128, 128] (contiguous), unless the row is outside
+// the buffer or the request has more than `steps` tokens.  Every block checks cu_seqlens [N + 1]
+// (int32) itself; malformed boundaries are read as the even partition n * T / N.  q, k, v, a, b are
+// read through their token (`*_b`) and head strides; out [T, HV, 128] is contiguous.
+template <int R, int HV, int G>
+__device__ __forceinline__ void gdn_verify_rows(
+    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+    const float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
+    const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out, float scale,
+    const Strides& st, const int* __restrict__ cu, float* __restrict__ inter, const int* __restrict__ rows,
+    int num_rows, int steps, long long T) {
+    constexpr int GROUPS_PER_HEAD = 128 / (4 * R);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int bh = blockIdx.x / GROUPS_PER_HEAD;  // n * HV + h
+    const int row0 = (blockIdx.x - bh * GROUPS_PER_HEAD) * (4 * R) + warp * R;
+    const int n = bh / HV, h = bh - n * HV, hq = h / G;
+    const int N = gridDim.x / (HV * GROUPS_PER_HEAD);
+    int bad = 0;
+    for (int i = threadIdx.x; i <= N; i += blockDim.x) {
+        const int c = cu[i];
+        bad |= i == 0 ? c != 0 : c < cu[i - 1];
+        bad |= i == N && c != T;
+    }
+    bad = __syncthreads_or(bad);
+    const long long t0 = bad ? (long long)n * T / N : cu[n], t1 = bad ? (long long)(n + 1) * T / N : cu[n + 1];
+    const int slot = st.slots[n], crow = rows[n];
+    const bool live = slot >= 0 && slot < st.num_slots;
+    const bool cached = crow >= 0 && crow < num_rows && t1 - t0 <= steps;
+
+    float4 s[R];
+    const float4* src = reinterpret_cast<const float4*>(pool + (live ? slot : 0) * st.state_b + (size_t)h * st.state_h +
+                                                        (size_t)row0 * st.state_r) + lane;
+    const int row4 = st.state_r >> 2;
+#pragma unroll
+    for (int i = 0; i < R; ++i) s[i] = live ? ld_state<true>(src + i * row4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4* dst = reinterpret_cast<float4*>(inter + (((size_t)(cached ? crow : 0) * steps * HV + h) * 128 + row0) * 128) + lane;
+    const float alog = A_log[h], dtb = dt_bias[h];
+
+#pragma unroll 1
+    for (long long t = t0; t < t1; ++t) {
+        const uint2 kr = reinterpret_cast<const uint2*>(k + t * st.k_b + hq * st.k_h)[lane];
+        const uint2 qr = reinterpret_cast<const uint2*>(q + t * st.q_b + hq * st.q_h)[lane];
+        float vv[R];
+        const bf16_t* vrow = v + t * st.v_b + h * st.v_h + row0;
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = bf16_to_f(vrow[i]);
+        const float g = gate(bf16_to_f(a[t * st.a_b + h]), alog, dtb);
+        const float beta = 1.f / (1.f + expf(-bf16_to_f(b[t * st.b_b + h])));
+        float4 ns[R];
+        float o[R];
+        delta_step<R, true>(s, vv, kr, qr, g, beta, ns, o);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            s[i] = ns[i];
+            if (cached) st_state<true>(dst + (t - t0) * (HV * 4096) + i * 32, ns[i]);
+            if (lane == i) out[((size_t)t * HV + h) * 128 + row0 + i] = f_to_bf16(scale * o[i]);
+        }
+    }
 }
 
 // Launch parameters of every kernel: q k v state A_log a dt_bias b out, scale, 8 input strides,
@@ -237,4 +314,25 @@ GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r8, 8, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_r16, 16, false, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r16, 16, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r32, 32, true, POOL_HV, 2, true)
+
+// Speculative verification, gdn_verify_rows_r<R>: the decode parameters (the state is the pool,
+// read only; q/k/v/a/b strides are per token), then cu_seqlens, the intermediate-states buffer, the
+// cache rows, their count, the steps a row holds, T.
+#define GDN_VERIFY_KERNEL(R)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) gdn_verify_rows_r##R(                           \
+        const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,     \
+        const float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a, \
+        const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out,    \
+        float scale, int q_t, int q_h, int k_t, int k_h, int v_t, int v_h, int a_t, int b_t,         \
+        long long state_b, int state_h, int state_r, const int* __restrict__ slots, int num_slots,    \
+        const int* __restrict__ cu, float* __restrict__ inter, const int* __restrict__ rows,          \
+        int num_rows, int steps, long long T) {                                                       \
+        gdn_verify_rows<R, POOL_HV, 2>(q, k, v, pool, A_log, a, dt_bias, b, out, scale,               \
+            Strides{q_t, q_h, k_t, k_h, v_t, v_h, a_t, b_t, state_b, state_h, state_r, slots, num_slots}, \
+            cu, inter, rows, num_rows, steps, T);                                                     \
+    }
+GDN_VERIFY_KERNEL(1)
+GDN_VERIFY_KERNEL(2)
+GDN_VERIFY_KERNEL(4)
+GDN_VERIFY_KERNEL(8)
 #endif

@@ -1,6 +1,7 @@
 """GDN decode, CUDA: warps over V rows, lanes along K (decode_warp_rows.cu), compiled through NVRTC.
 Two conventions share the kernel template: the contest's (below) and the engines' packed pool
-decode (`gdn_decode_packed_rows`, one variant per TP head count, see its docstring).
+decode (`gdn_decode_packed_rows`, one variant per TP head count, see its docstring); the engines'
+speculative verification (`gdn_verify_rows`) runs the same step over each request's draft tokens.
 
     q, k     [B, 1, 4, 128] bf16          v        [B, 1, 8, 128] bf16
     state    [B, 8, 128, 128] fp32 (k-last; updated in place and returned)
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, verify_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("decode_warp_rows.cu")
@@ -130,3 +131,49 @@ POOL_CONFIGS = {f"r{rows}{'cs' if cs else ''}": dict(rows=rows, cs=cs) for rows 
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "cuda_decode_pool_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
             configs=POOL_CONFIGS, strided=True)(gdn_decode_packed_rows)
+
+
+VERIFY_SIGNATURE = SIGNATURE + "ppp" + "ii" + "l"  # + cu_seqlens, buffer, cache rows, their count, steps, T
+_verify_kernels: dict[tuple[int, int], nvrtc.Kernel] = {}
+
+
+def verify_kernel(heads: int, rows: int) -> nvrtc.Kernel:
+    """The verify kernel for `heads` value heads (compiled with the pool kernels of that head count)."""
+    kern = _verify_kernels.get((heads, rows))
+    if kern is None:
+        kern = _verify_kernels[(heads, rows)] = nvrtc.load_kernel(CU, f"gdn_verify_rows_r{rows}",
+                                                                  signature=VERIFY_SIGNATURE,
+                                                                  options=(f"-DPOOL_HV={heads}",))
+    return kern
+
+
+def gdn_verify_rows(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
+                    cache_indices, scale, rows: int = 4):
+    """SGLang's speculative verification (definitions gdn_verify_*): per (request, head, 4R rows) one
+    block runs the request's tokens with the state in registers, read once from its slot (never
+    written), storing the state after every step into the request's row of the intermediate-states
+    buffer; q and k L2-normalised, the gates activated in the kernel; every block checks cu_seqlens
+    itself. One launch, no host sync. Returns (output [T, HV, 128] bf16, intermediate_states)."""
+    T, HV = a.shape
+    N = state_indices.shape[0]
+    out = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=a.device)
+    if N == 0 or T == 0:
+        return out.zero_(), intermediate_states
+    if any(x.stride(0) & 3 or x.stride(1) & 3 or x.data_ptr() & 7 for x in (q, k)):
+        q, k = q.contiguous(), k.contiguous()  # q/k rows are read 8 bytes a lane
+    sp = state_pool.stride()
+    if (sp[0] | sp[1] | sp[2]) & 3 or state_pool.data_ptr() & 15 or intermediate_states.data_ptr() & 15:
+        raise ValueError("gdn_verify_rows: state_pool and the buffer need 16-byte aligned slots, heads and rows")
+    verify_kernel(HV, rows).launch(
+        N * HV * DIM // (WARPS * rows), 32 * WARPS,
+        q, k, v, state_pool, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        sp[0], sp[1], sp[2], state_indices, state_pool.shape[0], cu_seqlens, intermediate_states, cache_indices,
+        intermediate_states.shape[0], intermediate_states.shape[1], T, stream=nvrtc.current_stream(a.get_device()))
+    return out, intermediate_states
+
+
+VERIFY_CONFIGS = {f"r{rows}": dict(rows=rows) for rows in (1, 2, 4, 8)}
+for _hq, _hv in PACKED_HEADS.values():
+    variant(verify_name(_hq, _hv), "cuda_verify_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
+            configs=VERIFY_CONFIGS, strided=True)(gdn_verify_rows)
