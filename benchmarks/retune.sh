@@ -7,6 +7,8 @@
 #                                              the baseline on the held-out set, every variant on the reported shapes
 #   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
+#   bash benchmarks/retune.sh engines          the engine-convention GPU tests (pool decode / prefill, verify,
+#                                              hostile indices, conformance), after .kd-wheels/engines' setup
 #
 # Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
@@ -48,5 +50,9 @@ case "$step" in
     cat /tmp/wrapper.txt
     cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
     keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
+  engines)
+    timeout 560 python -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_packed_gpu.py \
+      tests/gpu/test_gdn_pool_prefill_gpu.py tests/gpu/test_gdn_verify_gpu.py tests/gpu/test_hostile_gpu.py \
+      tests/gpu/test_gpu_conformance.py -k "packed or pool or verify" 2>&1 | tail -40 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
