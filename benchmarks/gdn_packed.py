@@ -28,10 +28,10 @@ import torch
 import kdispatch
 from kdispatch import registry
 from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
-from kdispatch.tuner import gate, timing
 from kdispatch.workloads import materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
+from side_by_side import gated_times  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -71,15 +71,8 @@ def main() -> None:
             w = {"uuid": f"gdn-packed-bench-{hv}-{batch}", "axes": {"batch_size": batch, "num_slots": batch + 1},
                  "inputs": {}}
             args = list(materialize(name, w, device="cuda"))
-            trials = [(args, gate.reference(name, args))]
-            row = {"definition": name, "batch_size": batch, "floor_us": floor_us(name, args, w["axes"])}
-            for label, fn in cands.items():
-                verdict = gate.run_gate(name, fn, trials)
-                if not verdict.passed:
-                    row[label] = {"status": verdict.status, "reason": verdict.reason}
-                    continue
-                t = timing.measure(name, fn, args)
-                row[label] = {"graph_us": t.median_us, "eager_us": t.eager_us}
+            row = {"definition": name, "batch_size": batch, "floor_us": floor_us(name, args, w["axes"]),
+                   **gated_times(name, cands, args)}
             rows.append(row)
             cells = "  ".join(f"{k} {v['graph_us']:6.1f}/{v['eager_us']:6.1f}" if "graph_us" in v else f"{k} FAIL"
                               for k, v in row.items() if isinstance(v, dict))

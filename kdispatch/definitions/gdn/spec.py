@@ -159,7 +159,7 @@ def build_decode_packed(axes, given, ctx) -> dict:
     slot 0 no request uses (SGLang reserves it), the requests' slots in random order, and from 8
     requests on the last eighth of the rows padding (-1), as in a CUDA-graph batch bucket."""
     batch, slots = axes["batch_size"], axes["num_slots"]
-    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    hv, d = axes["num_v_heads"], axes["head_size"]
     if slots < batch + 1:
         raise ValueError(f"num_slots {slots} < batch_size + 1 = {batch + 1} (slot 0 is reserved)")
     out = {}
