@@ -12,13 +12,9 @@ its GDN backend calls it:
   disabled and every step's state cached (`TritonGDNKernel.target_verify`, SGLang's verify kernel on
   Hopper unless decode runs on FlashInfer).
 
-Loading: SGLang's package `__init__` starts its whole server stack (zmq, orjson, starlette, ...),
-which a kernel benchmark does not have and does not need. Where `sglang` is not imported yet, the
-packages above the kernel's folder are registered as bare packages over their folders (their
-`__init__` files do not run) and the one name the kernel's helpers take from
-`sglang.srt.utils.common`, `torch_release`, is provided. In a process that imported SGLang itself
-(inside the engine) the real modules are used as they are. Stage the wheel for the GPU machine
-with `benchmarks/stage_engines.sh`.
+Loading: through kernels/library/sglang_loader.py (SGLang's kernel modules without its server
+stack; inside the engine, SGLang's own modules). Stage the wheel for the GPU machine with
+`benchmarks/stage_engines.sh`.
 
 Safety: SGLang's decode kernel treats a negative slot as padding but trusts the others; the wrapper
 sends slots past the pool's end to -1 first (kernels/cuda/gdn/slot_guard.py, one launch), so no
@@ -32,90 +28,16 @@ malformed boundaries by the even partition.
 """
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.machinery
-import importlib.util
-import sys
-import types
-from pathlib import Path
-
 import torch
 
 from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
 from kdispatch.kernels.cuda.gdn import pool_states, prefill_guard, slot_guard
+from kdispatch.kernels.library.sglang_loader import sglang_function
 from kdispatch.registry import variant
 
 DECODE_MODULE = "sglang.kernels.ops.attention.fla.fused_recurrent"
 VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
 PREPARE_MODULE = "sglang.kernels.ops.attention.fla.l2norm"
-
-
-def _cuda_version() -> tuple[int, ...]:
-    return tuple(map(int, torch.version.cuda.split("."))) if torch.version.cuda else (0, 0)
-
-
-def _sm() -> int:
-    if not torch.cuda.is_available():
-        return 0
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
-
-
-# What the kernels' modules take from `sglang.srt.utils(.common)` at import, which imports SGLang's
-# server stack: the same facts from torch (SGLang 0.5.23's definitions, restated).
-SRT_UTILS = {
-    "is_cuda": lambda: torch.cuda.is_available() and torch.version.cuda is not None,
-    "is_hip": lambda: torch.version.hip is not None,
-    "get_device_sm": _sm,
-    "get_cuda_version": _cuda_version,
-    "is_gfx95_supported": lambda: False,  # AMD only
-    "is_sm90_supported": lambda: _sm() // 10 == 9 and _cuda_version() >= (12, 3),
-}
-
-
-def _bare_packages(module: str) -> None:
-    """Registers every package above `module` that is not imported yet as a bare package over its
-    installed folder; where `sglang.srt.utils.common` is absent, a module with `torch_release` and
-    SRT_UTILS (also on the bare `sglang.srt.utils`); and `sglang.kernels.jit.utils` bare, with
-    `is_arch_support_pdl` from its `arch` module (its `__init__` loads SGLang's JIT compiler)."""
-    root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-
-    def bare(name: str) -> types.ModuleType:
-        if name not in sys.modules:  # a package with a spec (find_spec keeps working), no __init__ run
-            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            spec.submodule_search_locations = [str(root.joinpath(*name.split(".")[1:]))]
-            sys.modules[name] = importlib.util.module_from_spec(spec)
-        return sys.modules[name]
-
-    parts = module.split(".")[:-1]
-    for i in range(1, len(parts) + 1):
-        bare(".".join(parts[:i]))
-    if "sglang.srt.utils.common" not in sys.modules:
-        from packaging import version
-
-        bare("sglang.srt")
-        utils = bare("sglang.srt.utils")
-        common = types.ModuleType("sglang.srt.utils.common")
-        common.torch_release = version.parse(torch.__version__).release
-        for name, fn in SRT_UTILS.items():
-            setattr(common, name, fn)
-            if not hasattr(utils, name):
-                setattr(utils, name, fn)
-        sys.modules[common.__name__] = common
-    if "sglang.kernels.jit.utils" not in sys.modules:
-        for name in ("sglang.kernels", "sglang.kernels.jit"):
-            bare(name)
-        jit_utils = bare("sglang.kernels.jit.utils")
-        jit_utils.is_arch_support_pdl = importlib.import_module("sglang.kernels.jit.utils.arch").is_arch_support_pdl
-
-
-@functools.lru_cache(maxsize=None)
-def sglang_function(module: str, name: str):
-    """`name` from SGLang's `module`, imported on first use (bare packages above it, see the top)."""
-    if "sglang" not in sys.modules:
-        _bare_packages(module)
-    return getattr(importlib.import_module(module), name)
 
 
 def packed_decode_kernel():
