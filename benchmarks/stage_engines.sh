@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Stages the serving engines' Python code for the GPU machine, which has no network: SGLang's wheel
-# (its GDN kernels are Triton, the baseline of the gdn_decode_packed_* definitions; see
-# kernels/library/gdn/sglang.py), into .kd-wheels/engines/ (git-ignored, under 60 MiB).
+# Stages the serving engines' kernels for the GPU machine, which has no network, into
+# .kd-wheels/engines/ (git-ignored, under 60 MiB): SGLang's wheel (pure Python; its Triton kernels
+# are the baselines of the engine-convention GDN definitions and of moe_fp8, see
+# kernels/library/{gdn,moe}/sglang.py and kernels/library/sglang_loader.py) and FlashMLA's
+# (sgl-flash-mla, prebuilt sm_90a kernels on torch's stable ABI: kernels/library/dsa/flashmla.py;
+# its metadata pins a newer torch, hence --no-deps and unpacking rather than pip install).
 #
 #   bash benchmarks/stage_engines.sh                       # here, once
 #   run: carry [".kd-wheels/engines"], command
@@ -10,10 +13,11 @@
 # hold of the machine); benchmarks/gpu_env.sh puts /tmp/kd-engines on PYTHONPATH when it exists.
 set -euo pipefail
 SGLANG_SPEC=${SGLANG_SPEC:-sglang==0.5.23}
+FLASHMLA_SPEC=${FLASHMLA_SPEC:-sgl-flash-mla==1.0.0}
 out=.kd-wheels/engines
 rm -rf "$out"
 mkdir -p "$out"
-pip download --no-deps --quiet -d "$out" "$SGLANG_SPEC"
+pip download --no-deps --quiet -d "$out" "$SGLANG_SPEC" "$FLASHMLA_SPEC"
 cat > "$out/gpu-setup.sh" <<'SETUP'
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,6 +28,11 @@ import importlib.util, sys
 sys.path.insert(0, "/tmp/kd-engines")
 spec = importlib.util.find_spec("sglang")
 print("kd-engines ready:", spec.submodule_search_locations[0] if spec else "sglang NOT FOUND")
+try:
+    import flash_mla
+    print("flash_mla imports:", flash_mla.__file__)
+except Exception as exc:
+    print("flash_mla NOT usable:", type(exc).__name__, exc)
 CHECK
 SETUP
 du -sh "$out"
