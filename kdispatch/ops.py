@@ -23,17 +23,20 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
+from kdispatch.definitions.gdn.spec import (PACKED_HEADS, packed_name, pool_prefill_name, verify_name,
+                                           verify_steps_name)
 from kdispatch.dispatch import Dispatcher
 
 # the engine-convention GDN definitions, one per TP degree: value heads -> definition
 _PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _POOL_PREFILL = {hv: pool_prefill_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _VERIFY = {hv: verify_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
+_VERIFY_STEPS = {hv: verify_steps_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 
 DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
                                                    "gdn_decode", "gdn_prefill", *_PACKED.values(),
-                                                   *_POOL_PREFILL.values(), *_VERIFY.values()))}
+                                                   *_POOL_PREFILL.values(), *_VERIFY.values(),
+                                                   *_VERIFY_STEPS.values()))}
 # what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
 _CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
@@ -42,6 +45,7 @@ _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definiti
 _PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
 _POOL_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _POOL_PREFILL.items()}
 _VERIFY_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY.items()}
+_VERIFY_STEPS_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY_STEPS.items()}
 
 
 def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
@@ -282,6 +286,36 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seql
                          f"{sorted(_VERIFY_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
     return call(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
                 cache_indices, 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+
+
+def gdn_verify_steps(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens, scale=None):
+    """Gated DeltaNet (Qwen3-Next-80B, Qwen3.5) speculative verification as vLLM calls it: each request
+    reads its state from the slot of its last accepted step and writes the state after each of its
+    draft steps into that step's own slot (definitions gdn_verify_steps_*, one per TP degree: 32,
+    16, 8 or 4 value heads, half as many q/k heads).
+
+    Args:
+        q, k: bfloat16 [T, HQ, 128], L2-normalised here (eps 1e-6).   v: bfloat16 [T, HV, 128].
+        a, b: bfloat16 [T, HV], the raw gates.   A_log, dt_bias: float32 [HV].
+        state_pool: float32 [num_slots, HV, 128, 128] (k-last), updated in place; slot 0 is vLLM's
+            null block, never read or written.
+        step_slots: int32 [N, S], each request's slot per draft step (outside [1, num_slots): none).
+        num_accepted: int32 [N], the request's state is read from step_slots[n, num_accepted[n] - 1];
+            a request without that slot is padding (zero output, nothing read or written).
+        cu_seqlens: int32 [N + 1], request boundaries (malformed values are read as the even
+            partition n * T // N; KDISPATCH_CHECK=1: ValueError naming the first bad entry).
+        scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+
+    Returns:
+        (output bfloat16 [T, HV, 128], state_pool).
+    """
+    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    call = _VERIFY_STEPS_CALL.get(heads)
+    if call is None:
+        raise ValueError(f"kdispatch.ops.gdn_verify_steps: argument 'v' expected [T, HV, 128] with HV one of "
+                         f"{sorted(_VERIFY_STEPS_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    return call(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens,
+                1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 
 
 def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:

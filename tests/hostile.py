@@ -18,7 +18,9 @@ HEADS = ((16, 32), (8, 16), (4, 8), (2, 4))  # the engine-convention definitions
 PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in HEADS)
 POOL_PREFILL = tuple(f"gdn_prefill_pool_qk{hq}_v{hv}" for hq, hv in HEADS)
 VERIFY = tuple(f"gdn_verify_qk{hq}_v{hv}" for hq, hv in HEADS)
-INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL, *VERIFY)
+VERIFY_STEPS = tuple(f"gdn_verify_steps_qk{hq}_v{hv}" for hq, hv in HEADS)
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL, *VERIFY, *VERIFY_STEPS)
+WITH_CU = ("gdn_prefill", *POOL_PREFILL, *VERIFY, *VERIFY_STEPS)  # one malformed cu_seqlens kind per seed
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
 
@@ -78,6 +80,10 @@ def hostile(short: str, args, seed: int) -> list:
     elif d.short in VERIFY:  # slots (start from zeros), cache rows (store nothing), boundaries (even partition)
         a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)
         a["cache_indices"] = _corrupt(a["cache_indices"], a["intermediate_states"].shape[0], g, 0.3)
+        a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
+    elif d.short in VERIFY_STEPS:  # step slots (none), accepted counts (padding), boundaries (even partition)
+        a["step_slots"] = _corrupt(a["step_slots"], a["state_pool"].shape[0], g, 0.3)
+        a["num_accepted"] = _corrupt(a["num_accepted"], a["step_slots"].shape[1] + 1, g, 0.3)
         a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
     else:
         raise ValueError(f"{short} has no index inputs")

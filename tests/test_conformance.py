@@ -29,6 +29,8 @@ SMALL = {
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_verify_qk{hq}_v{hv}": [{"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12,
                                      "num_cache_rows": 10}] for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_verify_steps_qk{hq}_v{hv}": [{"num_seqs": 9, "num_steps": 2, "total_seq_len": 18, "num_slots": 19}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
 }
 # Interpreted Triton variants that take too long here: at seq_len 1 one MoE variant took 22-100 s
 # for two trials (2 cores). tests/test_moe_triton.py runs them at reduced sizes, tests/gpu/ at full.

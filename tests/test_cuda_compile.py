@@ -83,7 +83,8 @@ def test_gdn_kernels_are_the_expected_ones(cache):
             name = f"gdn_decode_pool_rows{'_cs' if cfg['cs'] else ''}_r{cfg['rows']}"
             assert name.encode() + b"\x00" in pool.cubin, name
         for label, cfg in D.VERIFY_CONFIGS.items():  # speculative verification, built with them
-            assert f"gdn_verify_rows_r{cfg['rows']}".encode() + b"\x00" in pool.cubin, label
+            for contract in ("", "_steps"):
+                assert f"gdn_verify{contract}_rows_r{cfg['rows']}".encode() + b"\x00" in pool.cubin, label
         info = nvrtc.ptxas_info(pool.log)
         assert all(r["spill_stores"] == 0 and r["stack"] == 0 for r in info.values()), info
     pc = nvrtc.compile(P.CU.read_text(), arch=ARCH)

@@ -15,6 +15,7 @@ SMALL = {
     "gdn_decode_packed_qk4_v8": {"batch_size": 9, "num_slots": 12},
     "gdn_prefill_pool_qk2_v4": {"total_seq_len": 13, "num_seqs": 9, "num_slots": 12},
     "gdn_verify_qk8_v16": {"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12, "num_cache_rows": 10},
+    "gdn_verify_steps_qk2_v4": {"num_seqs": 9, "num_steps": 2, "total_seq_len": 18, "num_slots": 19},
     "gdn_prefill": {"total_seq_len": 20, "num_seqs": 3},
     "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 40},
     "dsa_topk_indexer": {"batch_size": 2, "max_num_pages": 3, "num_pages": 8},
@@ -49,6 +50,7 @@ def test_fake_outputs_have_the_definitions_shapes(op):
     d = definitions.get(op)
     axes = {"moe_fp8": {"seq_len": 5}}.get(op) or SMALL.get(op) or (
         {"total_seq_len": 7, "num_seqs": 3, "num_slots": 5} if "prefill" in op else
+        {"num_seqs": 3, "num_steps": 2, "total_seq_len": 6, "num_slots": 7} if "verify_steps" in op else
         {"num_seqs": 3, "cache_steps": 2, "total_seq_len": 6, "num_slots": 5, "num_cache_rows": 4} if "verify" in op
         else {"batch_size": 3, "num_slots": 5})
     meta = workloads.meta_arguments(op, axes)
@@ -89,6 +91,7 @@ def op_function(op):
     """The kdispatch.ops function of a definition (the packed decode ops share one, by head count)."""
     return (kdispatch.ops.gdn_decode_packed if op.startswith("gdn_decode_packed") else
             kdispatch.ops.gdn_prefill_pool if op.startswith("gdn_prefill_pool") else
+            kdispatch.ops.gdn_verify_steps if op.startswith("gdn_verify_steps") else
             kdispatch.ops.gdn_verify if op.startswith("gdn_verify") else getattr(kdispatch.ops, op))
 
 

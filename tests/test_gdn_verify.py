@@ -95,3 +95,33 @@ def test_sglang_verify_kernel_as_the_baseline_calls_it():
     assert got_inter is inter
     torch.testing.assert_close(out.float(), want_out.float(), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(inter, want_inter, rtol=1e-4, atol=1e-4)
+
+
+def test_vllm_convention_agrees_with_sglangs():
+    """gdn_verify_steps (vLLM) on SGLang's inputs: starting from the slot of the accepted step, the
+    states it writes into the step slots are SGLang's cached steps; padding requests output zeros."""
+    args = verify_args(seqs=9, steps=3, seed=6)
+    want_out, want_inter = reference(args)
+    pool = args[POOL]
+    n, steps = 9, 3
+    step_slots = torch.zeros(n, steps, dtype=torch.int32)
+    accepted = torch.randint(1, steps + 1, (n,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    big = torch.zeros(1 + n * steps + pool.shape[0], *pool.shape[1:])  # slot 0 null, step slots, then SGLang's
+    for r in range(n):
+        step_slots[r] = torch.arange(1 + r * steps, 1 + (r + 1) * steps, dtype=torch.int32)
+        if args[IDX][r] >= 0:  # the accepted step's slot holds the request's state
+            big[step_slots[r, accepted[r] - 1]] = pool[args[IDX][r]]
+        else:
+            step_slots[r] = 0  # padding in vLLM's convention
+    got_out, got_pool = registry.get("gdn_verify_steps_qk4_v8", "reference").fn(
+        args[Q], args[K], args[V], args[A], args[B], args[A_LOG], args[DT_BIAS], big.clone(), step_slots, accepted,
+        args[CU], args[SCALE])
+    for r in range(n):
+        rows = slice(r * steps, (r + 1) * steps)
+        if args[IDX][r] < 0:
+            assert torch.equal(got_out[rows], torch.zeros_like(got_out[rows]))
+            continue
+        torch.testing.assert_close(got_out[rows], want_out[rows], rtol=0, atol=0)
+        if args[ROWS][r] >= 0:
+            torch.testing.assert_close(got_pool[step_slots[r].long()], want_inter[args[ROWS][r]], rtol=0, atol=0)
+    assert torch.equal(got_pool[0], big[0]), "the null slot"

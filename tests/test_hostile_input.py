@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kdispatch
-from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, hostile
+from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, WITH_CU, hostile
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
 from kdispatch.tuner import gate
@@ -28,6 +28,7 @@ SHAPES = {
     **{short: [{"total_seq_len": 13, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
     **{short: [{"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12, "num_cache_rows": 10}]
        for short in VERIFY},
+    **{short: [{"num_seqs": 9, "num_steps": 2, "total_seq_len": 18, "num_slots": 19}] for short in VERIFY_STEPS},
 }
 
 
@@ -48,7 +49,7 @@ def _cases():
 @pytest.mark.parametrize("short,name,axes", list(_cases()))
 def test_hostile_indices_follow_the_padding_rule(short, name, axes):
     v = registry.get(short, name)
-    for seed in range(len(MALFORMED_CU) if short == "gdn_prefill" or short in POOL_PREFILL + VERIFY else 3):
+    for seed in range(len(MALFORMED_CU) if short in WITH_CU else 3):
         args = hostile(short, _args(short, axes, seed), seed)
         verdict = gate.run_gate(short, v.fn, [(args, gate.reference(short, args))])
         assert verdict.passed, f"{name} seed {seed}: {verdict.status} {verdict.reason}"

@@ -1,9 +1,10 @@
 """The vLLM plugin on the CPU, with a signature-faithful stand-in for vLLM's GDN layer module (vLLM
 itself does not install here): the entry point is declared and does nothing without the switch;
-with it, the layer module's packed decode is replaced; a call with vLLM's exact arguments (Qwen3-Next
-at TP 4: a/b split out of one ba row, an fp32 pool that is a view into larger cache pages, `out` a
-slice of the layer's output buffer) writes kdispatch's results (the reference on the CPU) into
-`out` and the pool; calls the definitions do not cover reach vLLM's function unchanged."""
+with it, the layer module's packed decode and sigmoid-gating kernel are replaced; calls with vLLM's
+exact arguments (Qwen3-Next at TP 4: a/b split out of one ba row, an fp32 pool that is a view into
+larger cache pages, `out` a slice of the layer's output buffer; for verification the step slots a
+slice of a CUDA-graph bucket's block table) give kdispatch's results (the reference on the CPU);
+calls the definitions do not cover reach vLLM's functions unchanged."""
 import importlib.metadata
 import sys
 import types
@@ -28,13 +29,21 @@ def fake_vllm(monkeypatch):
         calls.append(initial_state.dtype)
         return out, initial_state
 
+    def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None,
+                                               initial_state=None, inplace_final_state=True, cu_seqlens=None,
+                                               ssm_state_indices=None, num_accepted_tokens=None,
+                                               use_qk_l2norm_in_kernel=False, is_kda=False):
+        calls.append(("sigmoid_gating", None if ssm_state_indices is None else ssm_state_indices.dim()))
+        return q.new_empty(1, *v.shape[1:]), initial_state
+
     parts = LAYER.split(".")
     for i in range(1, len(parts) + 1):
         mod = types.ModuleType(".".join(parts[:i]))
         mod.__path__ = []
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     sys.modules[LAYER].fused_recurrent_gated_delta_rule_packed_decode = fused_recurrent_gated_delta_rule_packed_decode
-    monkeypatch.setattr(plugin, "_original", None)
+    sys.modules[LAYER].fused_sigmoid_gating_delta_rule_update = fused_sigmoid_gating_delta_rule_update
+    monkeypatch.setattr(plugin, "_originals", {})
     yield sys.modules[LAYER], calls
 
 
@@ -87,3 +96,56 @@ def test_uncovered_calls_reach_vllms_kernel(monkeypatch, fake_vllm):
     module.fused_recurrent_gated_delta_rule_packed_decode(**{**kw, "initial_state": kw["initial_state"].to(torch.bfloat16)})
     module.fused_recurrent_gated_delta_rule_packed_decode(**{**kw, "use_qk_l2norm_in_kernel": False})
     assert calls == [torch.bfloat16, torch.float32]
+
+
+def vllm_verify_call(seqs=5, steps=3, bucket=8):
+    """fused_sigmoid_gating_delta_rule_update's keyword arguments as vLLM's spec-decode path passes
+    them (q/k/v [1, T, H, 128], a/b [T, 8] bf16, dt_bias bf16, a pool view into cache pages, the step
+    slots and accepted counts of a CUDA-graph bucket of `bucket` rows, slots a slice of a wider block
+    table), and kdispatch's argument tuple for the same call."""
+    total = seqs * steps
+    w = {"axes": {"num_seqs": seqs, "num_steps": steps, "total_seq_len": total, "num_slots": total + 1},
+         "inputs": {}, "uuid": f"vllm-verify-{seqs}"}
+    q, k, v, a, b, A_log, dt_bias, pool, step_slots, accepted, cu, scale = materialize("gdn_verify_steps_qk4_v8", w)
+    step_slots[1] = 0  # a padding request (vLLM's null block)
+    table = torch.zeros(bucket, steps + 2, dtype=torch.int32)  # the bucket's block table, wider than S
+    table[:seqs, :steps] = step_slots
+    acc = torch.ones(bucket, dtype=torch.int32)
+    acc[:seqs] = accepted
+    slot = pool[0].numel()
+    pages = torch.zeros(total + 1, slot + 1024)
+    pages[:, :slot] = pool.reshape(total + 1, -1)
+    state = pages.as_strided(pool.shape, (slot + 1024, *pool.stride()[1:]))
+    dt16 = dt_bias.to(torch.bfloat16)
+    kw = dict(A_log=A_log, a=a, b=b, dt_bias=dt16, q=q[None], k=k[None], v=v[None], initial_state=state,
+              inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=table[:, :steps],
+              num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
+    ref = [q, k, v, a, b, A_log, dt16.float(), pool.clone(), step_slots, accepted, cu, scale]
+    return kw, ref
+
+
+def test_vllm_verify_is_served_by_kdispatch(monkeypatch, fake_vllm):
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    assert module.fused_sigmoid_gating_delta_rule_update is plugin.sigmoid_gating_call
+    kw, ref = vllm_verify_call()
+    want_out, want_pool = registry.get("gdn_verify_steps_qk4_v8", "reference").fn(*ref)
+    served = plugin.VERIFY_STATS["served"]
+    out, state = module.fused_sigmoid_gating_delta_rule_update(**kw)
+    assert plugin.VERIFY_STATS["served"] == served + 1 and calls == []
+    assert out.shape == (1, 15, 8, 128) and state is kw["initial_state"]
+    torch.testing.assert_close(out[0], want_out, rtol=0, atol=0)
+    torch.testing.assert_close(state, want_pool, rtol=0, atol=0)
+    assert torch.equal(out[0, 3:6], torch.zeros_like(out[0, 3:6])), "the padding request"
+
+
+def test_decode_and_other_sigmoid_gating_calls_reach_vllm(monkeypatch, fake_vllm):
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    kw, _ = vllm_verify_call()
+    module.fused_sigmoid_gating_delta_rule_update(**{**kw, "ssm_state_indices": kw["ssm_state_indices"][:, 0],
+                                                     "num_accepted_tokens": None})  # vLLM's 1-D decode call
+    module.fused_sigmoid_gating_delta_rule_update(**{**kw, "initial_state": kw["initial_state"].to(torch.bfloat16)})
+    assert calls == [("sigmoid_gating", 1), ("sigmoid_gating", 2)]

@@ -1,9 +1,11 @@
-"""The engines' GDN speculative-verify call (SGLang's `target_verify`: draft tokens run from each
-request's slot without committing it, every step's state cached) served by `kdispatch.ops.gdn_verify`,
-for the engine plugins.
+"""The engines' GDN speculative-verify calls served by kdispatch, for the engine plugins: SGLang's
+`target_verify` (draft tokens run from each request's slot without committing it, every step's
+state cached in a buffer) by `kdispatch.ops.gdn_verify`; vLLM's (a slot per draft step in the pool,
+the state read from the accepted step's) by `kdispatch.ops.gdn_verify_steps`.
 
-`not_covered(...)` says why kdispatch's definitions do not cover a call (None: they do); `serve(...)`
-runs a covered call and returns its output, the states stored into the buffer in place.
+`not_covered(...)` / `not_covered_steps(...)` say why kdispatch's definitions do not cover a call
+(None: they do); `serve(...)` / `serve_steps(...)` run a covered call and return its output, the
+states stored in place.
 """
 from __future__ import annotations
 
@@ -13,13 +15,10 @@ from kdispatch.integrations.packed_decode import DIM, HEADS, as_fp32
 
 
 def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | None:
-    hv = v.shape[-2] if v.dim() >= 2 else None
-    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
-        return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
-    if not all(x.dtype == torch.bfloat16 for x in (q, k, v, a, b)):
-        return f"q/k/v of {q.dtype}, gates of {a.dtype}"
-    if pool.dtype != torch.float32 or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
-        return f"state pool {pool.dtype} {tuple(pool.shape)}"
+    why = _inputs_not_covered(q, k, v, a, b, pool)
+    if why is not None:
+        return why
+    hv = v.shape[-2]
     if buffer is None or buffer.dtype != torch.float32 or buffer.dim() != 5 or tuple(buffer.shape[2:]) != (hv, DIM, DIM) \
             or not buffer.is_contiguous():
         return "no contiguous fp32 intermediate-states buffer [rows, steps, HV, 128, 128]"
@@ -27,9 +26,40 @@ def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | N
         return "slots, cache rows and boundaries must be int32 vectors"
     if slots.shape[0] != cu_seqlens.shape[0] - 1 or rows.shape[0] != slots.shape[0]:
         return f"{slots.shape[0]} slots and {rows.shape[0]} cache rows for {cu_seqlens.shape[0] - 1} requests"
+    return None
+
+
+def _inputs_not_covered(q, k, v, a, b, pool) -> str | None:
+    hv = v.shape[-2] if v.dim() >= 2 else None
+    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
+        return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
+    if not all(x.dtype == torch.bfloat16 for x in (q, k, v, a, b)):
+        return f"q/k/v of {q.dtype}, gates of {a.dtype}"
+    if pool is None or pool.dtype != torch.float32 or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
+        return f"state pool {None if pool is None else (pool.dtype, tuple(pool.shape))}"
     if any(x.stride(-1) != 1 for x in (q, k, v, a, b, pool)):
         return "an input whose last dimension is strided"
     return None
+
+
+def not_covered_steps(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> str | None:
+    why = _inputs_not_covered(q, k, v, a, b, pool)
+    if why is not None:
+        return why
+    if any(x.dtype != torch.int32 for x in (step_slots, accepted, cu_seqlens)) or accepted.dim() != 1:
+        return "step slots, accepted counts and boundaries must be int32"
+    if step_slots.dim() != 2 or step_slots.stride(1) != 1 or step_slots.shape[0] != accepted.shape[0] \
+            or cu_seqlens.shape[0] != accepted.shape[0] + 1:
+        return f"step slots {tuple(step_slots.shape)}, {accepted.shape[0]} counts, {cu_seqlens.shape[0]} boundaries"
+    return None
+
+
+def serve_steps(q, k, v, a, b, A_log, dt_bias, pool, step_slots, accepted, cu_seqlens, scale=None) -> torch.Tensor:
+    import kdispatch.ops
+
+    out, _ = kdispatch.ops.gdn_verify_steps(q, k, v, a, b, as_fp32(A_log), as_fp32(dt_bias), pool, step_slots,
+                                            accepted, cu_seqlens, scale)
+    return out
 
 
 def serve(q, k, v, a, b, A_log, dt_bias, pool, slots, cu_seqlens, buffer, rows, scale=None) -> torch.Tensor:

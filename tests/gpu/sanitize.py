@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: hostile.py
-from hostile import PACKED, POOL_PREFILL, VERIFY, sparse_attention_shapes  # noqa: E402
+from hostile import PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, sparse_attention_shapes  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 SHAPES = {  # small contest-like shapes, sparse attention one per CUDA kernel; indexed ones also get hostile seeds
@@ -35,6 +35,7 @@ SHAPES = {  # small contest-like shapes, sparse attention one per CUDA kernel; i
     **{short: [{"total_seq_len": 37, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
     **{short: [{"num_seqs": 9, "cache_steps": 3, "total_seq_len": 27, "num_slots": 12, "num_cache_rows": 10}]
        for short in VERIFY},
+    **{short: [{"num_seqs": 9, "num_steps": 3, "total_seq_len": 27, "num_slots": 30}] for short in VERIFY_STEPS},
 }
 HOSTILE_SEEDS = range(7)  # on a definition's first shape; its other shapes get the first two
 SANITIZED_BACKENDS = ("cuda", "triton")

@@ -1,4 +1,5 @@
-"""SGLang-convention speculative verification on the GPU (gdn_verify_*): every registered variant
+"""Speculative verification on the GPU in SGLang's convention (gdn_verify_*; vLLM's, gdn_verify_steps_*, at
+the end): every registered variant
 (SGLang's Triton verify kernel behind its index guard, where staged: benchmarks/stage_engines.sh)
 against the reference on engine layouts (q/k/v split out of one projection row, a pool whose slot
 pitch exceeds a slot), on hostile slots, cache rows and boundaries (nothing outside the pool or the
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from kdispatch import arch, registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, verify_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, verify_name, verify_steps_name
 from kdispatch.workloads import materialize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -113,3 +114,34 @@ def test_in_a_graph(hq, hv):
         work[INTER].copy_(args[INTER])
         g.replay()
         check(got, want)
+
+
+# ---- vLLM's contract (gdn_verify_steps_*): a slot per draft step, in the pool itself -------------
+
+def steps_args(hq, hv, seqs, steps, seed=0):
+    axes = {"num_seqs": seqs, "num_steps": steps, "total_seq_len": seqs * steps, "num_slots": seqs * steps + 3}
+    w = {"axes": axes, "inputs": {}, "uuid": f"verify-steps-gpu-{hv}-{seqs}-{steps}"}
+    return list(materialize(verify_steps_name(hq, hv), w, device="cuda", seed=seed))
+
+
+@pytest.mark.parametrize("hq,hv", HEADS)
+@pytest.mark.parametrize("seqs,steps", [(1, 2), (12, 4), (64, 8)])
+def test_steps_on_a_paged_pool(hq, hv, seqs, steps):
+    """vLLM's pool is a view into cache pages (slot pitch > a slot); the margins stay untouched."""
+    name = verify_steps_name(hq, hv)
+    for v in [v for v in registry.variants(name) if v.name != registry.REFERENCE]:
+        if v.why_not(arch.local_arch()):
+            continue
+        args = steps_args(hq, hv, seqs, steps, seed=seqs)
+        pool = args[POOL]
+        slot = pool[0].numel()
+        pages = torch.zeros(pool.shape[0], slot + 2048, device="cuda")
+        pages[:, :slot] = pool.reshape(pool.shape[0], -1)
+        args[POOL] = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
+        want_out, want_pool = registry.get(name, "reference").fn(*[x.clone() if torch.is_tensor(x) else x
+                                                                    for x in args])
+        out, got = v.fn(*args)
+        assert got is args[POOL], v.name
+        torch.testing.assert_close(out.float(), want_out.float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got, want_pool, rtol=1e-2, atol=1e-2)
+        assert torch.equal(pages[:, slot:], torch.zeros_like(pages[:, slot:])), f"{v.name} wrote between slots"

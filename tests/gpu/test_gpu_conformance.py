@@ -25,6 +25,9 @@ SHAPES = {
                                      "num_cache_rows": 1},
                                     {"num_seqs": 37, "cache_steps": 4, "total_seq_len": 148, "num_slots": 50,
                                      "num_cache_rows": 40}] for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_verify_steps_qk{hq}_v{hv}": [{"num_seqs": 1, "num_steps": 2, "total_seq_len": 2, "num_slots": 3},
+                                          {"num_seqs": 37, "num_steps": 4, "total_seq_len": 148, "num_slots": 160}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import runnable_variant, variant_cases
-from hostile import INDEXED, PACKED, POOL_PREFILL, VERIFY, hostile, sparse_attention_shapes
+from hostile import INDEXED, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, hostile, sparse_attention_shapes
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -21,6 +21,7 @@ SHAPES = {
     **{short: [{"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
     **{short: [{"num_seqs": 40, "cache_steps": 4, "total_seq_len": 160, "num_slots": 50, "num_cache_rows": 45}]
        for short in VERIFY},
+    **{short: [{"num_seqs": 40, "num_steps": 4, "total_seq_len": 160, "num_slots": 170}] for short in VERIFY_STEPS},
 }
 SEEDS = range(7)  # gdn_prefill: one malformed kind each (hostile.MALFORMED_CU)
 

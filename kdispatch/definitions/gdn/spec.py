@@ -396,6 +396,100 @@ def _verify_spec(hq: int, hv: int) -> Spec:
                           complete=_verify_axes))
 
 
+# ---- the engines' speculative verification (vLLM's contract) --------------------------------------
+
+def verify_steps_name(hq: int, hv: int) -> str:
+    return f"gdn_verify_steps_qk{hq}_v{hv}_d128_k_last"
+
+
+def build_verify_steps(axes, given, ctx) -> dict:
+    """num_seqs requests of num_steps draft tokens each (raw q/k, raw gates), a distinct slot per
+    request and step in a pool whose slot 0 is vLLM's null block, 1 to num_steps accepted steps;
+    from 8 requests on the last eighth are padding (null slots), as in a CUDA-graph bucket."""
+    n, steps, total = axes["num_seqs"], axes["num_steps"], axes["total_seq_len"]
+    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    if total != n * steps:
+        raise ValueError(f"total_seq_len {total} != num_seqs {n} x num_steps {steps}")
+    if axes["num_slots"] < n * steps + 1:
+        raise ValueError(f"num_slots {axes['num_slots']} < {n * steps + 1} (a slot per step, slot 0 null)")
+    out = {}
+    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
+        if name not in given:
+            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+    for name in ("a", "b"):
+        if name not in given:
+            out[name] = torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+    out.update(_gate_params(hv, ctx))
+    if "state_pool" not in given:
+        out["state_pool"] = _state(axes["num_slots"], hv, d, ctx.rng("state"))
+    if "step_slots" not in given:
+        slots = (torch.randperm(axes["num_slots"] - 1, generator=ctx.rng("step_slots"))[:n * steps] + 1)
+        slots = slots.view(n, steps).to(torch.int32)
+        if n >= 8:
+            slots[n - n // 8:] = 0
+        out["step_slots"] = slots
+    if "num_accepted" not in given:
+        out["num_accepted"] = torch.randint(1, steps + 1, (n,), generator=ctx.rng("num_accepted"), dtype=torch.int32)
+    if "cu_seqlens" not in given:
+        out["cu_seqlens"] = torch.arange(0, total + 1, steps, dtype=torch.int32)
+    return out
+
+
+def _step_pool_bytes(args: dict) -> int:
+    """State bytes one call moves: each live request's starting state read and its stored steps written."""
+    pool, slots, acc = args["state_pool"], args["step_slots"], args["num_accepted"]
+    steps, num_slots = slots.shape[1], pool.shape[0]
+    src = slots.gather(1, (acc.long() - 1).clamp(0, steps - 1)[:, None])[:, 0]
+    live = (acc >= 1) & (acc <= steps) & (src >= 1) & (src < num_slots)
+    stored = ((slots >= 1) & (slots < num_slots))[live].sum()
+    return int(live.sum() + stored) * pool[0].numel() * pool.element_size()
+
+
+def floor_verify_steps(args: dict, axes: dict) -> Floor:
+    """The live requests' starting states read, their steps' states written once, q/k/v and the
+    gates read, the output (bf16, v's shape) written."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("q", "k", "v", "a", "b")) + args["v"].numel() * 2
+    return Floor(_step_pool_bytes(args) + moved)
+
+
+def check_verify_steps_values(args: dict) -> tuple[str, str] | None:
+    """The checked mode's rule: well-formed boundaries, no slot named by two steps (null slot aside)."""
+    bad = check_prefill_values(args)
+    if bad is not None:
+        return bad
+    slots, n = args["step_slots"], args["state_pool"].shape[0]
+    live = slots[(slots >= 1) & (slots < n)]
+    uniq, counts = torch.unique(live, return_counts=True)
+    if bool((counts > 1).any()):
+        slot = int(uniq[counts > 1][0])
+        return "step_slots", f"slot {slot} is named by {int(counts[uniq == slot][0])} steps"
+    return None
+
+
+def _verify_steps_axes(axes: dict) -> dict:
+    """Equal draft lengths; a slot per request and step, plus the null slot 0."""
+    n, steps = axes["num_seqs"], axes["num_steps"]
+    return {**axes, "total_seq_len": n * steps, "num_slots": n * steps + 1}
+
+
+STEP_POOL_ROTATION = Rotation("state_pool", lambda args, i, n: args["state_pool"].clone(), _step_pool_bytes)
+
+
+def _verify_steps_spec(hq: int, hv: int) -> Spec:
+    return Spec(
+        short=f"gdn_verify_steps_qk{hq}_v{hv}", family="gdn", build=build_verify_steps,
+        reference="kdispatch.references.gdn_verify_steps", fit=("num_seqs", "num_steps"), main="num_seqs",
+        in_place={"new_state_pool": "state_pool"},  # the output is new, as vLLM's kernel returns it
+        # vLLM's pool is a view into cache pages, its step slots a slice of the block table
+        strided=frozenset({"q", "k", "v", "a", "b", "state_pool", "step_slots"}),
+        rotation=STEP_POOL_ROTATION, floor=floor_verify_steps, check_values=check_verify_steps_values,
+        model_scalars={"scale": 1.0 / math.sqrt(128)},
+        tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state_pool": Tol(1e-2, 1e-2, rel_norm=1e-2)},
+        reference_graph_safe=False,  # loops over the steps on the host
+        coverage=Coverage({"num_seqs": (1, 256), "num_steps": (2, 8)}, points=12, heldout=4,
+                          complete=_verify_steps_axes))
+
+
 SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
@@ -439,4 +533,5 @@ SPECS = {
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{pool_prefill_name(hq, hv): _pool_prefill_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{verify_name(hq, hv): _verify_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
+    **{verify_steps_name(hq, hv): _verify_steps_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
 }

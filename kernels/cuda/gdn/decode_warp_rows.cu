@@ -209,21 +209,28 @@ __device__ __forceinline__ void gdn_decode_rows(
     finish_rows<R, CS, POOL>(x, lane, out, scale);
 }
 
-// Speculative verification (gdn_verify_*, SGLang's contract), built with the pool kernels: a block is
-// 4 warps = 4R rows of one (request, head), grid = N * HV * 128 / (4R).  The rows are read from the
-// request's slot once (zeros where the slot is outside the pool), stay in registers over its tokens
-// and are never written back; after step j they are stored (evict-first) at [row, j] of the
-// intermediate-states buffer [num_rows, steps, HV, 128, 128] (contiguous), unless the row is outside
-// the buffer or the request has more than `steps` tokens.  Every block checks cu_seqlens [N + 1]
-// (int32) itself; malformed boundaries are read as the even partition n * T / N.  q, k, v, a, b are
-// read through their token (`*_b`) and head strides; out [T, HV, 128] is contiguous.
-template <int R, int HV, int G>
+// Speculative verification, built with the pool kernels: a block is 4 warps = 4R rows of one
+// (request, head), grid = N * HV * 128 / (4R).  The rows are read once, stay in registers over the
+// request's tokens, and after each step j are stored (evict-first) where the contract says:
+//   SGLang's (gdn_verify_*, STEP_SLOTS false): read from the request's slot (zeros where it is outside
+//     the pool), never written back; stored at [row, j] of the intermediate-states buffer
+//     [num_rows, steps, HV, 128, 128] (contiguous), unless the row is outside the buffer or the
+//     request has more than `steps` tokens.
+//   vLLM's (gdn_verify_steps_*, STEP_SLOTS true): `rows` is step_slots [N, steps] (row pitch
+//     `num_rows`: a slice of vLLM's block table) and `accepted` the accepted step counts; read from
+//     slot step_slots[n, accepted[n] - 1] and stored into the pool
+//     slot step_slots[n, j] (j < steps), slots outside [1, num_slots) (0: the null block) skipped; a
+//     request whose starting slot is missing is padding: zero output, nothing read or written.
+// Every block checks cu_seqlens [N + 1] (int32) itself; malformed boundaries are read as the even
+// partition n * T / N.  q, k, v, a, b are read through their token (`*_b`) and head strides; out
+// [T, HV, 128] is contiguous.
+template <int R, int HV, int G, bool STEP_SLOTS>
 __device__ __forceinline__ void gdn_verify_rows(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-    const float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
+    float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a,
     const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out, float scale,
     const Strides& st, const int* __restrict__ cu, float* __restrict__ inter, const int* __restrict__ rows,
-    int num_rows, int steps, long long T) {
+    int num_rows, int steps, long long T, const int* __restrict__ accepted) {
     constexpr int GROUPS_PER_HEAD = 128 / (4 * R);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int bh = blockIdx.x / GROUPS_PER_HEAD;  // n * HV + h
@@ -238,17 +245,31 @@ __device__ __forceinline__ void gdn_verify_rows(
     }
     bad = __syncthreads_or(bad);
     const long long t0 = bad ? (long long)n * T / N : cu[n], t1 = bad ? (long long)(n + 1) * T / N : cu[n + 1];
-    const int slot = st.slots[n], crow = rows[n];
-    const bool live = slot >= 0 && slot < st.num_slots;
-    const bool cached = crow >= 0 && crow < num_rows && t1 - t0 <= steps;
+    const size_t row_at = (size_t)h * st.state_h + (size_t)row0 * st.state_r;  // this warp's rows in a slot
+    const int row4 = st.state_r >> 2;
+    int slot;
+    bool live, cached = false;
+    if (STEP_SLOTS) {
+        const int acc = accepted[n];
+        slot = acc >= 1 && acc <= steps ? rows[(size_t)n * num_rows + acc - 1] : 0;
+        live = slot >= 1 && slot < st.num_slots;
+        if (!live) {  // padding: zero output
+            for (long long t = t0; t < t1; ++t)
+                if (lane < R) out[((size_t)t * HV + h) * 128 + row0 + lane] = 0;
+            return;
+        }
+    } else {
+        slot = st.slots[n];
+        live = slot >= 0 && slot < st.num_slots;
+        const int crow = rows[n];
+        cached = crow >= 0 && crow < num_rows && t1 - t0 <= steps;
+        inter += (((size_t)(cached ? crow : 0) * steps * HV + h) * 128 + row0) * 128;
+    }
 
     float4 s[R];
-    const float4* src = reinterpret_cast<const float4*>(pool + (live ? slot : 0) * st.state_b + (size_t)h * st.state_h +
-                                                        (size_t)row0 * st.state_r) + lane;
-    const int row4 = st.state_r >> 2;
+    const float4* src = reinterpret_cast<const float4*>(pool + (live ? slot : 0) * st.state_b + row_at) + lane;
 #pragma unroll
     for (int i = 0; i < R; ++i) s[i] = live ? ld_state<true>(src + i * row4) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4* dst = reinterpret_cast<float4*>(inter + (((size_t)(cached ? crow : 0) * steps * HV + h) * 128 + row0) * 128) + lane;
     const float alog = A_log[h], dtb = dt_bias[h];
 
 #pragma unroll 1
@@ -264,10 +285,18 @@ __device__ __forceinline__ void gdn_verify_rows(
         float4 ns[R];
         float o[R];
         delta_step<R, true>(s, vv, kr, qr, g, beta, ns, o);
+        const long long j = t - t0;
+        float4* dst = nullptr;  // where this step's rows go (this lane's float4 of row 0)
+        if (STEP_SLOTS) {
+            const int d = j < steps ? rows[(size_t)n * num_rows + j] : 0;
+            if (d >= 1 && d < st.num_slots) dst = reinterpret_cast<float4*>(pool + d * st.state_b + row_at) + lane;
+        } else if (cached) {
+            dst = reinterpret_cast<float4*>(inter + j * (HV * 16384)) + lane;
+        }
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             s[i] = ns[i];
-            if (cached) st_state<true>(dst + (t - t0) * (HV * 4096) + i * 32, ns[i]);
+            if (dst != nullptr) st_state<true>(dst + i * (STEP_SLOTS ? row4 : 32), ns[i]);
             if (lane == i) out[((size_t)t * HV + h) * 128 + row0 + i] = f_to_bf16(scale * o[i]);
         }
     }
@@ -315,24 +344,29 @@ GDN_DECODE_KERNEL(gdn_decode_pool_rows_r16, 16, false, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r16, 16, true, POOL_HV, 2, true)
 GDN_DECODE_KERNEL(gdn_decode_pool_rows_cs_r32, 32, true, POOL_HV, 2, true)
 
-// Speculative verification, gdn_verify_rows_r<R>: the decode parameters (the state is the pool,
-// read only; q/k/v/a/b strides are per token), then cu_seqlens, the intermediate-states buffer, the
-// cache rows, their count, the steps a row holds, T.
-#define GDN_VERIFY_KERNEL(R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) gdn_verify_rows_r##R(                           \
+// Speculative verification, gdn_verify[_steps]_rows_r<R>: the decode parameters (the state is the
+// pool; q/k/v/a/b strides are per token), then cu_seqlens, the intermediate-states buffer (SGLang's;
+// nullptr for vLLM's), the cache rows or step slots, the buffer's rows (SGLang's) or the step slots'
+// row pitch (vLLM's), the steps, T, and the accepted step counts (vLLM's; nullptr for SGLang's).
+#define GDN_VERIFY_KERNEL(NAME, R, STEP_SLOTS)                                                        \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                           \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,     \
-        const float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a, \
+        float* __restrict__ pool, const float* __restrict__ A_log, const bf16_t* __restrict__ a,      \
         const float* __restrict__ dt_bias, const bf16_t* __restrict__ b, bf16_t* __restrict__ out,    \
         float scale, int q_t, int q_h, int k_t, int k_h, int v_t, int v_h, int a_t, int b_t,         \
         long long state_b, int state_h, int state_r, const int* __restrict__ slots, int num_slots,    \
         const int* __restrict__ cu, float* __restrict__ inter, const int* __restrict__ rows,          \
-        int num_rows, int steps, long long T) {                                                       \
-        gdn_verify_rows<R, POOL_HV, 2>(q, k, v, pool, A_log, a, dt_bias, b, out, scale,               \
+        int num_rows, int steps, long long T, const int* __restrict__ accepted) {                     \
+        gdn_verify_rows<R, POOL_HV, 2, STEP_SLOTS>(q, k, v, pool, A_log, a, dt_bias, b, out, scale,   \
             Strides{q_t, q_h, k_t, k_h, v_t, v_h, a_t, b_t, state_b, state_h, state_r, slots, num_slots}, \
-            cu, inter, rows, num_rows, steps, T);                                                     \
+            cu, inter, rows, num_rows, steps, T, accepted);                                           \
     }
-GDN_VERIFY_KERNEL(1)
-GDN_VERIFY_KERNEL(2)
-GDN_VERIFY_KERNEL(4)
-GDN_VERIFY_KERNEL(8)
+GDN_VERIFY_KERNEL(gdn_verify_rows_r1, 1, false)
+GDN_VERIFY_KERNEL(gdn_verify_rows_r2, 2, false)
+GDN_VERIFY_KERNEL(gdn_verify_rows_r4, 4, false)
+GDN_VERIFY_KERNEL(gdn_verify_rows_r8, 8, false)
+GDN_VERIFY_KERNEL(gdn_verify_steps_rows_r1, 1, true)
+GDN_VERIFY_KERNEL(gdn_verify_steps_rows_r2, 2, true)
+GDN_VERIFY_KERNEL(gdn_verify_steps_rows_r4, 4, true)
+GDN_VERIFY_KERNEL(gdn_verify_steps_rows_r8, 8, true)
 #endif

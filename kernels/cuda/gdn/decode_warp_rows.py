@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, verify_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, verify_name, verify_steps_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("decode_warp_rows.cu")
@@ -133,18 +133,31 @@ for _hq, _hv in PACKED_HEADS.values():
             configs=POOL_CONFIGS, strided=True)(gdn_decode_packed_rows)
 
 
-VERIFY_SIGNATURE = SIGNATURE + "ppp" + "ii" + "l"  # + cu_seqlens, buffer, cache rows, their count, steps, T
-_verify_kernels: dict[tuple[int, int], nvrtc.Kernel] = {}
+# + cu_seqlens, buffer, cache rows or step slots, their count, steps, T, accepted step counts
+VERIFY_SIGNATURE = SIGNATURE + "ppp" + "ii" + "l" + "p"
+_verify_kernels: dict[tuple[int, int, bool], nvrtc.Kernel] = {}
 
 
-def verify_kernel(heads: int, rows: int) -> nvrtc.Kernel:
-    """The verify kernel for `heads` value heads (compiled with the pool kernels of that head count)."""
-    kern = _verify_kernels.get((heads, rows))
+def verify_kernel(heads: int, rows: int, step_slots: bool = False) -> nvrtc.Kernel:
+    """The verify kernel for `heads` value heads (compiled with the pool kernels of that head count):
+    SGLang's contract, or vLLM's (`step_slots`)."""
+    kern = _verify_kernels.get((heads, rows, step_slots))
     if kern is None:
-        kern = _verify_kernels[(heads, rows)] = nvrtc.load_kernel(CU, f"gdn_verify_rows_r{rows}",
-                                                                  signature=VERIFY_SIGNATURE,
-                                                                  options=(f"-DPOOL_HV={heads}",))
+        name = f"gdn_verify{'_steps' if step_slots else ''}_rows_r{rows}"
+        kern = _verify_kernels[(heads, rows, step_slots)] = nvrtc.load_kernel(
+            CU, name, signature=VERIFY_SIGNATURE, options=(f"-DPOOL_HV={heads}",))
     return kern
+
+
+def _verify_inputs(q, k, state_pool, *buffers):
+    """q, k with 8-byte lane loads (contiguous copies where their strides do not allow them), after
+    checking that the pool and the buffers allow 16-byte state accesses."""
+    sp = state_pool.stride()
+    if (sp[0] | sp[1] | sp[2]) & 3 or any(x.data_ptr() & 15 for x in (state_pool, *buffers)):
+        raise ValueError("verify: the pool and the buffer need 16-byte aligned slots, heads and rows")
+    if any(x.stride(0) & 3 or x.stride(1) & 3 or x.data_ptr() & 7 for x in (q, k)):
+        q, k = q.contiguous(), k.contiguous()
+    return q, k, sp
 
 
 def gdn_verify_rows(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
@@ -159,21 +172,42 @@ def gdn_verify_rows(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu
     out = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=a.device)
     if N == 0 or T == 0:
         return out.zero_(), intermediate_states
-    if any(x.stride(0) & 3 or x.stride(1) & 3 or x.data_ptr() & 7 for x in (q, k)):
-        q, k = q.contiguous(), k.contiguous()  # q/k rows are read 8 bytes a lane
-    sp = state_pool.stride()
-    if (sp[0] | sp[1] | sp[2]) & 3 or state_pool.data_ptr() & 15 or intermediate_states.data_ptr() & 15:
-        raise ValueError("gdn_verify_rows: state_pool and the buffer need 16-byte aligned slots, heads and rows")
+    q, k, sp = _verify_inputs(q, k, state_pool, intermediate_states)
     verify_kernel(HV, rows).launch(
         N * HV * DIM // (WARPS * rows), 32 * WARPS,
         q, k, v, state_pool, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         sp[0], sp[1], sp[2], state_indices, state_pool.shape[0], cu_seqlens, intermediate_states, cache_indices,
-        intermediate_states.shape[0], intermediate_states.shape[1], T, stream=nvrtc.current_stream(a.get_device()))
+        intermediate_states.shape[0], intermediate_states.shape[1], T, None,
+        stream=nvrtc.current_stream(a.get_device()))
     return out, intermediate_states
+
+
+def gdn_verify_steps_rows(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens, scale,
+                          rows: int = 4):
+    """vLLM's speculative verification (definitions gdn_verify_steps_*): the same kernel, reading each
+    request's state from the slot of its accepted step and writing the state after each step into
+    that step's slot of the pool (slot 0, vLLM's null block, skipped). One launch, no host sync.
+    Returns (output [T, HV, 128] bf16, state_pool)."""
+    T, HV = a.shape
+    N, S = step_slots.shape
+    out = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=a.device)
+    if N == 0 or T == 0:
+        return out.zero_(), state_pool
+    q, k, sp = _verify_inputs(q, k, state_pool)
+    verify_kernel(HV, rows, step_slots=True).launch(
+        N * HV * DIM // (WARPS * rows), 32 * WARPS,
+        q, k, v, state_pool, A_log, a, dt_bias, b, out, scale or DEFAULT_SCALE,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        sp[0], sp[1], sp[2], None, state_pool.shape[0], cu_seqlens, None, step_slots, step_slots.stride(0), S, T,
+        num_accepted,
+        stream=nvrtc.current_stream(a.get_device()))
+    return out, state_pool
 
 
 VERIFY_CONFIGS = {f"r{rows}": dict(rows=rows) for rows in (1, 2, 4, 8)}
 for _hq, _hv in PACKED_HEADS.values():
     variant(verify_name(_hq, _hv), "cuda_verify_rows", backend="cuda", archs=("sm90",), requires=("cuda.core",),
             configs=VERIFY_CONFIGS, strided=True)(gdn_verify_rows)
+    variant(verify_steps_name(_hq, _hv), "cuda_verify_steps_rows", backend="cuda", archs=("sm90",),
+            requires=("cuda.core",), configs=VERIFY_CONFIGS, strided=True)(gdn_verify_steps_rows)
