@@ -13,10 +13,18 @@ import pytest
 import torch
 
 from kdispatch import registry
+from kdispatch.integrations import serving
 from kdispatch.integrations import vllm as plugin
 from kdispatch.workloads import materialize
 
 LAYER = plugin.LAYER_MODULES[0]
+
+
+@pytest.fixture
+def kernels_here(monkeypatch):
+    """kdispatch takes covered calls, as on a GPU with routers (on the CPU it would run the torch
+    reference, so the plugins leave calls to the engine: tests/test_integration_serving.py)."""
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
 
 
 @pytest.fixture
@@ -71,7 +79,7 @@ def test_the_entry_point_is_declared_and_off_by_default(monkeypatch, fake_vllm):
     assert module.fused_recurrent_gated_delta_rule_packed_decode is not plugin.packed_decode_call
 
 
-def test_vllm_decode_is_served_by_kdispatch(monkeypatch, fake_vllm):
+def test_vllm_decode_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_here):
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
     assert plugin.register() == LAYER
@@ -124,7 +132,7 @@ def vllm_verify_call(seqs=5, steps=3, bucket=8):
     return kw, ref
 
 
-def test_vllm_verify_is_served_by_kdispatch(monkeypatch, fake_vllm):
+def test_vllm_verify_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_here):
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
     plugin.register()
@@ -148,4 +156,6 @@ def test_decode_and_other_sigmoid_gating_calls_reach_vllm(monkeypatch, fake_vllm
     module.fused_sigmoid_gating_delta_rule_update(**{**kw, "ssm_state_indices": kw["ssm_state_indices"][:, 0],
                                                      "num_accepted_tokens": None})  # vLLM's 1-D decode call
     module.fused_sigmoid_gating_delta_rule_update(**{**kw, "initial_state": kw["initial_state"].to(torch.bfloat16)})
-    assert calls == [("sigmoid_gating", 1), ("sigmoid_gating", 2)]
+    module.fused_sigmoid_gating_delta_rule_update(**kw)  # covered, but no kernel on the CPU: the reference would serve
+    assert calls == [("sigmoid_gating", 1), ("sigmoid_gating", 2), ("sigmoid_gating", 2)]
+    assert plugin.VERIFY_STATS["first_pass_reason"] is not None

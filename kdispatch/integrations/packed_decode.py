@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kdispatch.integrations import serving
+
 HEADS = (4, 8, 16, 32)  # value heads of the gdn_decode_packed definitions (q/k heads: half)
 DIM = 128
 _fp32: dict = {}  # (data_ptr, dtype, numel) of a layer's A_log / dt_bias -> its float32 copy, made once
@@ -26,7 +28,7 @@ def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int)
         return f"slot indices {slots.dtype} of {slots.dim()} dims"
     if mixed_qkv.stride(-1) != 1 or a.stride(-1) != 1 or b.stride(-1) != 1 or pool.stride(-1) != 1:
         return "an input whose last dimension is strided"
-    return None
+    return serving.not_served(serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device)
 
 
 def as_fp32(t: torch.Tensor) -> torch.Tensor:

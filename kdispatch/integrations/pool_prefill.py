@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kdispatch.integrations import serving
 from kdispatch.integrations.packed_decode import DIM, HEADS
 
 _all_true: dict = {}  # device -> a bool buffer of ones, sliced per call (has_initial_state)
@@ -28,7 +29,7 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens) -> str | None:
         return f"{slots.shape[0]} slots for {cu_seqlens.shape[0] - 1} sequences"
     if any(x.stride(-1) != 1 for x in (q, k, v, pool)) or not (g.is_contiguous() and beta.is_contiguous()):
         return "an input whose last dimension is strided, or strided gates"
-    return None
+    return serving.not_served(serving.gdn_short("prefill_pool", hv), v.device)
 
 
 def all_true(n: int, device) -> torch.Tensor:

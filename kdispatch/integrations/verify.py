@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from kdispatch.integrations import serving
 from kdispatch.integrations.packed_decode import DIM, HEADS, as_fp32
 
 
@@ -26,7 +27,7 @@ def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | N
         return "slots, cache rows and boundaries must be int32 vectors"
     if slots.shape[0] != cu_seqlens.shape[0] - 1 or rows.shape[0] != slots.shape[0]:
         return f"{slots.shape[0]} slots and {rows.shape[0]} cache rows for {cu_seqlens.shape[0] - 1} requests"
-    return None
+    return serving.not_served(serving.gdn_short("verify", hv), v.device)
 
 
 def _inputs_not_covered(q, k, v, a, b, pool) -> str | None:
@@ -51,7 +52,7 @@ def not_covered_steps(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> 
     if step_slots.dim() != 2 or step_slots.stride(1) != 1 or step_slots.shape[0] != accepted.shape[0] \
             or cu_seqlens.shape[0] != accepted.shape[0] + 1:
         return f"step slots {tuple(step_slots.shape)}, {accepted.shape[0]} counts, {cu_seqlens.shape[0]} boundaries"
-    return None
+    return serving.not_served(serving.gdn_short("verify_steps", v.shape[-2]), v.device)
 
 
 def serve_steps(q, k, v, a, b, A_log, dt_bias, pool, step_slots, accepted, cu_seqlens, scale=None) -> torch.Tensor:

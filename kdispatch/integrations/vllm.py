@@ -16,8 +16,9 @@ vLLM's function:
   slot 0 updated as a real slot, which no request reads.
 - `fused_sigmoid_gating_delta_rule_update` (vLLM >= 0.20) -> `sigmoid_gating_call`, serving its
   speculative-verify calls (per-step slots [N, S] and accepted counts; the `gdn_verify_steps`
-  definitions, whose slot 0 is vLLM's null block as in vLLM >= 0.20); its 1-D-slot decode calls
-  and every other call stay vLLM's.
+  definitions, whose slot 0 is vLLM's null block as in vLLM >= 0.20) where a router for the GPU
+  exists (their baseline is the torch reference); its 1-D-slot decode calls and every other call
+  stay vLLM's.
 The layer keeps its convolution, metadata and prefill paths; a `PluggableLayer.register_oot`
 subclass would have had to re-implement the layer's methods around the same calls.
 

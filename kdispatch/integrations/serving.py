@@ -1,0 +1,28 @@
+"""Whether kdispatch should take an engine's call at all on a device: only where what it would run
+is a kernel, i.e. the definition has a router for the device's architecture or a baseline that runs
+there (else the dispatcher would serve the torch reference, far slower than the engine's own
+kernel, and the plugins leave the call to the engine). Decided once per (definition, device).
+"""
+from __future__ import annotations
+
+_decided: dict = {}  # (definition short name, device) -> None or why not
+
+
+def gdn_short(kind: str, value_heads: int) -> str:
+    """The engine-convention GDN definition of `kind` ("decode_packed", "prefill_pool", "verify",
+    "verify_steps") for a rank with `value_heads` value heads (half as many q/k heads)."""
+    return f"gdn_{kind}_qk{value_heads // 2}_v{value_heads}"
+
+
+def not_served(short: str, device) -> str | None:
+    """None where kdispatch runs a kernel for `short` on `device`, else why not."""
+    key = (short, device)
+    if key not in _decided:
+        import kdispatch.ops
+        from kdispatch import arch, registry
+
+        d = kdispatch.ops.DISPATCHERS[short]
+        here = arch.arch_of(device)
+        routed = d.router(here) is not None or registry.baseline(d.definition, here).name != registry.REFERENCE
+        _decided[key] = None if routed else f"{short}: no router and no runnable baseline on {here}"
+    return _decided[key]

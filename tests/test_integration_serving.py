@@ -1,0 +1,22 @@
+"""The plugins take an engine's call only where kdispatch would run a kernel for it: a router for the
+device's architecture, or a baseline that runs there; else (here, on the CPU: no router, and the
+engine baselines need a GPU) the dispatcher would serve the torch reference, and the call stays
+the engine's."""
+import torch
+
+from kdispatch.integrations import serving
+from kdispatch.ops import DISPATCHERS
+
+
+def test_no_kernel_here_means_the_engine_keeps_the_call(monkeypatch):
+    monkeypatch.setattr(serving, "_decided", {})
+    for kind in ("decode_packed", "prefill_pool", "verify", "verify_steps"):
+        why = serving.not_served(serving.gdn_short(kind, 8), torch.device("cpu"))
+        assert why is not None and "no router and no runnable baseline on cpu" in why, kind
+
+
+def test_a_router_means_kdispatch_serves(monkeypatch):
+    monkeypatch.setattr(serving, "_decided", {})
+    d = DISPATCHERS["gdn_verify_steps_qk4_v8"]
+    monkeypatch.setitem(d._routers, "cpu", {"graph": lambda **axes: "reference", "eager": lambda **axes: "reference"})
+    assert serving.not_served("gdn_verify_steps_qk4_v8", torch.device("cpu")) is None
