@@ -1,14 +1,15 @@
 """GDN prefill and speculative verification in the engines' convention (gdn_prefill_pool_*,
-gdn_verify_*; one definition per TP degree): the routed op and every variant against the engine's
-default path (the definition's baseline: SGLang's FlashInfer prefill between its state gather and
-scatter; SGLang's Triton verify kernel), side by side in one run.
+gdn_verify_* (SGLang's), gdn_verify_steps_* (vLLM's); one definition per TP degree): the routed op
+and every variant against the definition's baseline (SGLang's FlashInfer prefill between its state
+gather and scatter; SGLang's Triton verify kernel; for vLLM's verification, the reference until
+vLLM's kernel is staged), side by side in one run.
 
 Per TP head count and shape: the correctness gate (kdispatch.tuner.gate, against the reference)
 and CUDA-graph and eager time per call (kdispatch.tuner.timing: the state pool rotated past the L2),
 with the HBM floor beside it. Prints a table, then per head count the routed op's speedup over the
 baseline (mean, min; prefill also where sequences average <= 256 tokens), graph and eager. Writes JSON.
 
-    python benchmarks/gdn_engine.py prefill|verify [--json out.json] [--heads 32 16 8 4]
+    python benchmarks/gdn_engine.py prefill|verify|verify_steps [--json out.json] [--heads 32 16 8 4]
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 import kdispatch
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name, verify_name
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name, verify_name, verify_steps_name
 from kdispatch.workloads import materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
@@ -36,18 +37,21 @@ VERIFY = [(n, s) for n in (1, 4, 16, 64, 256) for s in (2, 4, 8)]  # (requests, 
 def shapes(family: str) -> list[dict]:
     if family == "prefill":
         return [{"total_seq_len": t, "num_seqs": n, "num_slots": n + 1} for n, t in PREFILL]
+    if family == "verify_steps":
+        return [{"num_seqs": n, "num_steps": s, "total_seq_len": n * s, "num_slots": n * s + 1} for n, s in VERIFY]
     return [{"num_seqs": n, "cache_steps": s, "total_seq_len": n * s, "num_slots": n + 1, "num_cache_rows": n}
             for n, s in VERIFY]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("family", choices=("prefill", "verify"))
+    ap.add_argument("family", choices=("prefill", "verify", "verify_steps"))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--heads", type=int, nargs="+", default=[hv for _, hv in PACKED_HEADS.values()])
     opts = ap.parse_args()
-    name_of = pool_prefill_name if opts.family == "prefill" else verify_name
-    op = kdispatch.ops.gdn_prefill_pool if opts.family == "prefill" else kdispatch.ops.gdn_verify
+    name_of = {"prefill": pool_prefill_name, "verify": verify_name, "verify_steps": verify_steps_name}[opts.family]
+    op = {"prefill": kdispatch.ops.gdn_prefill_pool, "verify": kdispatch.ops.gdn_verify,
+          "verify_steps": kdispatch.ops.gdn_verify_steps}[opts.family]
     here = kdispatch.arch.local_arch()
     rows = []
     for hq, hv in PACKED_HEADS.values():

@@ -9,8 +9,8 @@
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh engines          the engine-convention GPU tests (pool decode / prefill, verify,
 #                                              hostile indices, conformance), after .kd-wheels/engines' setup
-#   bash benchmarks/retune.sh engine-bench     pool prefill and verify: every variant and the routed op against
-#                                              the engine's default path (benchmarks/gdn_engine.py)
+#   bash benchmarks/retune.sh engine-bench     pool prefill and both verify contracts: every variant and the routed
+#                                              op against the engine's default path (benchmarks/gdn_engine.py)
 #
 # Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
@@ -57,10 +57,10 @@ case "$step" in
       tests/gpu/test_gdn_pool_prefill_gpu.py tests/gpu/test_gdn_verify_gpu.py tests/gpu/test_hostile_gpu.py \
       tests/gpu/test_gpu_conformance.py -k "packed or pool or verify" 2>&1 | tail -40 ;;
   engine-bench)
-    for family in prefill verify; do
-      timeout 270 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-$family-pool-H100.json \
+    for family in prefill verify verify_steps; do
+      timeout 180 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-engine-$family-H100.json \
         2>&1 | tail -25
     done
-    keep benchmarks/results/gdn-prefill-pool-H100.json benchmarks/results/gdn-verify-pool-H100.json ;;
+    keep benchmarks/results/gdn-engine-*-H100.json ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
