@@ -48,6 +48,16 @@ _VERIFY_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY.i
 _VERIFY_STEPS_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY_STEPS.items()}
 
 
+def _by_value_heads(calls: dict, op: str, v):
+    """The call of the engine-convention definition for v's value heads (v: [T, HV, 128])."""
+    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    call = calls.get(heads)
+    if call is None:
+        raise ValueError(f"kdispatch.ops.{op}: argument 'v' expected [T, HV, 128] with HV one of "
+                         f"{sorted(calls)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    return call
+
+
 def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
     heads, size = _GDN_STATE[op]
     return torch.zeros(num_states, heads, size, size, dtype=torch.float32, device=device)
@@ -243,13 +253,9 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
     Returns:
         (output bfloat16 [T, HV, 128], state_pool): output is `out` when given.
     """
-    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    call = _POOL_PREFILL_CALL.get(heads)
-    if call is None:
-        raise ValueError(f"kdispatch.ops.gdn_prefill_pool: argument 'v' expected [T, HV, 128] with HV one of "
-                         f"{sorted(_POOL_PREFILL_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    call = _by_value_heads(_POOL_PREFILL_CALL, "gdn_prefill_pool", v)
     if out is None:
-        out = torch.empty(v.shape[0], heads, 128, dtype=torch.bfloat16, device=v.device)
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     return call(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
                 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 
@@ -279,11 +285,7 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seql
     Returns:
         (output bfloat16 [T, HV, 128], intermediate_states).
     """
-    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    call = _VERIFY_CALL.get(heads)
-    if call is None:
-        raise ValueError(f"kdispatch.ops.gdn_verify: argument 'v' expected [T, HV, 128] with HV one of "
-                         f"{sorted(_VERIFY_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    call = _by_value_heads(_VERIFY_CALL, "gdn_verify", v)
     return call(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
                 cache_indices, 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 
@@ -309,11 +311,7 @@ def gdn_verify_steps(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_
     Returns:
         (output bfloat16 [T, HV, 128], state_pool).
     """
-    heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    call = _VERIFY_STEPS_CALL.get(heads)
-    if call is None:
-        raise ValueError(f"kdispatch.ops.gdn_verify_steps: argument 'v' expected [T, HV, 128] with HV one of "
-                         f"{sorted(_VERIFY_STEPS_CALL)}, got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}")
+    call = _by_value_heads(_VERIFY_STEPS_CALL, "gdn_verify_steps", v)
     return call(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens,
                 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
 

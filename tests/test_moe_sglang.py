@@ -1,9 +1,7 @@
 """SGLang's Triton fused MoE as the moe_fp8 baseline (kernels/library/moe/sglang.py), on the CPU under
 the Triton interpreter (tests skip where SGLang is not installed; on a GPU they run there).
 
-Sizes as tests/test_moe_triton.py: hidden 7168 -> 256, intermediate 2048 -> 128, the routing
-unchanged (256 experts, 8 groups, top 8) and 32 local experts; the input builder and the float64
-expected value (the reference's formula, dense) are that test's.
+Sizes, inputs and the float64 expected value (the reference's formula, dense): tests/moe_small.py.
 
 Tolerance. SGLang's FP8 W8A8 path re-quantises the SwiGLU output to FP8 (e4m3, one scale per 128
 columns of each row) before GEMM2, where kdispatch's own kernel keeps it in bf16. That rounding (up
@@ -30,6 +28,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("sglang") is None, rea
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 
+import moe_small  # noqa: E402
 from conftest import INTERPRETED, kernel_module  # noqa: E402
 from kdispatch.references import moe_fp8 as ref  # noqa: E402
 
@@ -64,51 +63,33 @@ def fixed_interpreter():
 
 
 @pytest.fixture(scope="module")
-def M():
+def M(bare_sglang):
     return kernel_module(MODULE)
 
 
-HIDDEN, INTER, LOCAL = 256, 128, 32
-FP8 = torch.float8_e4m3fn
+@pytest.fixture(scope="module")
+def bare_sglang():
+    """SGLang's modules loaded the way the GPU machine loads them (bare packages, stubs): an earlier
+    test may have imported SGLang itself, whose MoE modules then pull its model configs
+    (transformers, not installed here). Its modules are set aside while these tests run."""
+    from kdispatch.kernels.library import sglang_loader
+
+    def sglang_modules():
+        return {k: m for k, m in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+
+    saved = sglang_modules()
+    for name in saved:
+        del sys.modules[name]
+    sglang_loader.sglang_function.cache_clear()
+    yield
+    for name in sglang_modules():
+        del sys.modules[name]
+    sys.modules.update(saved)
+    sglang_loader.sglang_function.cache_clear()
 
 
-def _blockq(x, rows_block, cols_block):
-    """FP8 quantisation with one scale per block; returns (fp8, scale[R/rb, C/cb])."""
-    r, c = x.shape[-2:]
-    xb = x.view(*x.shape[:-2], r // rows_block, rows_block, c // cols_block, cols_block)
-    amax = xb.abs().amax(dim=(-3, -1)).clamp_min(1e-6)
-    scale = amax / 448.0
-    q = (xb / scale[..., :, None, :, None]).to(FP8).view(x.shape)
-    return q, scale.float()
-
-
-def _inputs(T, seed, offset=64):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(T, 256, generator=g)
-    bias = (0.02 * torch.randn(256, generator=g)).to(torch.bfloat16)
-    x, xs = _blockq(torch.randn(T, HIDDEN, generator=g), 1, 128)  # xs [T, H/128]
-    w1, w1s = _blockq(torch.randn(LOCAL, 2 * INTER, HIDDEN, generator=g) * HIDDEN ** -0.5, 128, 128)
-    w2, w2s = _blockq(torch.randn(LOCAL, HIDDEN, INTER, generator=g) * INTER ** -0.5, 128, 128)
-    return [logits, bias, x, xs.t().contiguous(), w1, w1s, w2, w2s, offset, 2.5]
-
-
-def _expected(logits, bias, x, xs, w1, w1s, w2, w2s, offset, scaling):
-    """The reference's formula, dense over all local experts, in float64."""
-    experts, weights = ref._route(logits, bias, scaling)
-    xd = (x.double().view(-1, HIDDEN // 128, 128) * xs.t().double()[:, :, None]).view(-1, HIDDEN)
-    out = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float64)
-    for e in range(LOCAL):
-        w_tok = (weights.double() * (experts == offset + e)).sum(dim=1)  # [T]
-        if not w_tok.any():
-            continue
-        a = (w1[e].double().view(2 * INTER // 128, 128, HIDDEN // 128, 128)
-             * w1s[e].double()[:, None, :, None]).view(2 * INTER, HIDDEN)
-        b = (w2[e].double().view(HIDDEN // 128, 128, INTER // 128, 128)
-             * w2s[e].double()[:, None, :, None]).view(HIDDEN, INTER)
-        h = xd @ a.t()
-        y = torch.nn.functional.silu(h[:, INTER:]) * h[:, :INTER]
-        out += w_tok[:, None] * (y @ b.t())
-    return out
+HIDDEN, INTER, LOCAL, FP8 = moe_small.HIDDEN, moe_small.INTER, moe_small.LOCAL, moe_small.FP8
+_inputs, _expected = moe_small.inputs, moe_small.expected
 
 
 def _dequant_w(w, s):

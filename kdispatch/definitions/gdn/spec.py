@@ -238,16 +238,27 @@ def _live_slots(n: int, slots: int, g: torch.Generator) -> torch.Tensor:
     return idx
 
 
+def _raw_qkv(total: int, axes: dict, given: dict, ctx) -> dict:
+    """q, k [T, HQ, D] and v [T, HV, D] bf16 as the engines pass them: raw (not normalised)."""
+    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    return {name: torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+            for name, heads in (("q", hq), ("k", hq), ("v", hv)) if name not in given}
+
+
+def _raw_gates(total: int, hv: int, given: dict, ctx) -> dict:
+    """Raw gate inputs a, b [T, HV] bf16 and the model's A_log, dt_bias."""
+    out = {name: torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+           for name in ("a", "b") if name not in given}
+    return {**out, **_gate_params(hv, ctx)}
+
+
 def build_prefill_pool(axes, given, ctx) -> dict:
     """Raw q/k (the op normalises them), the engine's activated gates (log decay from the model's
     A_log/dt_bias ranges, beta = sigmoid of N(0, 1)), a pool whose slots three in four sequences
     continue (`has_initial_state`), int32 boundaries at random cut points."""
     total, n, slots = axes["total_seq_len"], axes["num_seqs"], axes["num_slots"]
-    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
-    out = {}
-    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
-        if name not in given:
-            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+    hv, d = axes["num_v_heads"], axes["head_size"]
+    out = _raw_qkv(total, axes, given, ctx)
     params = _gate_params(hv, ctx)
     if "g" not in given:
         a = torch.randn(total, hv, generator=ctx.rng("a"))
@@ -316,19 +327,12 @@ def build_verify(axes, given, ctx) -> dict:
     slots (slot 0 unused) and a cache row per request, both in random order; from 8 requests on the
     last eighth are padding (slot and cache row -1), as in a CUDA-graph bucket."""
     n, steps, total = axes["num_seqs"], axes["cache_steps"], axes["total_seq_len"]
-    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    hv, d = axes["num_v_heads"], axes["head_size"]
     if total != n * steps:
         raise ValueError(f"total_seq_len {total} != num_seqs {n} x cache_steps {steps}")
     if axes["num_cache_rows"] < n:
         raise ValueError(f"num_cache_rows {axes['num_cache_rows']} < num_seqs {n}")
-    out = {}
-    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
-        if name not in given:
-            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
-    for name in ("a", "b"):
-        if name not in given:
-            out[name] = torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
-    out.update(_gate_params(hv, ctx))
+    out = {**_raw_qkv(total, axes, given, ctx), **_raw_gates(total, hv, given, ctx)}
     if "state_pool" not in given:
         out["state_pool"] = _state(axes["num_slots"], hv, d, ctx.rng("state"))
     if "state_indices" not in given:
@@ -407,19 +411,12 @@ def build_verify_steps(axes, given, ctx) -> dict:
     request and step in a pool whose slot 0 is vLLM's null block, 1 to num_steps accepted steps;
     from 8 requests on the last eighth are padding (null slots), as in a CUDA-graph bucket."""
     n, steps, total = axes["num_seqs"], axes["num_steps"], axes["total_seq_len"]
-    hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
+    hv, d = axes["num_v_heads"], axes["head_size"]
     if total != n * steps:
         raise ValueError(f"total_seq_len {total} != num_seqs {n} x num_steps {steps}")
     if axes["num_slots"] < n * steps + 1:
         raise ValueError(f"num_slots {axes['num_slots']} < {n * steps + 1} (a slot per step, slot 0 null)")
-    out = {}
-    for name, heads in (("q", hq), ("k", hq), ("v", hv)):
-        if name not in given:
-            out[name] = torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
-    for name in ("a", "b"):
-        if name not in given:
-            out[name] = torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
-    out.update(_gate_params(hv, ctx))
+    out = {**_raw_qkv(total, axes, given, ctx), **_raw_gates(total, hv, given, ctx)}
     if "state_pool" not in given:
         out["state_pool"] = _state(axes["num_slots"], hv, d, ctx.rng("state"))
     if "step_slots" not in given:
