@@ -5,7 +5,9 @@ outside the pool read or written), and the CUDA kernel inside a CUDA graph. Skip
 import pytest
 import torch
 
-from kdispatch import arch, registry
+from engine_pool import paged, untouched_margins
+from engine_pool import runnable as _runnable
+from kdispatch import registry
 from kdispatch.definitions.gdn.spec import PACKED_HEADS
 from kdispatch.workloads import materialize
 
@@ -23,11 +25,7 @@ def args_for(hq, hv, batch, slots, seed=0):
 
 
 def runnable(hq, hv, name):
-    v = registry.get(f"gdn_decode_packed_qk{hq}_v{hv}", name)
-    why = v.why_not(arch.local_arch())
-    if why:
-        pytest.skip(f"{name}: {why}")
-    return v
+    return _runnable(f"gdn_decode_packed_qk{hq}_v{hv}", name)
 
 
 def clone(args):
@@ -50,15 +48,12 @@ def test_engine_layouts(hq, hv, name):
     mixed, pool = args[0], args[5]
     wide = torch.zeros(24, mixed.shape[1] + 128, dtype=mixed.dtype, device="cuda")
     wide[:, 64:64 + mixed.shape[1]] = mixed
-    slot = pool[0].numel()
-    pages = torch.zeros(30, slot + 2048, device="cuda")
-    pages[:, :slot] = pool.reshape(30, -1)
-    view = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
+    pages, view = paged(pool)
     args[0], args[5] = wide[:, 64:64 + mixed.shape[1]], view
     got = v.fn(*args)
     assert got[1] is view and got[0] is args[7]
     check(got, want)
-    assert torch.equal(pages[:, slot:], torch.zeros_like(pages[:, slot:])), "written between slots"
+    assert untouched_margins(pages, pool[0].numel()), "written between slots"
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -6,9 +6,11 @@ cu_seqlens (zero output, pool unchanged), and inside a CUDA graph. Skipped witho
 import pytest
 import torch
 
-from kdispatch import arch, registry
+from engine_pool import paged, untouched_margins
+from engine_pool import args_for as _args_for
+from engine_pool import runnable as _runnable
+from kdispatch import registry
 from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
-from kdispatch.workloads import materialize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -20,17 +22,11 @@ Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
 
 
 def args_for(hq, hv, total, seqs, slots, seed=0):
-    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": slots}, "inputs": {},
-         "uuid": f"pool-prefill-gpu-{hv}-{total}-{seqs}"}
-    return list(materialize(pool_prefill_name(hq, hv), w, device="cuda", seed=seed))
+    return _args_for(pool_prefill_name(hq, hv), {"total_seq_len": total, "num_seqs": seqs, "num_slots": slots}, seed)
 
 
 def runnable(hq, hv, name):
-    v = registry.get(pool_prefill_name(hq, hv), name)
-    why = v.why_not(arch.local_arch())
-    if why:
-        pytest.skip(f"{name}: {why}")
-    return v
+    return _runnable(pool_prefill_name(hq, hv), name)
 
 
 def reference(hq, hv, args):
@@ -63,16 +59,12 @@ def test_engine_layouts(hq, hv, total, seqs, name):
     for dst, src in zip(parts, (q, k, vv)):
         dst.copy_(src.reshape(total, -1))
     args[Q], args[K], args[V] = (p.view(total, -1, 128) for p in parts)
-    pool = args[POOL]
-    slot = pool[0].numel()
-    pages = torch.zeros(pool.shape[0], slot + 2048, device="cuda")
-    pages[:, :slot] = pool.reshape(pool.shape[0], -1)
-    view = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
+    pages, view = paged(args[POOL])
     args[POOL] = view
     got = v.fn(*args)
     assert got[1] is view and got[0] is args[OUT]
     check(got, want)
-    assert torch.equal(pages[:, slot:], torch.zeros_like(pages[:, slot:])), "written between slots"
+    assert untouched_margins(pages, view[0].numel()), "written between slots"
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -7,9 +7,11 @@ buffer read or written), and inside a CUDA graph. Skipped without CUDA."""
 import pytest
 import torch
 
+from engine_pool import paged, untouched_margins
+from engine_pool import args_for as _args_for
+from engine_pool import runnable as _runnable
 from kdispatch import arch, registry
 from kdispatch.definitions.gdn.spec import PACKED_HEADS, verify_name, verify_steps_name
-from kdispatch.workloads import materialize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -23,18 +25,12 @@ def variants(hq, hv):
 
 
 def args_for(hq, hv, seqs, steps, seed=0, rows=None):
-    axes = {"num_seqs": seqs, "cache_steps": steps, "total_seq_len": seqs * steps, "num_slots": seqs + 3,
-            "num_cache_rows": rows or seqs + 2}
-    w = {"axes": axes, "inputs": {}, "uuid": f"verify-gpu-{hv}-{seqs}-{steps}"}
-    return list(materialize(verify_name(hq, hv), w, device="cuda", seed=seed))
+    return _args_for(verify_name(hq, hv), {"num_seqs": seqs, "cache_steps": steps, "total_seq_len": seqs * steps,
+                                           "num_slots": seqs + 3, "num_cache_rows": rows or seqs + 2}, seed)
 
 
 def runnable(hq, hv, name):
-    v = registry.get(verify_name(hq, hv), name)
-    why = v.why_not(arch.local_arch())
-    if why:
-        pytest.skip(f"{name}: {why}")
-    return v
+    return _runnable(verify_name(hq, hv), name)
 
 
 def reference(hq, hv, args):
@@ -62,12 +58,7 @@ def test_engine_layouts(hq, hv, seqs, steps):
         for dst, src in zip(parts, (q, k, vv)):
             dst.copy_(src.reshape(total, -1))
         args[Q], args[K], args[V] = (p.view(total, -1, 128) for p in parts)
-        pool = args[POOL]
-        slot = pool[0].numel()
-        pages = torch.zeros(pool.shape[0], slot + 2048, device="cuda")
-        pages[:, :slot] = pool.reshape(pool.shape[0], -1)
-        view = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
-        args[POOL] = view
+        pages, args[POOL] = paged(args[POOL])
         before = pages.clone()
         got = v.fn(*args)
         assert got[1] is args[INTER], name
@@ -119,9 +110,8 @@ def test_in_a_graph(hq, hv):
 # ---- vLLM's contract (gdn_verify_steps_*): a slot per draft step, in the pool itself -------------
 
 def steps_args(hq, hv, seqs, steps, seed=0):
-    axes = {"num_seqs": seqs, "num_steps": steps, "total_seq_len": seqs * steps, "num_slots": seqs * steps + 3}
-    w = {"axes": axes, "inputs": {}, "uuid": f"verify-steps-gpu-{hv}-{seqs}-{steps}"}
-    return list(materialize(verify_steps_name(hq, hv), w, device="cuda", seed=seed))
+    return _args_for(verify_steps_name(hq, hv), {"num_seqs": seqs, "num_steps": steps, "total_seq_len": seqs * steps,
+                                                 "num_slots": seqs * steps + 3}, seed)
 
 
 @pytest.mark.parametrize("hq,hv", HEADS)
@@ -133,15 +123,11 @@ def test_steps_on_a_paged_pool(hq, hv, seqs, steps):
         if v.why_not(arch.local_arch()):
             continue
         args = steps_args(hq, hv, seqs, steps, seed=seqs)
-        pool = args[POOL]
-        slot = pool[0].numel()
-        pages = torch.zeros(pool.shape[0], slot + 2048, device="cuda")
-        pages[:, :slot] = pool.reshape(pool.shape[0], -1)
-        args[POOL] = pages.as_strided(pool.shape, (slot + 2048, *pool.stride()[1:]))
+        pages, args[POOL] = paged(args[POOL])
         want_out, want_pool = registry.get(name, "reference").fn(*[x.clone() if torch.is_tensor(x) else x
                                                                     for x in args])
         out, got = v.fn(*args)
         assert got is args[POOL], v.name
         torch.testing.assert_close(out.float(), want_out.float(), rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(got, want_pool, rtol=1e-2, atol=1e-2)
-        assert torch.equal(pages[:, slot:], torch.zeros_like(pages[:, slot:])), f"{v.name} wrote between slots"
+        assert untouched_margins(pages, args[POOL][0].numel()), f"{v.name} wrote between slots"
