@@ -111,6 +111,8 @@ def _importable(module: str) -> bool:
 
 
 _VARIANTS: dict[str, dict[str, Variant]] = {}
+# (definition, arch) -> its baseline: asked on every new call signature; cleared when a variant comes or goes
+_BASELINES: dict[tuple[str, str], Variant] = {}
 _IMPORT_FAILURES: dict[str, str] = {}  # module -> reason
 _discovered = False
 
@@ -159,6 +161,7 @@ def register(v: Variant) -> Variant:
     if old is not None and old.source != v.source:
         raise ValueError(f"{v.definition}: variant name {v.name!r} registered twice ({old.source} and {v.source})")
     table[v.name] = v
+    _BASELINES.clear()
     return v
 
 
@@ -217,10 +220,12 @@ def get(definition: str, name: str) -> Variant:
 
 def baseline(definition: str, arch: str) -> Variant:
     """The baseline of (definition, arch): the official library call where it runs, else the reference."""
-    for v in variants(definition):
-        if v.baseline and v.why_not(arch) is None and (ANY_ARCH in v.archs or arch in v.archs):
-            return v
-    return get(definition, REFERENCE)
+    found = _BASELINES.get((definition, arch))
+    if found is None:
+        found = next((v for v in variants(definition) if v.baseline and v.why_not(arch) is None
+                      and (ANY_ARCH in v.archs or arch in v.archs)), None) or get(definition, REFERENCE)
+        _BASELINES[(definition, arch)] = found
+    return found
 
 
 def baseline_gaps(definition: str, arch: str) -> list[str]:
@@ -239,8 +244,10 @@ def unregister(definition: str, name: str) -> None:
     if name == REFERENCE:
         raise ValueError("the reference variant cannot be unregistered")
     _VARIANTS.get(definitions.resolve_name(definition), {}).pop(name, None)
+    _BASELINES.clear()
 
 
 def forget_definition(definition: str) -> None:
     """Drops every variant of a definition, its reference included (before `definitions.remove`)."""
     _VARIANTS.pop(definitions.resolve_name(definition), None)
+    _BASELINES.clear()

@@ -43,6 +43,9 @@ class Checker:
         self.scalar_constraints = [c for c in self.constraints if _names(c) & scalars and _names(c) <= scalars | set(self.const)]
         # compiled once: eval() of the text on every call cost ~7 us
         self._scalar_checks = [(c, self._over_args(c)) for c in self.scalar_constraints]
+        # every constraint, compiled once (a new call signature evaluates them all: parsing the text
+        # each time was most of that check's cost); the ones reading device memory marked
+        self._constraints = [(c, compile(c, f"<constraint {c}>", "eval"), ".item()" in c) for c in self.constraints]
         # their int scalars, type-checked on every call too (a float offset would pass the range check)
         used = set().union(*map(_names, self.scalar_constraints))
         self._int_scalars = [i for i, (n, s) in enumerate(self.inputs)
@@ -145,11 +148,11 @@ class Checker:
     def _check_constraints(self, args, bound, where, device, sync=False):
         env = {**self.const, **bound}
         env.update({n: x for (n, _), x in zip(self.inputs, args)})
-        for c in self.constraints:
-            if ".item()" in c and not sync and (device is None or device.type != "cpu"):
+        for c, code, reads_device in self._constraints:
+            if reads_device and not sync and (device is None or device.type != "cpu"):
                 continue  # would need a device sync
             try:
-                ok = eval(c, {"__builtins__": {}}, env)  # definition constraints are plain expressions
+                ok = eval(code, {"__builtins__": {}}, env)  # definition constraints are plain expressions
             except (NameError, TypeError, IndexError, AttributeError):
                 continue  # refers to an optional input that was not given
             if not ok:
