@@ -20,3 +20,17 @@ def test_a_router_means_kdispatch_serves(monkeypatch):
     d = DISPATCHERS["gdn_verify_steps_qk4_v8"]
     monkeypatch.setitem(d._routers, "cpu", {"graph": lambda **axes: "reference", "eager": lambda **axes: "reference"})
     assert serving.not_served("gdn_verify_steps_qk4_v8", torch.device("cpu")) is None
+
+
+def test_a_call_that_raises_goes_to_the_engine_from_then_on(monkeypatch):
+    monkeypatch.setattr(serving, "_decided", {("gdn_verify_qk4_v8", "cuda:0"): None})
+    stats = {"served": 0, "passed": 0, "first_pass_reason": None}
+
+    def broken():
+        raise RuntimeError("no kernel image")
+
+    assert serving.attempt(stats, "gdn_verify_qk4_v8", "cuda:0", broken, lambda: "engine") == "engine"
+    assert stats["passed"] == 1 and "no kernel image" in stats["first_pass_reason"]
+    assert "raised RuntimeError" in serving.not_served("gdn_verify_qk4_v8", "cuda:0")
+    assert serving.attempt(stats, "gdn_verify_qk4_v8", "cuda:0", lambda: "kdispatch", lambda: "engine") == "kdispatch"
+    assert stats["served"] == 1

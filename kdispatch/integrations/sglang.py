@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from kdispatch.integrations import packed_decode, pool_prefill, verify
+from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_SGLANG"
 KERNELS = "sglang.srt.layers.attention.linear.kernels"
@@ -80,10 +80,16 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
         _passed(STATS, why)
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
-    STATS["served"] += 1
-    out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
-    packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
-    return out.transpose(0, 1)
+
+    def ours():
+        out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
+        packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
+        return out.transpose(0, 1)
+
+    return serving.attempt(STATS, serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device, ours,
+                           lambda: original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                                            ssm_states=ssm_states, cache_indices=cache_indices,
+                                            num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs))
 
 
 def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
@@ -103,11 +109,16 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
         _passed(EXTEND_STATS, why)
         return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
                         query_start_loc=query_start_loc, **kwargs)
-    EXTEND_STATS["served"] += 1
-    out = output if output is not None else v.new_empty(v.shape)
-    pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots,
-                       pool_prefill.all_true(slots.shape[0], slots.device), query_start_loc, out[0])
-    return out, None, None
+
+    def ours():
+        out = output if output is not None else v.new_empty(v.shape)
+        pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots,
+                           pool_prefill.all_true(slots.shape[0], slots.device), query_start_loc, out[0])
+        return out, None, None
+
+    return serving.attempt(EXTEND_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, ours,
+                           lambda: original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
+                                            query_start_loc=query_start_loc, **kwargs))
 
 
 def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
@@ -129,6 +140,11 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
                         query_start_loc=query_start_loc, intermediate_states_buffer=intermediate_states_buffer,
                         intermediate_state_indices=intermediate_state_indices,
                         retrieve_parent_token=retrieve_parent_token, **kwargs)
-    VERIFY_STATS["served"] += 1
-    return verify.serve(q[0], k[0], v[0], a, b, A_log, dt_bias, ssm_states, slots, query_start_loc,
-                        intermediate_states_buffer, rows)[None]
+    return serving.attempt(
+        VERIFY_STATS, serving.gdn_short("verify", v.shape[2]), v.device,
+        lambda: verify.serve(q[0], k[0], v[0], a, b, A_log, dt_bias, ssm_states, slots, query_start_loc,
+                             intermediate_states_buffer, rows)[None],
+        lambda: original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
+                         query_start_loc=query_start_loc, intermediate_states_buffer=intermediate_states_buffer,
+                         intermediate_state_indices=intermediate_state_indices,
+                         retrieve_parent_token=retrieve_parent_token, **kwargs))

@@ -32,7 +32,7 @@ import importlib
 import logging
 import os
 
-from kdispatch.integrations import packed_decode, verify
+from kdispatch.integrations import packed_decode, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
@@ -97,9 +97,16 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
         return _originals[KERNEL](mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
                          initial_state=initial_state, out=out, ssm_state_indices=ssm_state_indices,
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-    STATS["served"] += 1
-    packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ssm_state_indices, out)
-    return out, initial_state
+
+    def ours():
+        packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ssm_state_indices, out)
+        return out, initial_state
+
+    return serving.attempt(STATS, serving.gdn_short("decode_packed", heads), mixed_qkv.device, ours,
+                           lambda: _originals[KERNEL](mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                                                      scale=scale, initial_state=initial_state, out=out,
+                                                      ssm_state_indices=ssm_state_indices,
+                                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel))
 
 
 def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None, initial_state=None,
@@ -127,7 +134,16 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
             initial_state=initial_state, inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
-    VERIFY_STATS["served"] += 1
-    out = verify.serve_steps(q[0], k[0], v[0], a, b, A_log, dt_bias, initial_state, slots, accepted, cu_seqlens,
-                             scale)
-    return out[None], initial_state
+
+    def ours():
+        out = verify.serve_steps(q[0], k[0], v[0], a, b, A_log, dt_bias, initial_state, slots, accepted, cu_seqlens,
+                                 scale)
+        return out[None], initial_state
+
+    return serving.attempt(
+        VERIFY_STATS, serving.gdn_short("verify_steps", v.shape[2]), v.device, ours,
+        lambda: _originals[VERIFY_KERNEL](
+            A_log=A_log, a=a, b=b, dt_bias=dt_bias, q=q, k=k, v=v, beta=beta, threshold=threshold, scale=scale,
+            initial_state=initial_state, inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
+            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs))
