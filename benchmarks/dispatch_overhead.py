@@ -9,6 +9,9 @@ no data), so the only time measured is dispatch itself:
     custom op   = time(torch.ops.kdispatch.<op>(*args)) - time(noop(*args)) on valid CPU inputs (the
                   noop returns preallocated outputs), the path of a compiled graph and of code that
                   calls the registered op itself (kdispatch.custom_ops)
+    new shape   = a call whose shapes the dispatcher has not seen (validation, routing of both modes,
+                  the guard), each call another size of NEW_SHAPE_AXIS: what an engine pays on most
+                  prefill calls, whose token count changes from call to call
 FlashInfer-Bench is timed on its cheapest path (the dataset holds no solution, so it builds the
 lookup key, misses and calls the fallback). Medians over repeated timing rounds, one process.
 
@@ -39,6 +42,20 @@ SMALL = {
     "gdn_decode": {"batch_size": 8},
     "gdn_prefill": {"total_seq_len": 128, "num_seqs": 2, "len_cu_seqlens": 3},
 }
+
+
+NEW_SHAPE_AXIS = {"moe_fp8": "seq_len", "dsa_topk_indexer": "batch_size", "dsa_sparse_attention": "num_tokens",
+                  "gdn_decode": "batch_size", "gdn_prefill": "total_seq_len"}
+
+
+def new_shape_us(op_fn, op: str, calls: int) -> float:
+    """Mean time of calls that each bring a shape the dispatcher has not seen."""
+    axis = NEW_SHAPE_AXIS[op]
+    argsets = [meta_arguments(op, {**SMALL[op], axis: SMALL[op][axis] + 1 + i}) for i in range(calls)]
+    t0 = time.perf_counter()
+    for args in argsets:
+        op_fn(*args)
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def per_call_us(fn, args, calls: int, rounds: int) -> float:
@@ -98,7 +115,7 @@ def main() -> None:
     result["capturing_call_us"] = per_call_us(capturing, (), opts.calls, opts.rounds)
     print(f"dispatch.capturing() alone: {result['capturing_call_us']:.3f} us")
     print(f"{'operator':<22}{'direct us':>10}{'kdispatch +us':>15}{'two modes +us':>15}{'custom op +us':>15}"
-          f"{'fib.apply +us':>15}{'ratio':>8}")
+          f"{'new shape +us':>15}{'fib.apply +us':>15}{'ratio':>8}")
     for op in SMALL:
         d = kdispatch.ops.DISPATCHERS[op]
         args = meta_arguments(op, SMALL[op])
@@ -117,7 +134,8 @@ def main() -> None:
         d.set_router("meta", lambda **axes: "noop")
         registry.unregister(d.definition, "noop_eager")
         row = {"direct_us": direct, "kdispatch_added_us": kd, "two_modes_added_us": two,
-               "custom_op_added_us": custom_op_added_us(d, SMALL[op], opts)}
+               "custom_op_added_us": custom_op_added_us(d, SMALL[op], opts),
+               "new_shape_added_us": new_shape_us(op_fn, op, max(opts.calls // 10, 50)) - direct}
         if fib_apply is not None:
             fib_call = lambda *a, _n=d.definition: fib_apply(_n, args=a, fallback=noop)  # noqa: E731
             fib_call(*args)
@@ -125,7 +143,8 @@ def main() -> None:
             row["ratio"] = row["fib_apply_added_us"] / kd
         result["ops"][op] = row
         fib_s = f"{row['fib_apply_added_us']:>15.2f}{row['ratio']:>7.1f}x" if "ratio" in row else f"{'n/a':>15}"
-        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{two:>15.3f}{row['custom_op_added_us']:>15.3f}{fib_s}")
+        print(f"{op:<22}{direct:>10.3f}{kd:>15.3f}{two:>15.3f}{row['custom_op_added_us']:>15.3f}"
+              f"{row['new_shape_added_us']:>15.2f}{fib_s}")
         d.set_router("meta", None)
         registry.unregister(d.definition, "noop")
     if fib_rt is not None:
