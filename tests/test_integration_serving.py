@@ -34,3 +34,17 @@ def test_a_call_that_raises_goes_to_the_engine_from_then_on(monkeypatch):
     assert "raised RuntimeError" in serving.not_served("gdn_verify_qk4_v8", "cuda:0")
     assert serving.attempt(stats, "gdn_verify_qk4_v8", "cuda:0", lambda: "kdispatch", lambda: "engine") == "kdispatch"
     assert stats["served"] == 1
+
+
+def test_layer_parameters_are_converted_per_tensor_and_version():
+    """A_log / dt_bias in bf16 go to float32 once per tensor; a parameter written in place, or a new
+    tensor at a dead one's address, is converted again (a stale copy would silently change the gates)."""
+    from kdispatch.integrations.packed_decode import as_fp32
+
+    a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    first = as_fp32(a)
+    assert as_fp32(a) is first and first.tolist() == [1.0, 2.0]
+    a.add_(1)
+    assert as_fp32(a).tolist() == [2.0, 3.0]
+    for value in (5.0, 7.0):  # fresh tensors, often at the same address
+        assert as_fp32(torch.full((2,), value, dtype=torch.bfloat16)).tolist() == [value, value]

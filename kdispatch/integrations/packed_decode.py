@@ -6,13 +6,15 @@ runs a covered call, writing the output into `out` and the states into the pool 
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from kdispatch.integrations import serving
 
 HEADS = (4, 8, 16, 32)  # value heads of the gdn_decode_packed definitions (q/k heads: half)
 DIM = 128
-_fp32: dict = {}  # (data_ptr, dtype, numel) of a layer's A_log / dt_bias -> its float32 copy, made once
+_fp32: dict = {}  # id of a layer's A_log / dt_bias -> (weak reference, version, its float32 copy)
 
 
 def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int) -> str | None:
@@ -32,13 +34,15 @@ def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int)
 
 
 def as_fp32(t: torch.Tensor) -> torch.Tensor:
-    """A layer parameter (A_log, dt_bias) as float32, the definitions' dtype: converted once."""
+    """A layer parameter (A_log, dt_bias) as float32, the definitions' dtype: converted once per
+    tensor and version (a parameter loaded in place is converted again; a tensor that died is never
+    mistaken for a new one at its address)."""
     if t.dtype == torch.float32:
         return t
-    key = (t.data_ptr(), t.dtype, t.numel())
-    if key not in _fp32:
-        _fp32[key] = t.float().contiguous()
-    return _fp32[key]
+    held = _fp32.get(id(t))
+    if held is None or held[0]() is not t or held[1] != t._version:
+        held = _fp32[id(t)] = (weakref.ref(t), t._version, t.float().contiguous())
+    return held[2]
 
 
 def serve(mixed_qkv, a, b, A_log, dt_bias, scale, pool, slots, out) -> None:
