@@ -2,13 +2,17 @@
 # gpu-setup.sh). From the project root:
 #
 #   bash benchmarks/retune.sh tune MINUTES     measure what the main store lacks (contest + coverage), refit routers
+#                                              (TUNE_ARGS adds tune options: --device cuda:0, --definitions ...,
+#                                              --no-route; the archive is $OUT/tune$TUNE_TAG.tgz)
 #   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on)
 #   bash benchmarks/retune.sh check            the routers on the held-out store (regret), the routed op against
 #                                              the baseline on the held-out set, every variant on the reported shapes
 #   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh engines          the engine-convention GPU tests (pool decode / prefill, verify,
-#                                              hostile indices, conformance), after .kd-wheels/engines' setup
+#                                              hostile indices) and every variant's GPU conformance, after
+#                                              .kd-wheels/engines' setup; failures listed in $OUT/engines.txt
+#   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
 #   bash benchmarks/retune.sh engine-bench     pool prefill and both verify contracts: every variant and the routed
 #                                              op against the engine's default path (benchmarks/gdn_engine.py)
 #
@@ -24,11 +28,12 @@ HELDOUT_STORE=tuner/results/heldout/$DEVICE_SLUG.sqlite
 step=${1:?step}
 minutes=${2:-9}
 mkdir -p "$OUT"
-keep() { tar czf "$OUT/$step.tgz" "$@" 2>/dev/null || true; }  # one archive a step: few files come back
+keep() { tar czf "$OUT/$step${TUNE_TAG:-}.tgz" "$@" 2>/dev/null || true; }  # one archive a step: few files come back
 
 case "$step" in
   tune)
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --max-minutes "$minutes" 2>&1 | tail -40
+    # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -40
     keep tuner/results/traces routers tuner/results/report ;;
   heldout)
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --workloads traces/heldout \
@@ -53,9 +58,14 @@ case "$step" in
     cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
     keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
   engines)
-    timeout 560 python -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_packed_gpu.py \
+    timeout 300 python -m pytest -q -rf -p no:cacheprovider tests/gpu/test_gdn_packed_gpu.py \
       tests/gpu/test_gdn_pool_prefill_gpu.py tests/gpu/test_gdn_verify_gpu.py tests/gpu/test_hostile_gpu.py \
-      tests/gpu/test_gpu_conformance.py -k "packed or pool or verify" 2>&1 | tail -40 ;;
+      > "$OUT/engines.txt" 2>&1
+    timeout 240 python -m pytest -q -rf -p no:cacheprovider tests/gpu/test_gpu_conformance.py >> "$OUT/engines.txt" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/engines.txt" | cut -c1-300 | tail -60 ;;
+  sanitize)
+    timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
+    tail -25 "$OUT/sanitize.txt" ;;
   engine-bench)
     for family in prefill verify verify_steps; do
       timeout 180 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-engine-$family-H100.json \
