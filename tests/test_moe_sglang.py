@@ -290,3 +290,32 @@ def test_imports_as_on_a_cuda_host_without_sgl_kernel():
     run = subprocess.run([sys.executable, "-c", _CUDA_HOST_IMPORT], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("builds", [False, True])
+def test_flashinfer_router_is_probed_once(M, monkeypatch, caplog, builds):
+    """SGLang's first router is flashinfer's JIT kernel; where it cannot be built (a FlashInfer
+    without CUDA sources, as on the project's GPU machine) the probe says so once and the Triton
+    router serves."""
+    import types
+
+    calls = []
+
+    def fused_topk_deepseek(scores, bias, n_group, topk_group, topk, scale, weights, ids, launch_with_pdl):
+        calls.append(scores.shape)
+        if not builds:
+            raise RuntimeError("Ninja build failed. Ninja output:\nmissing sources")
+
+    fake = types.ModuleType("flashinfer.fused_moe")
+    fake.fused_topk_deepseek = fused_topk_deepseek
+    monkeypatch.setitem(sys.modules, "flashinfer.fused_moe", fake)
+    M._flashinfer_router.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            first = M._flashinfer_router(torch.device("cpu"), 256)
+            again = M._flashinfer_router(torch.device("cpu"), 256)
+    finally:
+        M._flashinfer_router.cache_clear()
+    assert first is again is builds and calls == [(1, 256)]
+    warned = [r for r in caplog.records if "Triton router" in r.getMessage()]
+    assert len(warned) == (0 if builds else 1)

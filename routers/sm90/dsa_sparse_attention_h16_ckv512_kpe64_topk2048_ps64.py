@@ -5,17 +5,18 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T07:23:43Z
+# measured    up to 2026-11-25T17:17:59Z
 # workloads   55 (workload-set digest 88f208243be25818)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference             1ce1b87a23951010  55/55  1.00x
-#   cuda_splitk.s1        d7808f4708b69fb0  55/55  3.34x
-#   cuda_splitk.s16       faa3676ec72b24b9  37/37  10.55x
-#   cuda_splitk.s2        e72ed2d759d00285  44/44  3.73x
-#   cuda_splitk.s4        103607f3661b68be  42/42  5.54x
-#   cuda_splitk.s64       090f92bdb98b81d3  32/32  9.94x
-#   cuda_splitk.s8        3878171ea11d050d  39/39  8.10x
+#   cuda_splitk.s1        ef0b2e54f63a4ff9  52/52  3.03x
+#   cuda_splitk.s16       be1fe4e93beb338b  37/37  10.50x
+#   cuda_splitk.s2        1daa51b99be51605  44/44  3.71x
+#   cuda_splitk.s4        3fd07cffc6cc77dd  42/42  5.50x
+#   cuda_splitk.s64       7550f244df1ff4f4  32/32  9.89x
+#   cuda_splitk.s8        46997bc3fac9af97  39/39  8.05x
+#   flashmla_sparse       daaaa3fb1e644b84  52/52  4.22x
 #   triton_splitk.b32s64  bbae7e66dcaa9562  32/32  9.04x
 #   triton_splitk.b64s1   fb029d2b0e27b67d  55/55  3.85x
 #   triton_splitk.b64s16  992b66e56486f2eb  37/37  10.41x
@@ -36,42 +37,42 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.93% mean, 18.58% max;
-#             18.644x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.71% mean, 215.05% max;
-#             16.769x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.16% mean, 18.16% max;
+#             18.641x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.42% mean, 202.62% max;
+#             16.494x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 12.98x (11.01x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 12.02x (11.45x .. 12.70x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 8 < num_tokens <= 23: triton_splitk.b64s16, 4 workloads, 10.29x (9.92x .. 10.73x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   4. 23 < num_tokens <= 157: triton_splitk.b64s4, 7 workloads, 11.48x (10.27x .. 12.69x) over reference; then cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   5. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 17.40x (13.18x .. 21.28x) over reference; then cuda_splitk.s1
+#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 12.92x (11.03x .. 14.05x) over reference; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, flashmla_sparse
+#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 11.95x (11.30x .. 12.82x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, flashmla_sparse, triton_splitk.b64s1, cuda_splitk.s1
+#   3. 8 < num_tokens <= 23: triton_splitk.b64s16, 4 workloads, 10.29x (9.92x .. 10.73x) over reference; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, flashmla_sparse, triton_splitk.b64s1, cuda_splitk.s1
+#   4. 23 < num_tokens <= 157: triton_splitk.b64s4, 7 workloads, 11.48x (10.27x .. 12.69x) over reference; then cuda_splitk.s4, cuda_splitk.s2, flashmla_sparse, triton_splitk.b64s1, cuda_splitk.s1
+#   5. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 17.40x (13.18x .. 21.28x) over reference
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 2: triton_splitk.b32s64, 11 workloads, 8.36x (4.88x .. 15.22x) over reference; then cuda_splitk.s4, cuda_splitk.s16, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s1, cuda_splitk.s8, triton_splitk.b64s1
-#   2. 2 < num_tokens <= 5: triton_splitk.b64s16, 3 workloads, 10.99x (6.76x .. 14.11x) over reference; then cuda_splitk.s16, cuda_splitk.s64, triton_splitk.b64s4, cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   3. 5 < num_tokens <= 6: cuda_splitk.s8, 3 workloads, 10.42x (9.25x .. 12.37x) over reference; then cuda_splitk.s16, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   4. 6 < num_tokens <= 8: cuda_splitk.s64, 12 workloads, 10.01x (9.07x .. 11.67x) over reference; then cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   5. 8 < num_tokens <= 69: cuda_splitk.s8, 8 workloads, 10.29x (7.27x .. 28.82x) over reference; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1
-#   6. 69 < num_tokens <= 157: cuda_splitk.s1, 3 workloads, 10.08x (9.21x .. 11.36x) over reference; then triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1
-#   7. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 16.40x (12.43x .. 18.81x) over reference; then cuda_splitk.s1
+#   1. num_tokens <= 3: triton_splitk.b32s64, 12 workloads, 8.73x (4.88x .. 15.22x) over reference; then cuda_splitk.s4, cuda_splitk.s16, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1, flashmla_sparse
+#   2. 3 < num_tokens <= 6: triton_splitk.b64s16, 5 workloads, 9.05x (6.76x .. 14.11x) over reference; then triton_splitk.b64s4, triton_splitk.b32s64, cuda_splitk.s64, cuda_splitk.s16, cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1, flashmla_sparse
+#   3. 6 < num_tokens <= 7: triton_splitk.b64s4, 4 workloads, 8.14x (6.75x .. 10.28x) over reference; then cuda_splitk.s16, triton_splitk.b32s64, cuda_splitk.s4, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1, flashmla_sparse
+#   4. 7 < num_tokens <= 8: triton_splitk.b32s64, 8 workloads, 7.72x (5.15x .. 9.97x) over reference; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1, flashmla_sparse
+#   5. 8 < num_tokens <= 17: triton_splitk.b64s16, 3 workloads, 9.20x (7.55x .. 12.72x) over reference; then triton_splitk.b64s4, triton_splitk.b32s64, cuda_splitk.s16, cuda_splitk.s8, cuda_splitk.s64, cuda_splitk.s4, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1, flashmla_sparse
+#   6. 17 < num_tokens <= 157: triton_splitk.b64s4, 8 workloads, 9.07x (5.47x .. 26.15x) over reference; then cuda_splitk.s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1, flashmla_sparse
+#   7. num_tokens > 157: triton_splitk.b64s1, 15 workloads, 16.40x (12.43x .. 18.81x) over reference
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (11.01, 12.98, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (11.45, 12.02, 12.7), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 23)}, 'workloads': 4, 'speedup': (9.92, 10.29, 10.73), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (23, 157)}, 'workloads': 7, 'speedup': (10.27, 11.48, 12.69), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (13.18, 17.4, 21.28), 'fallbacks': ('cuda_splitk.s1',)},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (11.03, 12.92, 14.05), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (11.3, 11.95, 12.82), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 23)}, 'workloads': 4, 'speedup': (9.92, 10.29, 10.73), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (23, 157)}, 'workloads': 7, 'speedup': (10.27, 11.48, 12.69), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (13.18, 17.4, 21.28), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (None, 2)}, 'workloads': 11, 'speedup': (4.88, 8.36, 15.22), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'cuda_splitk.s8', 'triton_splitk.b64s1')},
-    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (2, 5)}, 'workloads': 3, 'speedup': (6.76, 10.99, 14.11), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (5, 6)}, 'workloads': 3, 'speedup': (9.25, 10.42, 12.37), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 4, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 8)}, 'workloads': 12, 'speedup': (9.07, 10.01, 11.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 5, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 69)}, 'workloads': 8, 'speedup': (7.27, 10.29, 28.82), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 6, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (69, 157)}, 'workloads': 3, 'speedup': (9.21, 10.08, 11.36), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (12.43, 16.4, 18.81), 'fallbacks': ('cuda_splitk.s1',)},
+    {'region': 1, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (4.88, 8.73, 15.22), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'flashmla_sparse')},
+    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (3, 6)}, 'workloads': 5, 'speedup': (6.76, 9.05, 14.11), 'fallbacks': ('triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse')},
+    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (6, 7)}, 'workloads': 4, 'speedup': (6.75, 8.14, 10.28), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse')},
+    {'region': 4, 'variant': 'triton_splitk.b32s64', 'bounds': {'num_tokens': (7, 8)}, 'workloads': 8, 'speedup': (5.15, 7.72, 9.97), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse')},
+    {'region': 5, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 17)}, 'workloads': 3, 'speedup': (7.55, 9.2, 12.72), 'fallbacks': ('triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse')},
+    {'region': 6, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (17, 157)}, 'workloads': 8, 'speedup': (5.47, 9.07, 26.15), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'flashmla_sparse')},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (157, None)}, 'workloads': 15, 'speedup': (12.43, 16.4, 18.81), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -79,45 +80,45 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 12.98x (11.01x .. 14.05x) over reference
+    # region 1: 12 workloads, 12.92x (11.03x .. 14.05x) over reference
     if num_tokens <= 3:
-        return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 17 workloads, 12.02x (11.45x .. 12.70x) over reference
+        return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse') if inside else 'cuda_splitk.s64'
+    # region 2: 17 workloads, 11.95x (11.30x .. 12.82x) over reference
     if 3 < num_tokens <= 8:
-        return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
+        return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
     # region 3: 4 workloads, 10.29x (9.92x .. 10.73x) over reference
     if 8 < num_tokens <= 23:
-        return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
+        return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
     # region 4: 7 workloads, 11.48x (10.27x .. 12.69x) over reference
     if 23 < num_tokens <= 157:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
+        return ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s4'
     # region 5: 15 workloads, 17.40x (13.18x .. 21.28x) over reference
     if num_tokens > 157:
-        return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
+        return 'triton_splitk.b64s1'
     return 'reference'
 
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 8.36x (4.88x .. 15.22x) over reference
-    if num_tokens <= 2:
-        return ('triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'cuda_splitk.s8', 'triton_splitk.b64s1') if inside else 'triton_splitk.b32s64'
-    # region 2: 3 workloads, 10.99x (6.76x .. 14.11x) over reference
-    if 2 < num_tokens <= 5:
-        return ('triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s16'
-    # region 3: 3 workloads, 10.42x (9.25x .. 12.37x) over reference
-    if 5 < num_tokens <= 6:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s8'
-    # region 4: 12 workloads, 10.01x (9.07x .. 11.67x) over reference
-    if 6 < num_tokens <= 8:
-        return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s64'
-    # region 5: 8 workloads, 10.29x (7.27x .. 28.82x) over reference
-    if 8 < num_tokens <= 69:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 6: 3 workloads, 10.08x (9.21x .. 11.36x) over reference
-    if 69 < num_tokens <= 157:
-        return ('cuda_splitk.s1', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
+    # region 1: 12 workloads, 8.73x (4.88x .. 15.22x) over reference
+    if num_tokens <= 3:
+        return ('triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'flashmla_sparse') if inside else 'triton_splitk.b32s64'
+    # region 2: 5 workloads, 9.05x (6.76x .. 14.11x) over reference
+    if 3 < num_tokens <= 6:
+        return ('triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse') if inside else 'triton_splitk.b64s16'
+    # region 3: 4 workloads, 8.14x (6.75x .. 10.28x) over reference
+    if 6 < num_tokens <= 7:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse') if inside else 'triton_splitk.b64s4'
+    # region 4: 8 workloads, 7.72x (5.15x .. 9.97x) over reference
+    if 7 < num_tokens <= 8:
+        return ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse') if inside else 'triton_splitk.b32s64'
+    # region 5: 3 workloads, 9.20x (7.55x .. 12.72x) over reference
+    if 8 < num_tokens <= 17:
+        return ('triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'cuda_splitk.s4', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1', 'flashmla_sparse') if inside else 'triton_splitk.b64s16'
+    # region 6: 8 workloads, 9.07x (5.47x .. 26.15x) over reference
+    if 17 < num_tokens <= 157:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'flashmla_sparse') if inside else 'triton_splitk.b64s4'
     # region 7: 15 workloads, 16.40x (12.43x .. 18.81x) over reference
     if num_tokens > 157:
-        return ('triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s1'
+        return 'triton_splitk.b64s1'
     return 'reference'

@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T07:16:19Z
+# measured    up to 2026-11-25T17:11:33Z
 # workloads   94 (workload-set digest dc44be5543f059ca)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                  0cf07adaff3f915c  94/94  1.00x
-#   cuda_decode_warp_rows.r1    25e04ee833a98786  94/94  1.25x
-#   cuda_decode_warp_rows.r1cs  b5d67f4346cb31da  94/94  1.29x
-#   cuda_decode_warp_rows.r2    b4a339f1ce734c7b  94/94  1.24x
-#   cuda_decode_warp_rows.r2cs  2b6ed54a40f92211  94/94  1.28x
-#   cuda_decode_warp_rows.r4    9b5b2bec1e519122  94/94  1.26x
-#   cuda_decode_warp_rows.r4cs  7aa51511fdfc7733  94/94  1.30x
-#   cuda_decode_warp_rows.r8    2b3baf06116461de  94/94  1.25x
-#   cuda_decode_warp_rows.r8cs  af0763dde8b38787  94/94  1.29x
-#   fla_fused_recurrent         07acd9894da4d08f  94/94  0.72x
+#   flashinfer                  933ca35088666964  94/94  1.00x
+#   cuda_decode_warp_rows.r1    0c477859a26c7c31  94/94  1.26x
+#   cuda_decode_warp_rows.r1cs  bc61a75e9487fab7  94/94  1.30x
+#   cuda_decode_warp_rows.r2    b50b86cfac64999b  94/94  1.24x
+#   cuda_decode_warp_rows.r2cs  219b912bfeba8a87  94/94  1.30x
+#   cuda_decode_warp_rows.r4    0a8377e43970e30a  94/94  1.25x
+#   cuda_decode_warp_rows.r4cs  8cf9e8cd98669025  94/94  1.29x
+#   cuda_decode_warp_rows.r8    b8378bfce4d1a9fa  94/94  1.25x
+#   cuda_decode_warp_rows.r8cs  d4c2ce0f6fffcb23  94/94  1.29x
+#   fla_fused_recurrent         947bf4f5255a9c1d  94/94  0.72x
 #   reference                   5a09af6b07ce4345  94/94  0.14x
-#   triton_decode_splitv        3bd9f75d107db99a  94/94  1.27x
+#   triton_decode_splitv        3bd9f75d107db99a  94/94  1.28x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
 #   cuda_decode_warp_rows.r1cs  rows=1 cs=True
@@ -35,38 +35,48 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.55% mean, 9.18% max;
-#             1.065x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.28% mean, 265.06% max;
-#             1.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.50% mean, 8.45% max;
+#             1.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.05% mean, 147.00% max;
+#             1.491x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 30: cuda_decode_warp_rows.r4cs, 48 workloads, 1.55x (1.16x .. 1.97x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
-#   2. 30 < batch_size <= 521: cuda_decode_warp_rows.r1cs, 41 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
-#   3. batch_size > 521: flashinfer (baseline), 5 workloads
+#   1. batch_size <= 7: cuda_decode_warp_rows.r1cs, 25 workloads, 1.78x (1.46x .. 1.99x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   2. 7 < batch_size <= 54: cuda_decode_warp_rows.r8cs, 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
+#   3. 54 < batch_size <= 606: triton_decode_splitv, 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   4. batch_size > 606: flashinfer (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 1: flashinfer (baseline), 11 workloads
-#   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r8cs, 11 workloads, 1.71x (1.33x .. 2.07x) over flashinfer; then cuda_decode_warp_rows.r8
-#   3. 4 < batch_size <= 15: cuda_decode_warp_rows.r4cs, 15 workloads, 2.05x (1.41x .. 4.73x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs
-#   4. 15 < batch_size <= 26: cuda_decode_warp_rows.r8, 10 workloads, 2.04x (1.49x .. 4.01x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4
-#   5. 26 < batch_size <= 40: cuda_decode_warp_rows.r1cs, 10 workloads, 1.86x (1.40x .. 2.29x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2
-#   6. 40 < batch_size <= 134: cuda_decode_warp_rows.r4, 23 workloads, 1.58x (1.27x .. 4.53x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
-#   7. batch_size > 134: cuda_decode_warp_rows.r8cs, 14 workloads, 1.18x (1.08x .. 1.31x) over flashinfer; then cuda_decode_warp_rows.r4
+#   1. batch_size <= 1: cuda_decode_warp_rows.r2, 11 workloads, 2.06x (1.19x .. 3.68x) over flashinfer; then cuda_decode_warp_rows.r1
+#   2. 1 < batch_size <= 6: cuda_decode_warp_rows.r1cs, 13 workloads, 2.21x (1.56x .. 3.42x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4cs
+#   3. 6 < batch_size <= 10: cuda_decode_warp_rows.r8cs, 10 workloads, 1.90x (1.64x .. 2.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4
+#   4. 10 < batch_size <= 15: cuda_decode_warp_rows.r2cs, 3 workloads, 1.90x (1.78x .. 2.00x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs
+#   5. 15 < batch_size <= 17: flashinfer (baseline), 7 workloads
+#   6. 17 < batch_size <= 40: cuda_decode_warp_rows.r2cs, 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
+#   7. 40 < batch_size <= 49: cuda_decode_warp_rows.r1cs, 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
+#   8. 49 < batch_size <= 66: cuda_decode_warp_rows.r1, 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
+#   9. 66 < batch_size <= 115: cuda_decode_warp_rows.r1cs, 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, triton_decode_splitv
+#   10. 115 < batch_size <= 448: cuda_decode_warp_rows.r2cs, 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
+#   11. batch_size > 448: cuda_decode_warp_rows.r1cs, 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (None, 30)}, 'workloads': 48, 'speedup': (1.16, 1.55, 1.97), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (30, 521)}, 'workloads': 41, 'speedup': (1.03, 1.1, 1.15), 'fallbacks': ()},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (521, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 7)}, 'workloads': 25, 'speedup': (1.46, 1.78, 1.99), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 54)}, 'workloads': 41, 'speedup': (1.12, 1.25, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
+    {'region': 3, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (54, 606)}, 'workloads': 24, 'speedup': (1.03, 1.08, 1.11), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'batch_size': (606, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'flashinfer', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (1, 4)}, 'workloads': 11, 'speedup': (1.33, 1.71, 2.07), 'fallbacks': ('cuda_decode_warp_rows.r8',)},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (4, 15)}, 'workloads': 15, 'speedup': (1.41, 2.05, 4.73), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (15, 26)}, 'workloads': 10, 'speedup': (1.49, 2.04, 4.01), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4')},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (26, 40)}, 'workloads': 10, 'speedup': (1.4, 1.86, 2.29), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (40, 134)}, 'workloads': 23, 'speedup': (1.27, 1.58, 4.53), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (134, None)}, 'workloads': 14, 'speedup': (1.08, 1.18, 1.31), 'fallbacks': ('cuda_decode_warp_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (1.19, 2.06, 3.68), 'fallbacks': ('cuda_decode_warp_rows.r1',)},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (1, 6)}, 'workloads': 13, 'speedup': (1.56, 2.21, 3.42), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (6, 10)}, 'workloads': 10, 'speedup': (1.64, 1.9, 2.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (10, 15)}, 'workloads': 3, 'speedup': (1.78, 1.9, 2.0), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (15, 17)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (17, 40)}, 'workloads': 13, 'speedup': (1.35, 1.82, 2.06), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (40, 49)}, 'workloads': 8, 'speedup': (1.32, 1.74, 2.34), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (49, 66)}, 'workloads': 10, 'speedup': (1.49, 1.76, 2.18), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (66, 115)}, 'workloads': 4, 'speedup': (1.43, 1.69, 2.2), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv')},
+    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (115, 448)}, 'workloads': 9, 'speedup': (1.09, 1.32, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
+    {'region': 11, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (448, None)}, 'workloads': 6, 'speedup': (1.11, 1.18, 1.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -74,33 +84,48 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 48 workloads, 1.55x (1.16x .. 1.97x) over flashinfer
-    if batch_size <= 30:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 2: 41 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
-    if 30 < batch_size <= 521:
-        return 'cuda_decode_warp_rows.r1cs'
+    # region 1: 25 workloads, 1.78x (1.46x .. 1.99x) over flashinfer
+    if batch_size <= 7:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 2: 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer
+    if 7 < batch_size <= 54:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 3: 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer
+    if 54 < batch_size <= 606:
+        return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 2: 11 workloads, 1.71x (1.33x .. 2.07x) over flashinfer
-    if 1 < batch_size <= 4:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 3: 15 workloads, 2.05x (1.41x .. 4.73x) over flashinfer
-    if 4 < batch_size <= 15:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 4: 10 workloads, 2.04x (1.49x .. 4.01x) over flashinfer
-    if 15 < batch_size <= 26:
-        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
-    # region 5: 10 workloads, 1.86x (1.40x .. 2.29x) over flashinfer
-    if 26 < batch_size <= 40:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 6: 23 workloads, 1.58x (1.27x .. 4.53x) over flashinfer
-    if 40 < batch_size <= 134:
-        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r4'
-    # region 7: 14 workloads, 1.18x (1.08x .. 1.31x) over flashinfer
-    if batch_size > 134:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 1: 11 workloads, 2.06x (1.19x .. 3.68x) over flashinfer
+    if batch_size <= 1:
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r2'
+    # region 2: 13 workloads, 2.21x (1.56x .. 3.42x) over flashinfer
+    if 1 < batch_size <= 6:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 3: 10 workloads, 1.90x (1.64x .. 2.47x) over flashinfer
+    if 6 < batch_size <= 10:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 4: 3 workloads, 1.90x (1.78x .. 2.00x) over flashinfer
+    if 10 < batch_size <= 15:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 6: 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer
+    if 17 < batch_size <= 40:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 7: 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
+    if 40 < batch_size <= 49:
+        return 'cuda_decode_warp_rows.r1cs'
+    # region 8: 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer
+    if 49 < batch_size <= 66:
+        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
+    # region 9: 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer
+    if 66 < batch_size <= 115:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 10: 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer
+    if 115 < batch_size <= 448:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 11: 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer
+    if batch_size > 448:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

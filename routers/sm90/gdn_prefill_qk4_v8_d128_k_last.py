@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T07:53:25Z
-# workloads   204 (workload-set digest 0d14a911480cd6f9)
+# measured    up to 2026-11-25T17:16:28Z
+# workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       10cec463fe33ddb0  204/204  1.00x
-#   cuda_prefill_thread_rows         86276d7e11d4e789  103/103  0.86x
-#   cuda_prefill_thread_rows.k16c16  d4ee00bdf7e5b023  188/188  0.87x
-#   cuda_prefill_thread_rows.k16c8   edccfa7ac1882aea  188/188  0.76x
-#   cuda_prefill_thread_rows.k1c8    e8b07e6c752e856e  188/188  0.35x
-#   cuda_prefill_thread_rows.k2c16   55824e1beb5beac8  188/188  0.48x
-#   cuda_prefill_thread_rows.k2c8    1cef3ba8275cf900  188/188  0.46x
-#   cuda_prefill_thread_rows.k4c16   1cba39e5b75a6eba  188/188  0.72x
-#   cuda_prefill_thread_rows.k4c8    4bde91f88bdd1227  188/188  0.70x
-#   cuda_prefill_thread_rows.k8c16   6b4d477b41db0a40  188/188  0.90x
-#   cuda_prefill_thread_rows.k8c8    f701f97937e93f05  188/188  0.80x
-#   fla_chunk                        1a28e03319c36b90  174/174  0.04x  [174 not graph-safe]
+#   flashinfer                       5f880aff8b2e1e91  252/252  1.00x
+#   cuda_prefill_thread_rows         86276d7e11d4e789  103/103  0.88x
+#   cuda_prefill_thread_rows.k16c16  bd7b9a9fcbccce20  236/236  0.91x
+#   cuda_prefill_thread_rows.k16c8   51f5705ed42c6c53  236/236  0.80x
+#   cuda_prefill_thread_rows.k1c8    cca2b70e31dfae9f  236/236  0.28x
+#   cuda_prefill_thread_rows.k2c16   1f5ea709a5627361  236/236  0.46x
+#   cuda_prefill_thread_rows.k2c8    610b8523b0773121  236/236  0.45x
+#   cuda_prefill_thread_rows.k4c16   b2451b3a6bf31b19  236/236  0.76x
+#   cuda_prefill_thread_rows.k4c8    5a354da4f96ad0ff  236/236  0.70x
+#   cuda_prefill_thread_rows.k8c16   54fd262efb9f1dab  236/236  0.96x
+#   cuda_prefill_thread_rows.k8c8    3eb6d4182748e2b9  236/236  0.82x
+#   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_recurrent         1b61fa10fb7e9611  204/204  0.46x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
@@ -39,74 +39,66 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.67% mean, 108.89% max;
-#             1.152x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.47% mean, 358.01% max;
-#             1.797x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.95% mean, 160.05% max;
+#             1.163x over the baseline; 9 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.60% mean, 1332.10% max;
+#             2.554x over the baseline; 2 slower than the baseline beyond the spread, 3 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 7 and num_seqs <= 8 and mean_seq_len <= 55: triton_prefill_recurrent, 3 workloads, 10.01x (7.49x .. 12.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   2. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k4c8, 3 workloads, 1.82x (1.67x .. 2.09x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
-#   3. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 55: flashinfer (baseline), 3 workloads
-#   4. total_seq_len <= 167 and mean_seq_len > 125: cuda_prefill_thread_rows.k16c16, 4 workloads, 1.30x (1.24x .. 1.39x) over flashinfer; then cuda_prefill_thread_rows.k8c16
-#   5. total_seq_len <= 192 and 55 < mean_seq_len <= 65: cuda_prefill_thread_rows.k16c16, 5 workloads, 2.08x (1.88x .. 2.23x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent
-#   6. total_seq_len <= 451 and 65 < mean_seq_len <= 125: cuda_prefill_thread_rows.k16c16, 19 workloads, 1.51x (1.04x .. 2.26x) over flashinfer
-#   7. 7 < total_seq_len <= 10 and num_seqs <= 8 and mean_seq_len <= 55: cuda_prefill_thread_rows.k4c8, 4 workloads, 8.99x (8.04x .. 9.51x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   8. total_seq_len > 10 and num_seqs <= 2 and mean_seq_len <= 55: cuda_prefill_thread_rows.k16c16, 37 workloads, 3.79x (1.79x .. 7.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8
-#   9. total_seq_len > 10 and 2 < num_seqs <= 8 and mean_seq_len <= 55: cuda_prefill_thread_rows.k8c16, 14 workloads, 2.94x (1.29x .. 7.89x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   10. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 55: flashinfer (baseline), 21 workloads
-#   11. total_seq_len > 167 and mean_seq_len > 125: flashinfer (baseline), 81 workloads
-#   12. total_seq_len > 192 and 55 < mean_seq_len <= 65: flashinfer (baseline), 4 workloads
-#   13. total_seq_len > 451 and 65 < mean_seq_len <= 125: flashinfer (baseline), 6 workloads
+#   1. total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4: triton_prefill_recurrent, 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   2. total_seq_len <= 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32: cuda_prefill_thread_rows.k16c16, 23 workloads, 5.23x (3.72x .. 8.11x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   3. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
+#   4. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 32: flashinfer (baseline), 3 workloads
+#   5. total_seq_len <= 167 and num_seqs <= 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.01x (1.29x .. 3.34x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
+#   6. total_seq_len <= 182 and num_seqs > 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k16c16, 18 workloads, 2.11x (1.28x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
+#   7. total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   8. total_seq_len > 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32: cuda_prefill_thread_rows.k8c16, 16 workloads, 2.83x (1.31x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   9. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 32: flashinfer (baseline), 18 workloads
+#   10. total_seq_len > 167 and num_seqs <= 1 and mean_seq_len > 32: flashinfer (baseline), 23 workloads
+#   11. 182 < total_seq_len <= 255 and num_seqs > 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k8c16, 12 workloads, 1.56x (1.10x .. 2.81x) over flashinfer; then cuda_prefill_thread_rows.k16c16
+#   12. total_seq_len > 255 and num_seqs > 1 and mean_seq_len > 32: flashinfer (baseline), 108 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65: cuda_prefill_thread_rows.k16c16, 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   2. total_seq_len <= 806 and 17 < num_seqs <= 36: cuda_prefill_thread_rows.k8c8, 5 workloads, 2.16x (1.14x .. 3.57x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16
-#   3. total_seq_len <= 1180 and num_seqs <= 3 and mean_seq_len > 65: cuda_prefill_thread_rows.k16c16, 41 workloads, 3.43x (1.34x .. 6.18x) over flashinfer; then cuda_prefill_thread_rows.k8c16
-#   4. total_seq_len <= 1357 and 38 < num_seqs <= 106: cuda_prefill_thread_rows.k4c8, 5 workloads, 1.95x (1.28x .. 3.00x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16
-#   5. total_seq_len <= 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65: cuda_prefill_thread_rows.k8c16, 10 workloads, 2.14x (1.40x .. 4.29x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8
-#   6. total_seq_len <= 3044 and num_seqs > 106: cuda_prefill_thread_rows.k2c8, 4 workloads, 1.82x (1.20x .. 2.91x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16
-#   7. num_seqs <= 17 and mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 8 workloads, 9.11x (3.61x .. 12.65x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   8. num_seqs <= 17 and 3 < mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 12 workloads, 8.40x (2.92x .. 36.44x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
-#   9. 36 < num_seqs <= 38: flashinfer (baseline), 5 workloads
-#   10. total_seq_len > 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65: cuda_prefill_thread_rows.k8c16, 40 workloads, 5.82x (1.69x .. 11.12x) over flashinfer; then cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c16
-#   11. total_seq_len > 806 and 17 < num_seqs <= 36: flashinfer (baseline), 14 workloads
-#   12. total_seq_len > 1180 and num_seqs <= 3 and mean_seq_len > 65: flashinfer (baseline), 25 workloads
-#   13. total_seq_len > 1357 and 38 < num_seqs <= 106: flashinfer (baseline), 9 workloads
-#   14. total_seq_len > 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65: flashinfer (baseline), 8 workloads
-#   15. total_seq_len > 3044 and num_seqs > 106: flashinfer (baseline), 6 workloads
+#   1. total_seq_len <= 15 and num_seqs <= 20 and mean_seq_len <= 22: cuda_prefill_thread_rows.k16c8, 13 workloads, 13.03x (9.66x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   2. total_seq_len <= 91 and num_seqs <= 20 and 22 < mean_seq_len <= 39: cuda_prefill_thread_rows, 13 workloads, 11.43x (7.72x .. 17.60x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   3. total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len > 39: cuda_prefill_thread_rows.k16c16, 13 workloads, 10.09x (6.77x .. 17.37x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   4. total_seq_len <= 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 7 workloads, 2.26x (1.21x .. 4.23x) over flashinfer
+#   5. total_seq_len <= 3044 and num_seqs > 106: cuda_prefill_thread_rows.k2c8, 4 workloads, 2.24x (1.78x .. 2.83x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   6. 20 < num_seqs <= 106 and mean_seq_len > 14: flashinfer (baseline), 22 workloads
+#   7. 15 < total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len <= 22: cuda_prefill_thread_rows.k16c16, 16 workloads, 10.57x (2.83x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   8. 91 < total_seq_len <= 1798 and num_seqs <= 1: cuda_prefill_thread_rows.k16c16, 28 workloads, 4.30x (1.47x .. 9.40x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8
+#   9. 91 < total_seq_len <= 1798 and 1 < num_seqs <= 20: cuda_prefill_thread_rows.k8c16, 95 workloads, 4.39x (1.18x .. 12.39x) over flashinfer; then cuda_prefill_thread_rows.k16c16
+#   10. total_seq_len > 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14: cuda_prefill_thread_rows.k2c16, 3 workloads, 2.23x (1.99x .. 2.41x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   11. total_seq_len > 1798 and num_seqs <= 20: flashinfer (baseline), 32 workloads
+#   12. total_seq_len > 3044 and num_seqs > 106: flashinfer (baseline), 6 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 8), 'total_seq_len': (None, 7)}, 'workloads': 3, 'speedup': (7.49, 10.01, 12.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.67, 1.82, 2.09), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 55), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (125, None), 'total_seq_len': (None, 167)}, 'workloads': 4, 'speedup': (1.24, 1.3, 1.39), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (55, 65), 'total_seq_len': (None, 192)}, 'workloads': 5, 'speedup': (1.88, 2.08, 2.23), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (65, 125), 'total_seq_len': (None, 451)}, 'workloads': 19, 'speedup': (1.04, 1.51, 2.26), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 8), 'total_seq_len': (7, 10)}, 'workloads': 4, 'speedup': (8.04, 8.99, 9.51), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 2), 'total_seq_len': (10, None)}, 'workloads': 37, 'speedup': (1.79, 3.79, 7.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (2, 8), 'total_seq_len': (10, None)}, 'workloads': 14, 'speedup': (1.29, 2.94, 7.89), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (125, None), 'total_seq_len': (167, None)}, 'workloads': 81, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (55, 65), 'total_seq_len': (192, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, 125), 'total_seq_len': (451, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 8)}, 'workloads': 3, 'speedup': (9.79, 11.2, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 32), 'num_seqs': (None, 8), 'total_seq_len': (None, 41)}, 'workloads': 23, 'speedup': (3.72, 5.23, 8.11), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 32), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 167)}, 'workloads': 21, 'speedup': (1.29, 2.01, 3.34), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (None, 182)}, 'workloads': 18, 'speedup': (1.28, 2.11, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (8, None)}, 'workloads': 4, 'speedup': (8.66, 9.24, 9.97), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (4, 32), 'num_seqs': (None, 8), 'total_seq_len': (41, None)}, 'workloads': 16, 'speedup': (1.31, 2.83, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 32), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (None, 1), 'total_seq_len': (167, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (182, 255)}, 'workloads': 12, 'speedup': (1.1, 1.56, 2.81), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (255, None)}, 'workloads': 108, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (14, 65), 'num_seqs': (None, 17), 'total_seq_len': (None, 33)}, 'workloads': 12, 'speedup': (7.42, 8.92, 11.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'num_seqs': (17, 36), 'total_seq_len': (None, 806)}, 'workloads': 5, 'speedup': (1.14, 2.16, 3.57), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 1180)}, 'workloads': 41, 'speedup': (1.34, 3.43, 6.18), 'fallbacks': ('cuda_prefill_thread_rows.k8c16',)},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'num_seqs': (38, 106), 'total_seq_len': (None, 1357)}, 'workloads': 5, 'speedup': (1.28, 1.95, 3.0), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (3, 17), 'total_seq_len': (None, 1556)}, 'workloads': 10, 'speedup': (1.4, 2.14, 4.29), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (None, 3044)}, 'workloads': 4, 'speedup': (1.2, 1.82, 2.91), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 17)}, 'workloads': 8, 'speedup': (3.61, 9.11, 12.65), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (3, 14), 'num_seqs': (None, 17)}, 'workloads': 12, 'speedup': (2.92, 8.4, 36.44), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 9, 'variant': 'flashinfer', 'bounds': {'num_seqs': (36, 38)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (14, 65), 'num_seqs': (None, 17), 'total_seq_len': (33, None)}, 'workloads': 40, 'speedup': (1.69, 5.82, 11.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16')},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'num_seqs': (17, 36), 'total_seq_len': (806, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (None, 3), 'total_seq_len': (1180, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'num_seqs': (38, 106), 'total_seq_len': (1357, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (65, None), 'num_seqs': (3, 17), 'total_seq_len': (1556, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (3044, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 20), 'total_seq_len': (None, 15)}, 'workloads': 13, 'speedup': (9.66, 13.03, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (22, 39), 'num_seqs': (None, 20), 'total_seq_len': (None, 91)}, 'workloads': 13, 'speedup': (7.72, 11.43, 17.6), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (39, None), 'num_seqs': (None, 20), 'total_seq_len': (None, 91)}, 'workloads': 13, 'speedup': (6.77, 10.09, 17.37), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 14), 'num_seqs': (20, 106), 'total_seq_len': (None, 687)}, 'workloads': 7, 'speedup': (1.21, 2.26, 4.23), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (None, 3044)}, 'workloads': 4, 'speedup': (1.78, 2.24, 2.83), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (14, None), 'num_seqs': (20, 106)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 20), 'total_seq_len': (15, 91)}, 'workloads': 16, 'speedup': (2.83, 10.57, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (91, 1798)}, 'workloads': 28, 'speedup': (1.47, 4.3, 9.4), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8')},
+    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'num_seqs': (1, 20), 'total_seq_len': (91, 1798)}, 'workloads': 95, 'speedup': (1.18, 4.39, 12.39), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
+    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 14), 'num_seqs': (20, 106), 'total_seq_len': (687, None)}, 'workloads': 3, 'speedup': (1.99, 2.23, 2.41), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 20), 'total_seq_len': (1798, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (3044, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -115,61 +107,61 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 10.01x (7.49x .. 12.89x) over flashinfer
-    if total_seq_len <= 7 and num_seqs <= 8 and mean_seq_len <= 55:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'triton_prefill_recurrent'
-    # region 2: 3 workloads, 1.82x (1.67x .. 2.09x) over flashinfer
+    # region 1: 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer
+    if total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4:
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'triton_prefill_recurrent'
+    # region 2: 23 workloads, 5.23x (3.72x .. 8.11x) over flashinfer
+    if total_seq_len <= 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer
     if total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 4: 4 workloads, 1.30x (1.24x .. 1.39x) over flashinfer
-    if total_seq_len <= 167 and mean_seq_len > 125:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 5: 5 workloads, 2.08x (1.88x .. 2.23x) over flashinfer
-    if total_seq_len <= 192 and 55 < mean_seq_len <= 65:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 19 workloads, 1.51x (1.04x .. 2.26x) over flashinfer
-    if total_seq_len <= 451 and 65 < mean_seq_len <= 125:
-        return 'cuda_prefill_thread_rows.k16c16'
-    # region 7: 4 workloads, 8.99x (8.04x .. 9.51x) over flashinfer
-    if 7 < total_seq_len <= 10 and num_seqs <= 8 and mean_seq_len <= 55:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 8: 37 workloads, 3.79x (1.79x .. 7.92x) over flashinfer
-    if total_seq_len > 10 and num_seqs <= 2 and mean_seq_len <= 55:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 9: 14 workloads, 2.94x (1.29x .. 7.89x) over flashinfer
-    if total_seq_len > 10 and 2 < num_seqs <= 8 and mean_seq_len <= 55:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 5: 21 workloads, 2.01x (1.29x .. 3.34x) over flashinfer
+    if total_seq_len <= 167 and num_seqs <= 1 and mean_seq_len > 32:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 6: 18 workloads, 2.11x (1.28x .. 2.87x) over flashinfer
+    if total_seq_len <= 182 and num_seqs > 1 and mean_seq_len > 32:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 7: 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer
+    if total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 8: 16 workloads, 2.83x (1.31x .. 6.75x) over flashinfer
+    if total_seq_len > 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 11: 12 workloads, 1.56x (1.10x .. 2.81x) over flashinfer
+    if 182 < total_seq_len <= 255 and num_seqs > 1 and mean_seq_len > 32:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 8.92x (7.42x .. 11.57x) over flashinfer
-    if total_seq_len <= 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 2: 5 workloads, 2.16x (1.14x .. 3.57x) over flashinfer
-    if total_seq_len <= 806 and 17 < num_seqs <= 36:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 3: 41 workloads, 3.43x (1.34x .. 6.18x) over flashinfer
-    if total_seq_len <= 1180 and num_seqs <= 3 and mean_seq_len > 65:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 5 workloads, 1.95x (1.28x .. 3.00x) over flashinfer
-    if total_seq_len <= 1357 and 38 < num_seqs <= 106:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 5: 10 workloads, 2.14x (1.40x .. 4.29x) over flashinfer
-    if total_seq_len <= 1556 and 3 < num_seqs <= 17 and mean_seq_len > 65:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 4 workloads, 1.82x (1.20x .. 2.91x) over flashinfer
+    # region 1: 13 workloads, 13.03x (9.66x .. 18.68x) over flashinfer
+    if total_seq_len <= 15 and num_seqs <= 20 and mean_seq_len <= 22:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 2: 13 workloads, 11.43x (7.72x .. 17.60x) over flashinfer
+    if total_seq_len <= 91 and num_seqs <= 20 and 22 < mean_seq_len <= 39:
+        return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows'
+    # region 3: 13 workloads, 10.09x (6.77x .. 17.37x) over flashinfer
+    if total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len > 39:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 7 workloads, 2.26x (1.21x .. 4.23x) over flashinfer
+    if total_seq_len <= 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14:
+        return 'cuda_prefill_thread_rows.k8c16'
+    # region 5: 4 workloads, 2.24x (1.78x .. 2.83x) over flashinfer
     if total_seq_len <= 3044 and num_seqs > 106:
-        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 7: 8 workloads, 9.11x (3.61x .. 12.65x) over flashinfer
-    if num_seqs <= 17 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 8: 12 workloads, 8.40x (2.92x .. 36.44x) over flashinfer
-    if num_seqs <= 17 and 3 < mean_seq_len <= 14:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 10: 40 workloads, 5.82x (1.69x .. 11.12x) over flashinfer
-    if total_seq_len > 33 and num_seqs <= 17 and 14 < mean_seq_len <= 65:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k2c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c8'
+    # region 7: 16 workloads, 10.57x (2.83x .. 27.13x) over flashinfer
+    if 15 < total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len <= 22:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 8: 28 workloads, 4.30x (1.47x .. 9.40x) over flashinfer
+    if 91 < total_seq_len <= 1798 and num_seqs <= 1:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 9: 95 workloads, 4.39x (1.18x .. 12.39x) over flashinfer
+    if 91 < total_seq_len <= 1798 and 1 < num_seqs <= 20:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 10: 3 workloads, 2.23x (1.99x .. 2.41x) over flashinfer
+    if total_seq_len > 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14:
+        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k2c16'
     return 'flashinfer'

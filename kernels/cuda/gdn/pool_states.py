@@ -40,13 +40,16 @@ def gather(pool, slots, has_init) -> torch.Tensor:
     return states
 
 
-def scatter(pool, slots, states, verdict, cu, out) -> None:
-    """pool[slot] <- states[n] for live slots when verdict[-1] (the guard's) says well formed; zeroes
-    the output rows [T, HV, 128] (contiguous bf16) of padding sequences, between the safe `cu`."""
+def scatter(pool, slots, states, initial, verdict, cu, out) -> None:
+    """pool[slot] <- states[n] for live slots when verdict[-1] (the guard's) says well formed, or
+    initial[n] (what `gather` returned) for an empty sequence, whose final state a library leaves
+    unwritten; zeroes the output rows [T, HV, 128] (contiguous bf16) of padding sequences, between
+    the safe `cu`."""
     N, HV = slots.shape[0], pool.shape[1]
     if not out.is_contiguous() or out.dtype != torch.bfloat16:
         raise ValueError("pool states: out must be contiguous bf16")
     if N:
-        _kernel("gdn_pool_scatter", "pppppp" + "ii" + "lll").launch(
-            N * HV, THREADS, pool, slots, states.contiguous(), verdict[-1:], cu, out, HV, pool.shape[0],
+        _kernel("gdn_pool_scatter", "ppppppp" + "ii" + "lll").launch(
+            N * HV, THREADS, pool, slots, states.contiguous(), initial.contiguous(), verdict[-1:], cu, out, HV,
+            pool.shape[0],
             *_strides(pool), stream=nvrtc.current_stream(pool.get_device()))

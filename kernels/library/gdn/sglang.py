@@ -73,7 +73,7 @@ def gdn_prefill_pool_sglang(q, k, v, g, beta, state_pool, state_indices, has_ini
     chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta.to(torch.float32), scale=scale, initial_state=initial,
                            output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=False, output=out,
                            output_state=final)
-    pool_states.scatter(state_pool, state_indices, final, verdict, cu, out)
+    pool_states.scatter(state_pool, state_indices, final, initial, verdict, cu, out)
     return out, state_pool
 
 

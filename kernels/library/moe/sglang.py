@@ -14,9 +14,11 @@ the same sequence, step for step, from SGLang's own Triton kernels, loaded by
 kernels/library/sglang_loader.py:
 
     step                       SGLang on H100 (E=32 local)            here
-    routing                    flashinfer fused_topk_deepseek         the same where flashinfer
-                               (Triton router if flashinfer absent)   imports, else SGLang's Triton
-                                                                      router moe_fused_gate
+    routing                    flashinfer fused_topk_deepseek         the same where its JIT kernel
+                               (Triton router if flashinfer absent)   builds (not on this project's
+                                                                      GPU machine: its FlashInfer has
+                                                                      no CUDA sources), else SGLang's
+                                                                      Triton router moe_fused_gate
     global -> local ids        StandardDispatcher (torch.where)       the same, as torch ops
     config                     fused_moe_triton_config lookup         same lookup, SGLang's files
     moe_align_block_size       sgl_kernel CUDA op                     SGLang's Triton small-numel
@@ -83,11 +85,27 @@ SMALL_NUMEL_LIMIT = 64  # sglang.kernels.ops.moe.moe_align_small_numel.SMALL_NUM
 # Routing
 # ----------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _flashinfer_router() -> bool:
+def _flashinfer_router(device: torch.device, num_experts: int) -> bool:
+    """Whether flashinfer's fused_topk_deepseek runs here: it imports and its JIT kernel builds (a
+    one-token call, once per device and expert count; a FlashInfer without its CUDA sources, as on
+    this project's GPU machine, cannot build it). Where it does not, SGLang's Triton router serves,
+    said once."""
     try:
-        return hasattr(importlib.import_module("flashinfer.fused_moe"), "fused_topk_deepseek")
+        from flashinfer.fused_moe import fused_topk_deepseek
     except Exception:  # not installed, or its import fails on this host
         return False
+    try:
+        weights = torch.empty(1, TOP_K, dtype=torch.float32, device=device)
+        ids = torch.empty(1, TOP_K, dtype=torch.int32, device=device)
+        fused_topk_deepseek(torch.zeros(1, num_experts, dtype=torch.float32, device=device),
+                            torch.zeros(num_experts, dtype=torch.float32, device=device), NUM_GROUPS,
+                            TOP_GROUPS, TOP_K, 1.0, weights, ids, launch_with_pdl=True)
+    except Exception as exc:
+        logger.warning("sglang_triton_moe: flashinfer's fused_topk_deepseek does not run on %s (%s: %s); "
+                       "SGLang's Triton router moe_fused_gate routes instead", device, type(exc).__name__,
+                       str(exc).splitlines()[0][:200] if str(exc) else "")
+        return False
+    return True
 
 
 def route(routing_logits, routing_bias, routed_scaling_factor, router: str = "auto"):
@@ -96,9 +114,10 @@ def route(routing_logits, routing_bias, routed_scaling_factor, router: str = "au
     scaling factor is NOT folded in (Fp8MoEMethod with the Triton runner leaves it to
     moe_sum_reduce). Returns (topk_weights [T, 8] fp32, topk_ids [T, 8] int32, global ids).
     router: "flashinfer" (SGLang's choice on CUDA), "triton" (its fallback), "auto" (the first
-    for CUDA tensors where flashinfer imports)."""
+    for CUDA tensors where flashinfer's kernel runs)."""
     if router == "auto":
-        router = "flashinfer" if routing_logits.is_cuda and _flashinfer_router() else "triton"
+        router = ("flashinfer" if routing_logits.is_cuda
+                  and _flashinfer_router(routing_logits.device, routing_logits.shape[1]) else "triton")
     if router == "flashinfer":
         # SGLang's first choice on CUDA (topk.py: fused_topk_deepseek, scaling_factor 1.0 because
         # apply_routed_scaling_factor_on_output is off). flashinfer wants the bias in the scores'
