@@ -3,8 +3,9 @@ itself does not install here): the entry point is declared and does nothing with
 with it, the layer module's packed decode and sigmoid-gating kernel are replaced; calls with vLLM's
 exact arguments (Qwen3-Next at TP 4: a/b split out of one ba row, an fp32 pool that is a view into
 larger cache pages, `out` a slice of the layer's output buffer; for verification the step slots a
-slice of a CUDA-graph bucket's block table) give kdispatch's results (the reference on the CPU);
-calls the definitions do not cover reach vLLM's functions unchanged."""
+slice of a CUDA-graph bucket's block table; for prefill the states gathered per sequence, fp32 or
+bf16) give kdispatch's results (the reference on the CPU); calls the definitions do not cover
+reach vLLM's functions unchanged."""
 import importlib.metadata
 import sys
 import types
@@ -44,6 +45,18 @@ def fake_vllm(monkeypatch):
         calls.append(("sigmoid_gating", None if ssm_state_indices is None else ssm_state_indices.dim()))
         return q.new_empty(1, *v.shape[1:]), initial_state
 
+    def fi_chunk_gated_delta_rule(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                                  use_qk_l2norm_in_kernel=True, state_checkpoints=None, checkpoint_cu_starts=None,
+                                  checkpoint_every_n_tokens=0, use_cp="auto"):
+        calls.append(("fi", initial_state.dtype))
+        return v.new_empty(v.shape), initial_state.float()
+
+    def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                                   cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
+                                   use_qk_l2norm_in_kernel=False, core_attn_out=None):
+        calls.append(("fla", initial_state.dtype))
+        return v.new_empty(v.shape), initial_state.float()
+
     parts = LAYER.split(".")
     for i in range(1, len(parts) + 1):
         mod = types.ModuleType(".".join(parts[:i]))
@@ -51,6 +64,8 @@ def fake_vllm(monkeypatch):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     sys.modules[LAYER].fused_recurrent_gated_delta_rule_packed_decode = fused_recurrent_gated_delta_rule_packed_decode
     sys.modules[LAYER].fused_sigmoid_gating_delta_rule_update = fused_sigmoid_gating_delta_rule_update
+    sys.modules[LAYER].fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
+    sys.modules[LAYER].fla_chunk_gated_delta_rule = fla_chunk_gated_delta_rule
     monkeypatch.setattr(plugin, "_originals", {})
     yield sys.modules[LAYER], calls
 
@@ -159,3 +174,57 @@ def test_decode_and_other_sigmoid_gating_calls_reach_vllm(monkeypatch, fake_vllm
     module.fused_sigmoid_gating_delta_rule_update(**kw)  # covered, but no kernel on the CPU: the reference would serve
     assert calls == [("sigmoid_gating", 1), ("sigmoid_gating", 2), ("sigmoid_gating", 2)]
     assert plugin.VERIFY_STATS["first_pass_reason"] is not None
+
+
+def vllm_prefill_call(seqs=4, total=40, dtype=torch.float32):
+    """vLLM's prefill arguments at TP 4 (q/k [1, T, 4, 128] L2-normalised by its post-conv prep, v
+    [1, T, 8, 128], g/beta [1, T, 8] fp32, the states gathered per sequence and zeroed where a
+    sequence has none, int32 boundaries; fla's call adds a flat output buffer longer than the
+    output), and the reference's argument tuple for the same call (its pool: the gathered states,
+    one slot per sequence)."""
+    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": seqs + 1}, "inputs": {},
+         "uuid": f"vllm-prefill-{total}"}
+    q, k, v, g, beta, pool, idx, _, cu, out, scale = materialize("gdn_prefill_pool_qk4_v8", w, seed=5)
+    q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(torch.bfloat16) for x in (q, k))
+    gathered = pool[idx.long()].to(dtype)
+    gathered[1] = 0  # a sequence with no initial state, zeroed by vLLM
+    kw = dict(q=q[None], k=k[None], v=v[None], g=g[None], beta=beta[None], initial_state=gathered,
+              output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+    ref = [q, k, v, g, beta, gathered.float().clone(), torch.arange(seqs, dtype=torch.int32),
+           torch.ones(seqs, dtype=torch.bool), cu, out, None]
+    return kw, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", [plugin.FI_PREFILL, plugin.FLA_PREFILL])
+def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_here, kernel, dtype):
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    assert getattr(module, kernel) in (plugin.fi_chunk_call, plugin.fla_chunk_call)
+    kw, ref = vllm_prefill_call(dtype=dtype)
+    want_out, want_states = registry.get("gdn_prefill_pool_qk4_v8", "reference").fn(*ref)
+    buffer = None
+    if kernel == plugin.FLA_PREFILL:
+        buffer = kw["core_attn_out"] = torch.full((50, 8, 128), float("nan"), dtype=torch.bfloat16)
+    served = plugin.PREFILL_STATS["served"]
+    out, final = getattr(module, kernel)(**kw)
+    assert plugin.PREFILL_STATS["served"] == served + 1 and calls == []
+    assert out.shape == (1, 40, 8, 128) and final.shape == (4, 8, 128, 128) and final.dtype == torch.float32
+    torch.testing.assert_close(out[0], want_out, rtol=0, atol=0)
+    torch.testing.assert_close(final, want_states, rtol=0, atol=0)
+    if buffer is not None:
+        assert out.data_ptr() == buffer.data_ptr() and torch.isnan(buffer[40:]).all()
+
+
+def test_uncovered_prefill_calls_reach_vllm(monkeypatch, fake_vllm, kernels_here):
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    kw, _ = vllm_prefill_call()
+    module.fi_chunk_gated_delta_rule(**kw, state_checkpoints=torch.zeros(1, 8, 128, 128), checkpoint_every_n_tokens=64)
+    module.fi_chunk_gated_delta_rule(**{**kw, "initial_state": kw["initial_state"][:3]})  # 3 states, 4 sequences
+    module.fla_chunk_gated_delta_rule(**kw, core_attn_out=torch.empty(8, 8, 128, dtype=torch.bfloat16))  # too short
+    module.fla_chunk_gated_delta_rule(**{**kw, "initial_state": kw["initial_state"].double()})
+    assert calls == [("fi", torch.float32), ("fi", torch.float32), ("fla", torch.float32), ("fla", torch.float64)]
+    assert plugin.PREFILL_STATS["first_pass_reason"] is not None

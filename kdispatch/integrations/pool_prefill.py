@@ -13,15 +13,18 @@ from kdispatch.integrations import serving
 from kdispatch.integrations.packed_decode import DIM, HEADS
 
 _all_true: dict = {}  # device -> a bool buffer of ones, sliced per call (has_initial_state)
+_identity: dict = {}  # device -> int32 0, 1, 2, ..., sliced per call (one slot per sequence)
 
 
-def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens) -> str | None:
+def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.float32,)) -> str | None:
+    """Why the definitions do not cover the call (None: they do); `pool_dtypes` the pool dtypes the
+    caller accepts (one it converts to fp32 itself)."""
     hv = v.shape[-2] if v.dim() >= 2 else None
     if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
         return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
     if not all(x.dtype == torch.bfloat16 for x in (q, k, v)) or g.dtype != torch.float32 or beta.dtype != torch.float32:
         return f"q/k/v of {q.dtype}, gates of {g.dtype}"
-    if pool.dtype != torch.float32 or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
+    if pool.dtype not in pool_dtypes or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
         return f"state pool {pool.dtype} {tuple(pool.shape)}"
     if slots.dtype != torch.int32 or slots.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
         return f"slots {slots.dtype} / boundaries {cu_seqlens.dtype}"
@@ -37,6 +40,14 @@ def all_true(n: int, device) -> torch.Tensor:
     buf = _all_true.get(device)
     if buf is None or buf.shape[0] < n:
         buf = _all_true[device] = torch.ones(max(n, 256), dtype=torch.bool, device=device)
+    return buf[:n]
+
+
+def identity_slots(n: int, device) -> torch.Tensor:
+    """[n] int32 0 .. n-1: slots for states gathered one per sequence (vLLM's prefill)."""
+    buf = _identity.get(device)
+    if buf is None or buf.shape[0] < n:
+        buf = _identity[device] = torch.arange(max(n, 256), dtype=torch.int32, device=device)
     return buf[:n]
 
 

@@ -19,12 +19,23 @@ vLLM's function:
   definitions, whose slot 0 is vLLM's null block as in vLLM >= 0.20) where a router for the GPU
   exists (their baseline is the torch reference); its 1-D-slot decode calls and every other call
   stay vLLM's.
-The layer keeps its convolution, metadata and prefill paths; a `PluggableLayer.register_oot`
-subclass would have had to re-implement the layer's methods around the same calls.
+- `fi_chunk_gated_delta_rule` (its prefill with FlashInfer, the default on sm_90) and
+  `fla_chunk_gated_delta_rule` (with `--gdn-prefill-backend triton`) -> `fi_chunk_call` /
+  `fla_chunk_call`, serving the `gdn_prefill_pool` definitions: vLLM hands them the states it
+  gathered for the prefill's sequences (`ssm_state[indices]`, a copy, zeroed where a sequence has
+  no initial state) and scatters the returned final states back; kdispatch runs them as a pool of
+  one slot per sequence, updated in place and returned as the final states (a pool of bf16 states,
+  Qwen3-Next's default, is converted to fp32 first, as vLLM's FlashInfer path does). vLLM's q/k are
+  L2-normalised already; the definition normalises again, which leaves unit vectors unchanged to
+  within bf16 rounding. Calls with FlashInfer state checkpoints (prefix caching's "align" mode)
+  stay vLLM's.
+The layer keeps its convolution and metadata paths; a `PluggableLayer.register_oot` subclass would
+have had to re-implement the layer's methods around the same calls (and `ChunkGatedDeltaRule`
+picks its forward method in `__init__`, past `forward_oot`).
 
 Check it is active: each worker logs "kdispatch: vLLM GDN kernels replaced in <module>", and
-`kdispatch.integrations.vllm.STATS` / `VERIFY_STATS` count the calls kdispatch served and those it
-passed to vLLM.
+`kdispatch.integrations.vllm.STATS` / `VERIFY_STATS` / `PREFILL_STATS` count the calls kdispatch
+served and those it passed to vLLM.
 """
 from __future__ import annotations
 
@@ -32,17 +43,23 @@ import importlib
 import logging
 import os
 
-from kdispatch.integrations import packed_decode, serving, verify
+import torch
+
+from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
 VERIFY_KERNEL = "fused_sigmoid_gating_delta_rule_update"
+FI_PREFILL = "fi_chunk_gated_delta_rule"
+FLA_PREFILL = "fla_chunk_gated_delta_rule"
 # where vLLM's GDN layer has lived (newest first); the first that imports and holds KERNEL is patched
 LAYER_MODULES = ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
                  "vllm.model_executor.layers.mamba.gdn_linear_attn",
                  "vllm.model_executor.models.qwen3_next")
 STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
 VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
+PREFILL_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
+PREFILL_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # gathered states, converted to fp32
 
 logger = logging.getLogger(__name__)
 _originals: dict = {}  # kernel name -> vLLM's function
@@ -59,8 +76,9 @@ def enabled() -> bool:
 
 def register() -> str | None:
     """The `vllm.general_plugins` entry point: with KDISPATCH_VLLM set, swaps the GDN layer module's
-    packed decode for `packed_decode_call` and, where the module has it, its sigmoid-gating kernel
-    for `sigmoid_gating_call`. Returns the patched module's name (None: nothing done)."""
+    packed decode for `packed_decode_call` and, where the module has them, its sigmoid-gating
+    kernel for `sigmoid_gating_call` and its prefill functions for `fi_chunk_call` /
+    `fla_chunk_call`. Returns the patched module's name (None: nothing done)."""
     if not enabled():
         return None
     for name in LAYER_MODULES:
@@ -70,13 +88,13 @@ def register() -> str | None:
             continue
         if getattr(module, KERNEL, None) is None:
             continue
-        for kernel, ours in ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call)):
+        for kernel, ours in SWAPS:
             current = getattr(module, kernel, None)
             if current is not None and current is not ours:
                 _originals[kernel] = current
                 setattr(module, kernel, ours)
         logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s)", name,
-                    ", ".join(k for k in (KERNEL, VERIFY_KERNEL) if k in _originals), SWITCH, os.environ[SWITCH])
+                    ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH])
         return name
     logger.warning("kdispatch: no vLLM GDN layer module with %s found (%s): nothing replaced", KERNEL,
                    ", ".join(LAYER_MODULES))
@@ -147,3 +165,73 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
             initial_state=initial_state, inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs))
+
+
+def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens) -> str | None:
+    if not output_final_state or initial_state is None or cu_seqlens is None:
+        return "no final state asked for, no initial states, or no boundaries"
+    if q.dim() != 4 or q.shape[0] != 1 or v.dim() != 4 or g.dim() != 3 or beta.dim() != 3:
+        return "inputs not [1, T, ...]"
+    n = initial_state.shape[0] if initial_state.dim() == 4 else -1
+    if n != cu_seqlens.shape[0] - 1:
+        return f"initial states {tuple(initial_state.shape)} for {cu_seqlens.shape[0] - 1} sequences"
+    return pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], initial_state,
+                                    pool_prefill.identity_slots(n, q.device), cu_seqlens, PREFILL_POOL_DTYPES)
+
+
+def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
+    """The gathered states as a pool of one slot per sequence: (o [1, T, HV, V], final states fp32)."""
+    states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
+    n, (total, heads, width) = states.shape[0], v.shape[1:]
+    if core_attn_out is None:
+        out = torch.empty(total, heads, width, dtype=torch.bfloat16, device=v.device)
+    else:  # its leading elements, as fla fills it
+        out = core_attn_out.reshape(-1)[:total * heads * width].view(total, heads, width)
+    pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], states, pool_prefill.identity_slots(n, v.device),
+                       pool_prefill.all_true(n, v.device), cu_seqlens, out, scale)
+    return out[None], states
+
+
+def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, use_qk_l2norm_in_kernel=True,
+                  state_checkpoints=None, checkpoint_cu_starts=None, checkpoint_every_n_tokens=0, use_cp="auto"):
+    """vLLM's fi_chunk_gated_delta_rule contract: (o [1, T, HV, V], final states [N, HV, V, K] fp32)."""
+    def engine():
+        return _originals[FI_PREFILL](
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_checkpoints=state_checkpoints,
+            checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
+            use_cp=use_cp)
+
+    why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
+           "context parallel asked for" if use_cp is True else
+           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
+    if why is not None:
+        _passed(PREFILL_STATS, why)
+        return engine()
+    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device,
+                           lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None), engine)
+
+
+def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                   chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=False, core_attn_out=None):
+    """vLLM's fla_chunk_gated_delta_rule contract: (o [1, T, HV, V] (in `core_attn_out` where
+    given), final states [N, HV, V, K] fp32)."""
+    def engine():
+        return _originals[FLA_PREFILL](
+            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+            chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out)
+
+    why = ("an output buffer that is not a contiguous bf16 one of at least the output's size"
+           if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
+                                                 and core_attn_out.numel() >= v.numel()) else
+           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
+    if why is not None:
+        _passed(PREFILL_STATS, why)
+        return engine()
+    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device,
+                           lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out), engine)
+
+
+SWAPS = ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call), (FI_PREFILL, fi_chunk_call),
+         (FLA_PREFILL, fla_chunk_call))
