@@ -73,3 +73,40 @@ def test_registered_variants():
     for name in M.CONFIGS:
         v = registry.get("moe_fp8", name)
         assert v.backend == "triton" and v.archs == ("sm90",)
+
+
+@pytest.mark.parametrize("T,offset", [(1, 0), (37, 64), (130, 224)])
+def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, monkeypatch):
+    """_fused_route_layout: the reference's experts and weights, every local pair once in its
+    expert's padded run, block_expert as the torch layout has it (only the order inside a run may
+    differ). Its buffers come poisoned (a plausible pair id, NaN), so anything left unset shows."""
+    empty = torch.empty
+
+    def poisoned(*shape, dtype=None, device=None):
+        buf = empty(*shape, dtype=dtype, device=device)
+        return buf.fill_(float("nan") if buf.is_floating_point() else 7)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    g = torch.Generator().manual_seed(T)
+    logits = torch.randn(T, 256, generator=g)
+    bias = (0.02 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    experts, weights = M.ref._route(logits, bias, 2.5)
+    local = experts - offset
+    local = torch.where((local >= 0) & (local < LOCAL), local, LOCAL)
+    for block_m in (16, 64):
+        want_pairs, want_blocks = M._sorted_layout(local, LOCAL, block_m)
+        pair_weights, row_pair, block_expert = M._fused_route_layout(logits, bias, offset, 2.5, LOCAL, block_m)
+        torch.testing.assert_close(pair_weights, weights.reshape(-1), rtol=1e-6, atol=1e-7)
+        assert torch.equal(block_expert, want_blocks)
+        assert torch.equal(row_pair >= 0, want_pairs >= 0)
+        row_expert = block_expert.long().repeat_interleave(block_m)
+        placed = row_pair[row_pair >= 0].long()
+        assert torch.equal(placed.sort().values, want_pairs[want_pairs >= 0].long().sort().values)
+        assert torch.equal(row_expert[row_pair >= 0], local.reshape(-1)[placed])
+
+
+@pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16.fr"), (9, 5, "triton_grouped_m32.fr")])
+def test_fused_routing_variants_match_dense_formula(T, seed, name):
+    args = _inputs(T, seed)
+    want = _expected(*args)
+    _check(M.moe_fp8_grouped(*args, **M.CONFIGS[name]), want)

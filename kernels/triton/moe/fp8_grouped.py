@@ -28,7 +28,9 @@ BLOCK_M is the variant's choice: 16-row blocks waste little padding when each ex
 tokens (decode-like batches); 32- and 64-row blocks reuse each weight tile over more tokens (prefill).
 
 Known cost at small batches: routing and the sorted layout are ~20 small torch kernels, 109 us of
-the 198 us at one token (H100, graph); a fused Triton routing kernel is the next step there.
+the 198 us at one token (H100, graph). `_fused_route_layout` does both in a memset and two Triton
+kernels (`_route_kernel`, one program per token; `_layout_kernel`, pairs placed through atomic
+per-expert cursors): the ".fr" variants.
 
 DOT_FP32: the Triton interpreter (CPU tests) has no FP8 or bf16 tensor-core dot; the operands are
 cast to fp32 before tl.dot when the flag is set (set only off CUDA).
@@ -161,12 +163,113 @@ def _sorted_layout(local: torch.Tensor, num_local: int, block_m: int):
     return row_pair[:rows], block_expert
 
 
+@triton.jit
+def _route_kernel(
+    logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr,
+    local_offset, scaling, num_rows, fill_chunk,
+    NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
+    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr,
+):
+    """One token: DeepSeek-V3 routing as ref._route (sigmoid scores, bias for selection only, the
+    TOP_GROUPS groups of the best two-expert sums, the TOP_K best experts among them, weights
+    renormalised times `scaling`); its local expert ids (NUM_LOCAL: another rank's), counted into
+    counts[e]; and its share of row_pair set to -1 (the layout kernel runs after)."""
+    t = tl.program_id(0)
+    GS: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
+    offs = tl.arange(0, NUM_EXPERTS)
+    score = tl.sigmoid(tl.load(logits_ptr + t.to(tl.int64) * NUM_EXPERTS + offs).to(tl.float32))
+    sel = tl.reshape(score + tl.load(bias_ptr + offs).to(tl.float32), (NUM_GROUPS, GS))
+    col = tl.arange(0, GS)
+    best = tl.argmax(sel, axis=1)
+    group_score = tl.max(sel, axis=1) + tl.max(tl.where(col[None, :] == best[:, None], float("-inf"), sel), axis=1)
+    groups = tl.arange(0, NUM_GROUPS)
+    keep = groups < 0
+    for _ in tl.static_range(TOP_GROUPS):
+        g = tl.argmax(group_score, axis=0)
+        keep = keep | (groups == g)
+        group_score = tl.where(groups == g, float("-inf"), group_score)
+    cand = tl.reshape(tl.where(keep[:, None], sel, float("-inf")), (NUM_EXPERTS,))
+    ks = tl.arange(0, TOP_K)
+    ids = tl.zeros([TOP_K], dtype=tl.int32)
+    w = tl.zeros([TOP_K], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        e = tl.argmax(cand, axis=0)
+        ids = tl.where(ks == j, e, ids)
+        w = tl.where(ks == j, tl.sum(tl.where(offs == e, score, 0.0), axis=0), w)
+        cand = tl.where(offs == e, float("-inf"), cand)
+    w = w / (tl.sum(w, axis=0) + 1e-20) * scaling
+    local = ids - local_offset
+    is_local = (local >= 0) & (local < NUM_LOCAL)
+    local = tl.where(is_local, local, NUM_LOCAL)
+    tl.store(weight_ptr + t * TOP_K + ks, w)
+    tl.store(local_ptr + t * TOP_K + ks, local)
+    tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
+    for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
+        rows = r + tl.arange(0, FILL)
+        tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
+
+
+@triton.jit
+def _layout_kernel(
+    local_ptr, counts_ptr, cursor_ptr, row_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
+    NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Places BLOCK_P pairs in their expert's rows (each expert's run starts a BLOCK_M block; the
+    order inside a run is the atomics' order) and writes BLOCK_P entries of block_expert (NUM_LOCAL
+    past the last expert's rows)."""
+    pid = tl.program_id(0)
+    es = tl.arange(0, LOCAL_POW2)
+    counts = tl.load(counts_ptr + es, mask=es < NUM_LOCAL, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    offs = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    local = tl.load(local_ptr + offs, mask=offs < num_pairs, other=NUM_LOCAL)
+    is_local = local < NUM_LOCAL
+    rank = tl.atomic_add(cursor_ptr + local, 1, mask=is_local, sem="relaxed")
+    start = tl.sum(tl.where(es[None, :] == local[:, None], pad_end - padded, 0), axis=1)
+    tl.store(row_pair_ptr + start + rank, offs, mask=is_local)
+    first_row = offs * BLOCK_M
+    ended = (pad_end[None, :] <= first_row[:, None]) & (es[None, :] < NUM_LOCAL)
+    tl.store(block_expert_ptr + offs, tl.sum(ended.to(tl.int32), axis=1), mask=offs < num_blocks)
+
+
+LAYOUT_BLOCK = 256  # pairs (and block_expert entries) per layout program
+FILL_BLOCK = 128  # row_pair entries a routing program sets per store
+
+
+def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local: int,
+                        block_m: int):
+    """Routing and the expert-sorted layout in three launches (a memset and two kernels), no host
+    sync: (pair weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32),
+    the layout as `_sorted_layout` makes it except for the order of pairs inside an expert's run."""
+    num_tokens, num_experts = routing_logits.shape
+    device = routing_logits.device
+    num_pairs = num_tokens * ref.TOP_K
+    rows = triton.cdiv(num_pairs + num_local * (block_m - 1), block_m) * block_m
+    local_pow2 = triton.next_power_of_2(num_local + 1)
+    counters = torch.zeros(2, local_pow2, dtype=torch.int32, device=device)  # counts, cursors
+    weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
+    local = torch.empty(num_pairs, dtype=torch.int32, device=device)
+    row_pair = torch.empty(rows, dtype=torch.int32, device=device)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=device)
+    _route_kernel[(num_tokens,)](
+        routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
+        int(local_expert_offset), float(routed_scaling_factor), rows, triton.cdiv(rows, num_tokens),
+        NUM_EXPERTS=num_experts, NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS, TOP_K=ref.TOP_K,
+        NUM_LOCAL=num_local, FILL=FILL_BLOCK)
+    _layout_kernel[(triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),)](
+        local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
+        NUM_LOCAL=num_local, LOCAL_POW2=local_pow2, BLOCK_M=block_m, BLOCK_P=LAYOUT_BLOCK)
+    return weights, row_pair, block_expert
+
+
 def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                     routed_scaling_factor, *, block_m: int, block_n1: int, block_n2: int,
-                    num_warps: int, num_stages: int, dot_fp32: bool | None = None):
+                    num_warps: int, num_stages: int, fused_routing: bool = False, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts; returns [T, HIDDEN] bf16. Works for any HIDDEN and
-    intermediate size that are multiples of 128 (the tests use small ones)."""
+    intermediate size that are multiples of 128 (the tests use small ones). fused_routing: routing
+    and layout by `_fused_route_layout` (3 launches) rather than torch ops (about 20)."""
     num_tokens, hidden = hidden_states.shape
     num_local, two_inter, _ = gemm1_weights.shape
     inter = two_inter // 2
@@ -179,23 +282,27 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
     if num_tokens == 0:
         return out.to(torch.bfloat16)
 
-    experts, weights = ref._route(routing_logits, routing_bias, routed_scaling_factor)  # [T, 8] each
-    local = experts - int(local_expert_offset)
-    local = torch.where((local >= 0) & (local < num_local), local, num_local)
-    row_pair, block_expert = _sorted_layout(local, num_local, block_m)
+    if fused_routing:
+        pair_weights, row_pair, block_expert = _fused_route_layout(
+            routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m)
+    else:
+        experts, weights = ref._route(routing_logits, routing_bias, routed_scaling_factor)  # [T, 8] each
+        local = experts - int(local_expert_offset)
+        local = torch.where((local >= 0) & (local < num_local), local, num_local)
+        row_pair, block_expert = _sorted_layout(local, num_local, block_m)
+        pair_weights = weights.reshape(-1).contiguous()
     rows = row_pair.numel()
 
     x = hidden_states.contiguous()
     x_scale = hidden_states_scale.contiguous()
     y = torch.empty(rows, inter, dtype=torch.bfloat16, device=device)
-    common = dict(TOP_K=experts.shape[1], NUM_LOCAL=num_local, BLOCK_M=block_m, QB=QBLOCK,
+    common = dict(TOP_K=ref.TOP_K, NUM_LOCAL=num_local, BLOCK_M=block_m, QB=QBLOCK,
                   DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
     _gemm1_swiglu_kernel[(rows // block_m, inter // block_n1)](
         x, x_scale, gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(), row_pair, block_expert,
         y, num_tokens, HIDDEN=hidden, INTER=inter, BLOCK_N=block_n1, **common)
     _gemm2_scatter_kernel[(rows // block_m, hidden // block_n2)](
-        y, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), row_pair,
-        weights.reshape(-1).contiguous(), block_expert, out,
+        y, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), row_pair, pair_weights, block_expert, out,
         HIDDEN=hidden, INTER=inter, BLOCK_N=block_n2, **common)
     return out.to(torch.bfloat16)
 
@@ -204,11 +311,14 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
 # 32-wide N tiles were fastest up to 80 tokens (198 / 293 / 618 us at 1 / 16 / 80 tokens), 32 x 128
 # at 901 tokens (882 us), 64 x 128 with 8 warps at 14107 tokens (4773 us). The tuner measures all
 # three on every workload and routes by seq_len.
-CONFIGS = {
+# The ".fr" configurations route and lay out the pairs with `_fused_route_layout` (not measured
+# yet: the next tune decides between the two routings and the slower one goes).
+TILES = {
     "triton_grouped_m16": dict(block_m=16, block_n1=32, block_n2=32, num_warps=4, num_stages=4),
     "triton_grouped_m32": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
     "triton_grouped_m64": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
 }
+CONFIGS = {**TILES, **{f"{name}.fr": dict(tiles, fused_routing=True) for name, tiles in TILES.items()}}
 
 
 def _register(name: str, config: dict):
