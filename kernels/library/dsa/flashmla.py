@@ -1,6 +1,7 @@
 """FlashMLA's sparse MLA prefill kernel (`flash_mla_sparse_fwd`, sgl-flash-mla 1.0.0, its legacy sm_90
-kernels) as SGLang and vLLM call it on Hopper for DeepSeek-V3.2's sparse attention: a peer of the
-dsa_sparse_attention variants (staged with SGLang by benchmarks/stage_engines.sh).
+kernels) as SGLang and vLLM call it on Hopper for DeepSeek-V3.2's sparse attention: the baseline of
+dsa_sparse_attention on sm_90 where it imports (staged with SGLang by benchmarks/stage_engines.sh;
+else the project's reference serves, with the dispatcher's warning).
 
 The engines' layout, from the definition's:
 - query: q_nope ‖ q_pe as one 576-wide row per head, the 16 heads zero-padded to 64 (the kernel
@@ -44,7 +45,7 @@ def fused_cache(ckv_cache: torch.Tensor, kpe_cache: torch.Tensor) -> torch.Tenso
 
 
 @variant("dsa_sparse_attention", "flashmla_sparse", backend="library", archs=("sm90",), requires=("flash_mla",),
-         strided=True)
+         strided=True, baseline=True)
 def dsa_sparse_attention_flashmla(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale):
     from flash_mla import flash_mla_sparse_fwd
 
