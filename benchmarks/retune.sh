@@ -11,7 +11,9 @@
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh engines          the engine-convention GPU tests (pool decode / prefill, verify,
 #                                              hostile indices) and every variant's GPU conformance, after
-#                                              .kd-wheels/engines' setup; failures listed in $OUT/engines.txt
+#                                              .kd-wheels/engines' setup; failures listed in $OUT/engines$ENGINES_TAG.txt
+#                                              (ENGINES_FILES="file:seconds ..." picks files, e.g. to split
+#                                              them over two GPUs with ENGINES_TAG naming the list)
 #   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
 #   bash benchmarks/retune.sh engine-bench     pool prefill and both verify contracts: every variant and the routed
 #                                              op against the engine's default path (benchmarks/gdn_engine.py)
@@ -58,11 +60,18 @@ case "$step" in
     cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
     keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
   engines)
-    timeout 300 python -m pytest -q -rf -p no:cacheprovider tests/gpu/test_gdn_packed_gpu.py \
-      tests/gpu/test_gdn_pool_prefill_gpu.py tests/gpu/test_gdn_verify_gpu.py tests/gpu/test_hostile_gpu.py \
-      > "$OUT/engines.txt" 2>&1
-    timeout 240 python -m pytest -q -rf -p no:cacheprovider tests/gpu/test_gpu_conformance.py >> "$OUT/engines.txt" 2>&1
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/engines.txt" | cut -c1-300 | tail -60 ;;
+    log="$OUT/engines${ENGINES_TAG:-}.txt"
+    : > "$log"
+    # one file at a time, each with its own time limit (seconds): one that runs out still leaves the others'
+    # results; ENGINES_FILES picks some (e.g. to split them over two GPUs)
+    for entry in ${ENGINES_FILES:-test_gdn_packed_gpu:60 test_gdn_pool_prefill_gpu:90 test_gdn_verify_gpu:60 \
+                 test_hostile_gpu:180 test_gpu_conformance:240 test_triton_dsa_moe:120}; do
+      t=${entry%%:*}
+      echo "== $t" >> "$log"
+      timeout "${entry##*:}" python -m pytest -q -rf -p no:cacheprovider "tests/gpu/$t.py" >> "$log" 2>&1 \
+        || echo "== $t: exit $?" >> "$log"
+    done
+    grep -E "^== |^(FAILED|ERROR)|passed|failed" "$log" | cut -c1-300 | tail -60 ;;
   sanitize)
     timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
     tail -25 "$OUT/sanitize.txt" ;;
