@@ -8,3 +8,8 @@ fi
 export PYTHONUNBUFFERED=1
 # serving engines' packages staged by benchmarks/stage_engines.sh (SGLang's kernels)
 if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines"; fi
+# DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh (its JIT finds nvcc through CUDA_HOME)
+if [ -f /tmp/kd-deepgemm/src/deep_gemm/_C.so ]; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/kd-deepgemm/src"
+  export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+fi

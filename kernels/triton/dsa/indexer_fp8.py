@@ -201,22 +201,29 @@ def indexer_radix(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table
     return out
 
 
-def indexer_torch_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, dot_fp32=None):
-    batch, max_pages = block_table.shape
-    width = max_pages * PAGE_SIZE
-    out = torch.full((batch, TOPK), -1, dtype=torch.int32, device=block_table.device)
-    if batch == 0 or width == 0:
-        return out
-    scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, dot_fp32=dot_fp32)
+def torch_topk_ids(scores, seq_lens, block_table, num_pages: int, out):
+    """out[:, :k] <- global ids (page * 64 + slot) of the k = min(2048, width) best tokens of each row
+    of scores [B, width] (any row stride), best first, -1 for tokens past seq_len or on a page id
+    outside [0, num_pages), whatever their score (garbage there is fine); returns out."""
+    width = block_table.shape[1] * PAGE_SIZE
     slot = torch.arange(width, device=scores.device)
     table = block_table.repeat_interleave(PAGE_SIZE, dim=1)  # [B, width]
-    valid = (slot[None, :] < seq_lens[:, None]) & (table >= 0) & (table < k_index_cache_fp8.shape[0])
+    valid = (slot[None, :] < seq_lens[:, None]) & (table >= 0) & (table < num_pages)
     scores = scores.masked_fill(~valid, float("-inf"))
     k = min(TOPK, width)
     best = torch.topk(scores, k, dim=1).indices  # [B, k]
     ids = torch.gather(table, 1, best) * PAGE_SIZE + (best % PAGE_SIZE).to(torch.int32)
     out[:, :k] = torch.where(torch.gather(valid, 1, best), ids, -1)
     return out
+
+
+def indexer_torch_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, dot_fp32=None):
+    batch, max_pages = block_table.shape
+    out = torch.full((batch, TOPK), -1, dtype=torch.int32, device=block_table.device)
+    if batch == 0 or max_pages == 0:
+        return out
+    scores = score_pages(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, dot_fp32=dot_fp32)
+    return torch_topk_ids(scores, seq_lens, block_table, k_index_cache_fp8.shape[0], out)
 
 
 @variant("dsa_topk_indexer", "triton_fp8_radix", backend="triton", archs=("sm90",), requires=("triton",),

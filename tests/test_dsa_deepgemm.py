@@ -1,0 +1,90 @@
+"""The DeepGEMM indexer peer's glue (kernels/library/dsa/deepgemm.py) on the CPU, against a stand-in
+for DeepGEMM 2.6.1's `fp8_paged_mqa_logits` that keeps the real one's contract and its hazards:
+2-D int32 context lengths, next_n = 1 queries, the uint8 cache view, a schedule made for the same
+SM count, block-table entries read unchecked (the stand-in fails on one outside the cache, where
+the real kernel would read out of bounds), logits past a row's length left as garbage (NaN here)
+and a padded row stride. The peer's ids must pass the correctness gate on valid and hostile inputs
+(tests/hostile.py), with batches cut into SM-sized chunks."""
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from hostile import hostile  # noqa: E402
+from kdispatch import workloads  # noqa: E402
+from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
+from kdispatch.tuner import gate  # noqa: E402
+
+DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
+SMS = 3  # fewer than the batches below: the peer must chunk
+
+
+def _fake_deep_gemm(calls):
+    def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
+        assert context_lens.dtype == torch.int32 and context_lens.dim() == 2 and context_lens.is_contiguous()
+        assert block_kv == 64 and num_sms == SMS and context_lens.shape[0] <= SMS
+        return torch.full((num_sms + 1, 2), 7, dtype=torch.int32)
+
+    def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
+                             clean_logits=False):
+        batch = q.shape[0]
+        assert q.shape[1:] == (1, 64, 128) and q.dtype == torch.float8_e4m3fn and q.is_contiguous()
+        assert kv_cache.dtype == torch.uint8 and kv_cache.shape[1:] == (64, 1, 132) and kv_cache.stride(1) == 132
+        assert weights.shape == (batch, 64) and weights.dtype == torch.float32 and weights.is_contiguous()
+        assert context_lens.shape == (batch, 1) and context_lens.dtype == torch.int32
+        assert block_table.dtype == torch.int32 and block_table.stride(1) == 1 and schedule_meta.shape == (SMS + 1, 2)
+        assert not clean_logits, "DeepGEMM refuses clean_logits with 2-D context lengths"
+        lens = context_lens[:, 0].long()
+        assert int(lens.max()) <= max_context_len
+        for b in range(batch):  # the pages the kernel reads, unchecked
+            read = block_table[b, : (int(lens[b]) + 63) // 64]
+            assert ((read >= 0) & (read < kv_cache.shape[0])).all(), "DeepGEMM would read outside the cache"
+        scores, _ = dsa_spec.indexer_scores(q[:, 0], kv_cache.view(torch.int8), weights, lens, block_table)
+        scores = scores[:, :max_context_len]
+        padded = torch.full((batch, max_context_len + 256), float("nan"))  # garbage past each length
+        padded[:, :max_context_len] = torch.where(torch.arange(max_context_len)[None, :] < lens[:, None], scores,
+                                                  float("nan"))
+        calls.append(batch)
+        return padded[:, :max_context_len]
+
+    return types.SimpleNamespace(get_num_sms=lambda: SMS, get_paged_mqa_logits_metadata=get_paged_mqa_logits_metadata,
+                                 fp8_paged_mqa_logits=fp8_paged_mqa_logits)
+
+
+@pytest.fixture
+def peer(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
+    from kdispatch.kernels.library.dsa import deepgemm
+    return deepgemm.dsa_indexer_deepgemm, calls
+
+
+def _inputs(batch, max_pages, seed, num_pages=120):
+    w = {"axes": {"batch_size": batch, "max_num_pages": max_pages, "num_pages": num_pages}, "inputs": {},
+         "uuid": f"deepgemm-{batch}-{max_pages}"}
+    return list(workloads.materialize(DEF, w, seed=seed))
+
+
+@pytest.mark.parametrize("batch,max_pages,seed,hostile_seed", [(2, 5, 0, None), (7, 40, 1, None), (5, 12, 2, 0),
+                                                              (8, 36, 3, 1), (6, 9, 4, "lengths")])
+def test_peer_passes_the_gate(peer, batch, max_pages, seed, hostile_seed):
+    fn, calls = peer
+    args = _inputs(batch, max_pages, seed)
+    if hostile_seed == "lengths":  # past the table's width, negative, the int32 extremes
+        args[3] = torch.tensor([max_pages * 64 + 1, -1, 2**31 - 1, -2**31, 0, 70], dtype=torch.int32)
+    elif hostile_seed is not None:
+        args = hostile("dsa_topk_indexer", args, hostile_seed)
+    verdict = gate.run_gate(DEF, fn, [(args, gate.reference(DEF, args))])
+    assert verdict.passed, f"{verdict.status} {verdict.reason}"
+    assert calls[-((batch + SMS - 1) // SMS):] == [min(SMS, batch - s) for s in range(0, batch, SMS)]
+
+
+def test_a_wrong_mapping_fails_the_gate(peer):
+    fn, _ = peer
+    args = _inputs(4, 20, 5)
+    out = fn(*args)
+    bad = torch.where(out >= 0, out ^ 1, out)  # the neighbouring slot of every selected token
+    assert not gate.check_outputs(DEF, args, (bad,), gate.reference(DEF, args)).passed
