@@ -1,0 +1,74 @@
+"""DeepGEMM's grouped FP8 GEMMs (`m_grouped_fp8_gemm_nt_contiguous`, DeepGEMM 2.6.1 built on the GPU
+machine by benchmarks/stage_deepgemm.sh) behind the moe_fp8 definition: the contiguous-layout
+pipeline SGLang's DeepGEMM MoE runner uses on Hopper for prefill-size batches, a peer of the
+moe_fp8 variants on sm_90 (not run on a GPU yet).
+
+    step                 SGLang (deep_gemm runner, contiguous)      here
+    routing + layout     its router; ep_scatter: rows grouped by    kdispatch's fused Triton routing
+                         expert, each expert's run padded to 128    and layout (fp8_grouped.py,
+                         rows, m_indices = expert or -1             BLOCK_M = 128), m_indices from it
+    activations          per-token-group FP8 quant of bf16 x        the definition's FP8 rows and
+                                                                    scales, gathered into the rows
+    GEMM1                m_grouped_fp8_gemm_nt_contiguous           the same
+    SiLU-and-mul, quant  silu_and_mul, per-token-group FP8 quant    torch ops, SiLU on the second
+                         (128 columns)                              half (the definition's order)
+    GEMM2                m_grouped_fp8_gemm_nt_contiguous           the same
+    combine              post_reorder (weights, scaling factor)     index_add_ of weight x row
+
+DeepGEMM's contiguous layout needs each expert's rows to start at a multiple of 128 (its BLOCK_M
+on sm_90) and marks padding rows -1 (their blocks are skipped); it converts the activation scales
+into its TMA-aligned layout itself. The row count is the static bound T * 8 + 32 * 127 rounded up
+to 128, so a call stays capturable (no host sync); at small batches most rows are padding, which
+is why SGLang uses the masked layout there.
+"""
+from __future__ import annotations
+
+import torch
+
+from kdispatch.kernels.triton.moe.fp8_grouped import _fused_route_layout
+from kdispatch.references import moe_fp8 as ref
+from kdispatch.registry import variant
+
+BLOCK_M = 128  # DeepGEMM's M alignment of the contiguous layout on sm_90
+QBLOCK = 128
+FP8_MAX = 448.0
+
+
+def quantize_rows(y: torch.Tensor):
+    """Per row and 128 columns FP8 e4m3 (amax / 448 scales, as SGLang's group quant): (fp8, fp32 scales)."""
+    rows, cols = y.shape
+    groups = y.float().view(rows, cols // QBLOCK, QBLOCK)
+    scale = groups.abs().amax(dim=-1).clamp_min(1e-10) / FP8_MAX
+    q = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(rows, cols)
+    return q, scale
+
+
+@variant("moe_fp8", "deepgemm_contiguous", backend="library", archs=("sm90",), requires=("deep_gemm",))
+def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+                     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
+                     routed_scaling_factor):
+    import deep_gemm
+
+    num_tokens, hidden = hidden_states.shape
+    num_local, two_inter, _ = gemm1_weights.shape
+    out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=hidden_states.device)
+    if num_tokens == 0:
+        return out.to(torch.bfloat16)
+    pair_weights, row_pair, block_expert = _fused_route_layout(
+        routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, BLOCK_M)
+    live = row_pair >= 0
+    m_indices = torch.where(live, block_expert.repeat_interleave(BLOCK_M), -1).to(torch.int32)
+    pair = row_pair.clamp(min=0).long()
+    token = pair // ref.TOP_K  # padding rows read token 0 and add zero to it
+    a = hidden_states.view(torch.uint8)[token].view(torch.float8_e4m3fn)
+    a_scale = hidden_states_scale.t()[token].contiguous()  # [rows, hidden / 128]
+    h = torch.empty(row_pair.numel(), two_inter, dtype=torch.bfloat16, device=out.device)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, m_indices)
+    inter = two_inter // 2
+    y = torch.nn.functional.silu(h[:, inter:].float()) * h[:, :inter].float()
+    yq, y_scale = quantize_rows(y)
+    d = torch.empty(row_pair.numel(), hidden, dtype=torch.bfloat16, device=out.device)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((yq, y_scale), (gemm2_weights, gemm2_weights_scale), d, m_indices)
+    # padding rows may hold anything (DeepGEMM skips their blocks): selected away, not multiplied by 0
+    out.index_add_(0, token, torch.where(live[:, None], d.float() * pair_weights[pair][:, None], 0.0))
+    return out.to(torch.bfloat16)

@@ -1,0 +1,75 @@
+"""The DeepGEMM MoE peer's glue (kernels/library/moe/deepgemm.py) on the CPU, against a stand-in for
+DeepGEMM 2.6.1's `m_grouped_fp8_gemm_nt_contiguous` that keeps its contract: FP8 K-major operands
+with [M, K / 128] and [G, N / 128, K / 128] fp32 scales, a bf16 output, int32 m_indices whose every
+expert run starts at a multiple of 128 rows, and padding rows (-1) left as garbage (NaN here). Sizes
+and the float64 expected value: tests/moe_small.py (the routing at full size, 32 local experts)."""
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import moe_small  # noqa: E402
+from conftest import INTERPRETED  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not INTERPRETED, reason="the stand-in replaces DeepGEMM on the CPU only")
+
+
+def _dequant(x, scale, rows_block):
+    r, c = x.shape[-2:]
+    s = scale.repeat_interleave(rows_block, dim=-2)[..., :r, :].repeat_interleave(128, dim=-1)[..., :c]
+    return x.double() * s.double()
+
+
+def _fake_deep_gemm(calls):
+    def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices):
+        (x, xs), (w, ws) = a, b
+        m, k = x.shape
+        g, n, _ = w.shape
+        assert x.dtype == w.dtype == torch.float8_e4m3fn and x.stride(-1) == 1 and w.is_contiguous()
+        assert xs.shape == (m, k // 128) and ws.shape == (g, n // 128, k // 128) and xs.dtype == torch.float32
+        assert d.shape == (m, n) and d.dtype == torch.bfloat16 and m_indices.shape == (m,)
+        assert m_indices.dtype == torch.int32 and m % 128 == 0
+        starts = torch.nonzero((m_indices[1:] != m_indices[:-1]) & (m_indices[1:] >= 0)).flatten() + 1
+        assert (starts % 128 == 0).all(), "an expert's rows must start at a multiple of 128"
+        assert int(m_indices.max()) < g
+        xd = _dequant(x, xs, 1)
+        d.fill_(float("nan"))  # what padding rows may hold
+        for e in range(g):
+            rows = m_indices == e
+            if rows.any():
+                d[rows] = (xd[rows] @ _dequant(w[e], ws[e], 128).t()).to(torch.bfloat16)
+        calls.append(m)
+
+    return types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=m_grouped_fp8_gemm_nt_contiguous)
+
+
+@pytest.fixture
+def peer(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
+    from kdispatch.kernels.library.moe import deepgemm
+    return deepgemm.moe_fp8_deepgemm, calls
+
+
+@pytest.mark.parametrize("T,offset", [(1, 0), (6, 64), (23, 224)])
+def test_peer_matches_the_dense_formula(peer, T, offset):
+    fn, calls = peer
+    args = moe_small.inputs(T, seed=T, offset=offset)
+    want = moe_small.expected(*args)
+    out = fn(*args)
+    assert out.dtype == torch.bfloat16 and out.shape == want.shape and torch.isfinite(out.float()).all()
+    got = out.double()
+    # the SwiGLU output is re-quantised to FP8 between the GEMMs, as in SGLang's pipeline
+    torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
+    assert (got - want).norm() <= 0.04 * want.norm() + 1e-9
+    assert len(calls) == 2
+
+
+def test_no_local_expert_gives_zeros(peer):
+    fn, _ = peer
+    args = moe_small.inputs(4, seed=3)
+    args[8] = 1000
+    assert (fn(*args) == 0).all()
