@@ -52,7 +52,11 @@ def sweep(quick: bool) -> None:
             local = experts - int(a[8])
             return G._sorted_layout(torch.where((local >= 0) & (local < 32), local, 32), 32, 16)[0]
 
-        res = [(statistics.median(timing.graph_times_us(layout_only, sets, 3)[0]), "layout only")]
+        def fused_layout_only(*a):  # the same, fused (the ".fr" variants)
+            return G._fused_route_layout(a[0], a[1], a[8], a[9], 32, 16)[1]
+
+        res = [(statistics.median(timing.graph_times_us(layout_only, sets, 3)[0]), "layout only"),
+               (statistics.median(timing.graph_times_us(fused_layout_only, sets, 3)[0]), "fused layout only")]
         for c in configs:
             fn = lambda *a, c=c: G.moe_fp8_grouped(*a, **c)  # noqa: E731
             try:
@@ -63,7 +67,7 @@ def sweep(quick: bool) -> None:
         name = lambda c: c if isinstance(c, str) else "/".join(str(c[k]) for k in  # noqa: E731
                                                                ("block_m", "block_n1", "num_warps", "num_stages"))
         print(f"seq_len={seq_len} floor={floor_us(DEF, args, {'seq_len': seq_len}):.0f}us " + ", ".join(
-            f"{name(c)}={us:.0f}" for us, c in res[:8] + [r for r in res[8:] if r[1] == "layout only"]), flush=True)
+            f"{name(c)}={us:.0f}" for us, c in res[:8] + [r for r in res[8:] if isinstance(r[1], str)]), flush=True)
 
 
 def main() -> None:
