@@ -105,7 +105,8 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
         assert torch.equal(row_expert[row_pair >= 0], local.reshape(-1)[placed])
 
 
-@pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16.fr"), (9, 5, "triton_grouped_m32.fr")])
+@pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16.fr"), (9, 5, "triton_grouped_m32.fr"),
+                                         (3, 6, "triton_grouped_m16n16.fr")])
 def test_fused_routing_variants_match_dense_formula(T, seed, name):
     args = _inputs(T, seed)
     want = _expected(*args)

@@ -318,7 +318,11 @@ TILES = {
     "triton_grouped_m32": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
     "triton_grouped_m64": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
 }
-CONFIGS = {**TILES, **{f"{name}.fr": dict(tiles, fused_routing=True) for name, tiles in TILES.items()}}
+CONFIGS = {**TILES, **{f"{name}.fr": dict(tiles, fused_routing=True) for name, tiles in TILES.items()},
+           # decode: a hit expert's gate/up rows over twice the CTAs (at one token about one expert is
+           # hit and the 32-wide tiles keep only 64 CTAs streaming its 29 MB), a deeper pipeline
+           "triton_grouped_m16n16.fr": dict(block_m=16, block_n1=16, block_n2=32, num_warps=4, num_stages=6,
+                                            fused_routing=True)}
 
 
 def _register(name: str, config: dict):
