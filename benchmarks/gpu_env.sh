@@ -8,6 +8,8 @@ fi
 export PYTHONUNBUFFERED=1
 # serving engines' packages staged by benchmarks/stage_engines.sh (SGLang's kernels)
 if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines"; fi
+# SGLang's import-time needs the host lacks (stage_engines.sh's engines-deps bundle: benchmarks/sglang_layer.py)
+if [ -d /tmp/kd-engines-deps ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines-deps"; fi
 # DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh (its JIT finds nvcc through CUDA_HOME)
 if [ -f /tmp/kd-deepgemm/src/deep_gemm/_C.so ]; then
   export PYTHONPATH="$PYTHONPATH:/tmp/kd-deepgemm/src"

@@ -15,6 +15,8 @@
 #                                              (ENGINES_FILES="file:seconds ..." picks files, e.g. to split
 #                                              them over two GPUs with ENGINES_TAG naming the list)
 #   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
+#   bash benchmarks/retune.sh layer            SGLang's GDN kernel classes with and without the plugin
+#                                              (benchmarks/sglang_layer.py; after the engines-deps bundle's setup)
 #   bash benchmarks/retune.sh engine-bench     pool prefill and both verify contracts: every variant and the routed
 #                                              op against the engine's default path (benchmarks/gdn_engine.py)
 #
@@ -72,6 +74,9 @@ case "$step" in
         || echo "== $t: exit $?" >> "$log"
     done
     grep -E "^== |^(FAILED|ERROR)|passed|failed" "$log" | cut -c1-300 | tail -60 ;;
+  layer)
+    timeout 500 python benchmarks/sglang_layer.py --json benchmarks/results/sglang-layer-H100.json 2>&1 | tail -75
+    keep benchmarks/results/sglang-layer-H100.json ;;
   sanitize)
     timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
     tail -25 "$OUT/sanitize.txt" ;;

@@ -60,3 +60,32 @@ CHECK
 SETUP
 du -sh "$out"
 echo "staged: carry .kd-wheels/engines and run bash .kd-wheels/engines/gpu-setup.sh on the GPU host"
+
+# SGLang's own import-time needs, for importing its GDN kernel classes for real (benchmarks/sglang_layer.py;
+# the baselines load its kernels bare and need none of these), as Python 3.12 wheels in a bundle of their
+# own (the engines bundle and the tree leave no room): .kd-wheels/engines-deps, any call after the engines
+# bundle's. Its gpu-setup.sh installs into /tmp/kd-engines-deps only the distributions the host lacks
+# (PYTHONPATH comes before site-packages: nothing of the host's is shadowed).
+deps=.kd-wheels/engines-deps
+rm -rf "$deps"
+mkdir -p "$deps"
+platforms=()
+for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 \
+         manylinux2014 manylinux_2_5 manylinux1; do platforms+=(--platform "${p}_x86_64"); done
+pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+  -d "$deps" Pygments aiohappyeyeballs aiohttp aiosignal anyio attrs certifi charset-normalizer einops frozenlist \
+  idna ipython msgspec multidict orjson pillow propcache psutil pybase64 pyzmq requests starlette traitlets urllib3 yarl
+cat > "$deps/gpu-setup.sh" <<'SETUP'
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+missing=()
+for w in "$here"/*.whl; do
+  dist=$(basename "$w" | cut -d- -f1)
+  python -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$dist" 2>/dev/null || missing+=("$w")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/kd-engines-deps "${missing[@]}"
+fi
+echo "engines-deps: installed ${#missing[@]} distributions the host lacked into /tmp/kd-engines-deps"
+SETUP
+du -sh "$deps"

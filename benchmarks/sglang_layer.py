@@ -1,0 +1,219 @@
+"""SGLang's own GDN kernel classes with and without kdispatch's plugin, side by side in one run: the
+calls SGLang 0.5.23's GDN attention backend makes on Hopper for Qwen3-Next (TritonGDNKernel's
+packed decode and MTP verify, FlashInferGDNKernel's extend), each made once through SGLang's
+unhooked class and once after `kdispatch.integrations.sglang.register()` hooked it through SGLang's
+HookRegistry, at the head counts of TP 1, 2, 4 and 8.
+
+Per call: the outputs (and the pool or intermediate states written) of the two must agree (bf16
+output within 5e-2, states within 1e-2 relative to their norm); CUDA-graph time (one graph calls
+the method once per input set, the sets' slots rotated through a pool larger than 4x the L2) and
+eager time (host + device, synchronised) of each; the plugin's speedup. Prints a table, then per
+family and mode the mean and minimum speedup. Writes JSON.
+
+Needs SGLang importable for real (benchmarks/stage_engines.sh: the engines bundle and its
+engines-deps bundle; on the GPU machine `. benchmarks/gpu_env.sh`).
+
+    python benchmarks/sglang_layer.py [--families decode extend verify] [--heads 32 16 8 4] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+from pathlib import Path
+
+import torch
+
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
+from kdispatch.integrations import sglang as plugin
+from kdispatch.tuner import timing
+from kdispatch.workloads import materialize
+
+DECODE = (1, 8, 32, 128, 256)  # requests
+EXTEND = ((1, 128), (1, 2048), (4, 512), (16, 1024), (64, 4096))  # (sequences, tokens in all)
+VERIFY = ((1, 4), (16, 4), (64, 4), (128, 2))  # (requests, draft tokens each)
+STATE_BYTES = 128 * 128 * 4  # one head's fp32 state
+MAX_SETS = 32
+
+
+def _sets(per_set_heads: int, l2: int) -> int:
+    """Input sets whose states exceed 4x the L2 together (at most MAX_SETS)."""
+    return max(2, min(MAX_SETS, math.ceil(4 * l2 / max(per_set_heads * STATE_BYTES, 1))))
+
+
+def _rotated(idx: torch.Tensor, per_set: int, i: int) -> torch.Tensor:
+    """Set i's slots: live slots shifted by i * per_set (padding stays padding)."""
+    return torch.where(idx >= 0, idx + i * per_set, idx)
+
+
+def decode_calls(hv: int, batch: int, l2: int, device) -> tuple[list, object]:
+    """TritonGDNKernel.packed_decode(mixed_qkv, a, b, **kw) per input set, as SGLang's backend calls it."""
+    n = _sets(batch * hv, l2)
+    w = {"axes": {"batch_size": batch, "num_slots": batch * n + 1}, "inputs": {}, "uuid": f"layer-decode-{hv}-{batch}"}
+    mixed_qkv, a, b, A_log, dt_bias, pool, idx, _, scale = materialize(packed_name(hv // 2, hv), w, device=device)
+    idx = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
+    calls = [((mixed_qkv, a, b), dict(A_log=A_log.to(torch.bfloat16), dt_bias=dt_bias, scale=scale, ssm_states=pool,
+                                     cache_indices=_rotated(idx, batch, i), num_v_heads=hv, head_v_dim=128))
+             for i in range(n)]
+    return calls, pool
+
+
+def extend_calls(hv: int, seqs: int, total: int, l2: int, device) -> tuple[list, object]:
+    """FlashInferGDNKernel.extend(q, k, v, g, beta, **kw): q/k/v [1, T, H, 128] views of one projection row."""
+    n = _sets(seqs * hv, l2)
+    w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": seqs * n + 1}, "inputs": {},
+         "uuid": f"layer-extend-{hv}-{seqs}-{total}"}
+    q, k, v, g, beta, pool, _, _, cu, _, _ = materialize(pool_prefill_name(hv // 2, hv), w, device=device)
+    hq = hv // 2
+    row = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
+    qs, ks, vs = row.split([hq * 128, hq * 128, hv * 128], dim=1)
+    args = (qs.view(1, total, hq, 128), ks.view(1, total, hq, 128), vs.view(1, total, hv, 128), g[None], beta[None])
+    idx = torch.arange(1, seqs + 1, dtype=torch.int32, device=device)
+    out = torch.empty(1, total, hv, 128, dtype=torch.bfloat16, device=device)
+    calls = [(args, dict(ssm_states=pool, cache_indices=_rotated(idx, seqs, i), query_start_loc=cu,
+                         state_checkpoint_cu_starts=None, num_state_checkpoints=0, state_checkpoint_every_n_tokens=0,
+                         output=out, layer_id=0, extend_prefix_lens=None, track_state=None, track_chunk_idx=None))
+             for i in range(n)]
+    return calls, pool
+
+
+def verify_calls(hv: int, seqs: int, steps: int, l2: int, device) -> tuple[list, object]:
+    """TritonGDNKernel.target_verify(**kw) as SGLang's backend calls it (linear drafts)."""
+    n = _sets(seqs * hv, l2)
+    total = seqs * steps
+    w = {"axes": {"num_seqs": seqs, "cache_steps": steps, "total_seq_len": total, "num_slots": seqs * n + 1,
+                  "num_cache_rows": seqs}, "inputs": {}, "uuid": f"layer-verify-{hv}-{seqs}-{steps}"}
+    q, k, v, a, b, A_log, dt_bias, pool, _, cu, inter, rows, _ = materialize(verify_name(hv // 2, hv), w, device=device)
+    hq = hv // 2
+    row = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
+    qs, ks, vs = row.split([hq * 128, hq * 128, hv * 128], dim=1)
+    idx = torch.arange(1, seqs + 1, dtype=torch.int32, device=device)
+    calls = [((), dict(A_log=A_log, dt_bias=dt_bias.to(torch.bfloat16), q=qs.view(1, total, hq, 128),
+                       k=ks.view(1, total, hq, 128), v=vs.view(1, total, hv, 128), a=a, b=b, ssm_states=pool,
+                       cache_indices=_rotated(idx, seqs, i), query_start_loc=cu, intermediate_states_buffer=inter,
+                       intermediate_state_indices=rows, cache_steps=steps, retrieve_parent_token=None,
+                       stable_rows=False))
+             for i in range(n)]
+    return calls, inter
+
+
+FAMILIES = {  # family -> (class module, class, method, shapes, call builder, result -> output tensor)
+    "decode": ("gdn_triton", "TritonGDNKernel", "packed_decode", DECODE,
+               lambda hv, s, l2, dev: decode_calls(hv, s, l2, dev), lambda r: r),
+    "extend": ("gdn_flashinfer", "FlashInferGDNKernel", "extend", EXTEND,
+               lambda hv, s, l2, dev: extend_calls(hv, *s, l2, dev), lambda r: r[0]),
+    "verify": ("gdn_triton", "TritonGDNKernel", "target_verify", VERIFY,
+               lambda hv, s, l2, dev: verify_calls(hv, *s, l2, dev), lambda r: r),
+}
+
+
+def _kernel_class(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"sglang.srt.layers.attention.linear.kernels.{module}"), name)
+
+
+def _hook_all():
+    """kdispatch's hooks applied through SGLang's registry; returns a function that undoes them."""
+    import os
+
+    from sglang.srt.plugins import hook_registry
+
+    classes = [_kernel_class(m, c) for m, c, *_ in FAMILIES.values()]
+    saved = [(cls, n, cls.__dict__[n]) for cls in set(classes) for n in ("extend", "packed_decode", "target_verify")
+             if n in cls.__dict__]
+    os.environ[plugin.SWITCH] = "1"
+    hook_registry.HookRegistry.reset()
+    assert plugin.register()
+    hook_registry.HookRegistry.apply_hooks()
+
+    def undo():
+        for cls, n, fn in saved:
+            setattr(cls, n, fn)
+        hook_registry.HookRegistry.reset()
+
+    return undo
+
+
+def _run(method, call):
+    args, kw = call
+    return method(*args, **kw)
+
+
+def measure(family: str, hv: int, shape, l2: int, device) -> dict:
+    module, cls_name, method_name, _, build, output_of = FAMILIES[family]
+    cls = _kernel_class(module, cls_name)
+    calls, written = build(hv, shape, l2, device)
+    start = written.clone()
+    row = {"family": family, "value_heads": hv, "shape": shape, "sets": len(calls)}
+    results = {}
+    for who in ("sglang", "kdispatch"):
+        undo = _hook_all() if who == "kdispatch" else (lambda: None)
+        try:
+            kernel = cls.__new__(cls)
+            method = getattr(kernel, method_name)
+            written.copy_(start)
+            out = output_of(_run(method, calls[0])).clone()
+            results[who] = (out, written.clone())
+            if device.type == "cuda":
+                marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
+                sets = [[marker, c] for c in calls]
+                fn = lambda _, c, m=method: _run(m, c)  # noqa: E731
+                row[f"{who}_eager_us"] = statistics.median(timing.eager_times_us(fn, sets, max(10, 2 * len(sets))))
+                times, _ = timing.graph_times_us(fn, sets)
+                row[f"{who}_graph_us"] = statistics.median(times)
+        except Exception as exc:
+            row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            undo()
+    if len(results) == 2:
+        (o1, s1), (o2, s2) = results["sglang"], results["kdispatch"]
+        row["max_abs_out_diff"] = float((o1.float() - o2.float()).abs().max())
+        row["state_rel_diff"] = float((s1 - s2).norm() / s1.norm().clamp_min(1e-30))
+        row["agree"] = bool(row["max_abs_out_diff"] <= 5e-2 and row["state_rel_diff"] <= 1e-2)
+    for mode in ("graph", "eager"):
+        if f"sglang_{mode}_us" in row and f"kdispatch_{mode}_us" in row:
+            row[f"speedup_{mode}"] = row[f"sglang_{mode}_us"] / row[f"kdispatch_{mode}_us"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--heads", nargs="*", type=int, default=[hv for _, hv in PACKED_HEADS.values()])
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/sglang-layer-H100.json"))
+    opts = ap.parse_args()
+    device = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    rows = []
+    print(f"{'family':<8}{'HV':>4} {'shape':<12}{'SGLang g':>10}{'kd g':>9}{'x':>7}{'SGLang e':>10}{'kd e':>9}{'x':>7}"
+          f"{'agree':>7}")
+    for family in opts.families:
+        for hv in opts.heads:
+            for shape in FAMILIES[family][3]:
+                r = measure(family, hv, shape, l2, device)
+                rows.append(r)
+                f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
+                x = lambda k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
+                print(f"{family:<8}{hv:>4} {str(shape):<12}{f('sglang_graph_us'):>10}{f('kdispatch_graph_us'):>9}"
+                      f"{x('speedup_graph'):>7}{f('sglang_eager_us'):>10}{f('kdispatch_eager_us'):>9}"
+                      f"{x('speedup_eager'):>7}{str(r.get('agree', '-')):>7}"
+                      + "".join(f"  {w}: {r[w + '_error']}" for w in ("sglang", "kdispatch") if w + "_error" in r),
+                      flush=True)
+    print("\nsummary: the plugin's speedup over SGLang's kernel class (mean, min over shapes and head counts)")
+    for family in opts.families:
+        for mode in ("graph", "eager"):
+            xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
+            if xs:
+                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes)")
+    disagree = [r for r in rows if r.get("agree") is False]
+    print(f"  outputs disagree on {len(disagree)} of {len(rows)} calls")
+    opts.json.parent.mkdir(parents=True, exist_ok=True)
+    opts.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                                     "torch": torch.__version__, "rows": rows}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
