@@ -13,5 +13,5 @@ if [ -d /tmp/kd-engines-deps ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engi
 # DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh (its JIT finds nvcc through CUDA_HOME)
 if [ -f /tmp/kd-deepgemm/src/deep_gemm/_C.so ]; then
   export PYTHONPATH="$PYTHONPATH:/tmp/kd-deepgemm/src"
-  export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
 fi
