@@ -51,13 +51,15 @@ if [ ! -f "$root/src/deep_gemm/_C.so" ]; then
 import os, shutil, time
 from torch.utils.cpp_extension import load, CUDA_HOME as C
 R = os.getcwd()
+build = os.path.join(os.path.dirname(R), "build")
+os.makedirs(build, exist_ok=True)
 t0 = time.time()
 m = load(name="_C", sources=[f"{R}/csrc/python_api.cpp"], with_cuda=True,
          extra_include_paths=[f"{C}/include", f"{C}/include/cccl", f"{R}/deep_gemm/include",
                               f"{R}/third-party/cutlass/include", f"{R}/third-party/fmt/include"],
          extra_cflags=["-O3", "-Wno-psabi", "-Wno-deprecated-declarations"],
          extra_ldflags=[f"-L{C}/lib64", "-lcudart", "-lnvrtc", "-lcublasLt"],
-         build_directory=os.path.join(os.path.dirname(R), "build"), verbose=False)
+         build_directory=build, verbose=False)
 shutil.copy(m.__file__, f"{R}/deep_gemm/_C.so")
 print(f"deep_gemm._C built in {time.time() - t0:.0f} s")
 PY
