@@ -84,6 +84,8 @@ def test_run_job_end_to_end_on_cpu():
     assert by["reference"]["median_us"] > 0 and by["reference"]["sets"] >= 1
     assert by["no_such_variant"]["status"] == "RUNTIME_ERROR"
     assert (None, "job-1") in starts and ("reference", "job-1") in starts
+    m = by["reference"]["metrics"]  # where the tune's time went, per row
+    assert m["inputs_s"] > 0 and m["gate_s"] > 0 and m["timing_s"] > 0
 
 
 def test_every_variant_of_a_workload_is_gated_against_untouched_inputs():

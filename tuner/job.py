@@ -8,6 +8,7 @@ variant crashes the process.
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -72,6 +73,7 @@ def run_job(job: Job, emit: Callable) -> None:
         if not names:
             continue
         emit("start", None, w["uuid"])
+        t_inputs = time.perf_counter()
         try:
             trials = []
             for t in range(trials_n):
@@ -85,6 +87,9 @@ def run_job(job: Job, emit: Callable) -> None:
             if not gate.healthy(device):
                 raise gate.ContextLost(msg) from exc
             continue
+        # where a tune's time goes: the workload's inputs + reference trials (shared by its variants),
+        # then per variant the gate and the timing (seconds, in each row's metrics)
+        inputs_s = time.perf_counter() - t_inputs
         for name in names:
             emit("start", name, w["uuid"])
             try:
@@ -99,12 +104,14 @@ def run_job(job: Job, emit: Callable) -> None:
                 axes = fn.checker.check(trials[0][0])  # every variable axis, as a call computes them
                 extra["routed_to"] = fn.choose(_arch.arch_of(device), axes).name
                 extra["routed_to_eager"] = fn.choose(_arch.arch_of(device), axes, "eager").name
+            t_gate = time.perf_counter()
             try:
                 verdict = gate.run_gate(definition, fn, trials)
             except gate.ContextLost as exc:
                 emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"{exc} (CUDA context lost)"[:500])))
                 raise
             timing = None
+            t_timing = time.perf_counter()
             if verdict.passed:
                 try:
                     timing = measure(definition, fn, trials[0][0], budget, l2,
@@ -115,7 +122,8 @@ def run_job(job: Job, emit: Callable) -> None:
                 except Exception as exc:
                     verdict = Verdict(RUNTIME_ERROR, f"timing failed: {type(exc).__name__}: {exc}"[:500],
                                            verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
-            verdict.metrics.update(extra)
+            verdict.metrics.update(extra, inputs_s=round(inputs_s, 3), gate_s=round(t_timing - t_gate, 3),
+                                   timing_s=round(time.perf_counter() - t_timing, 3))
             emit("result", _row(name, w, verdict, timing))
         del trials
         if device.type == "cuda":
