@@ -301,10 +301,7 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         # The contest prefill's ranges and length mixes, one slot per sequence; fewer points (four
         # head counts, and the recurrence's pairs are the tune's slowest).
         coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=16, heldout=6,
-                          complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix,
-                          # where the recurrence hands over to the chunked baseline (80-2000 tokens in
-                          # the first tune, 16 draws placed it poorly: 5-fold regret up to 158% mean)
-                          grid={"num_seqs": (1, 4, 16), "total_seq_len": (128, 512, 2048)}))
+                          complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix))
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
