@@ -1,0 +1,30 @@
+"""benchmarks/sglang_layer.py's plumbing on the CPU (the GPU machine runs it for its numbers): one MTP
+verify call built as SGLang's GDN backend makes it, through SGLang's unhooked TritonGDNKernel (its
+Triton kernel interpreted) and through the class hooked by kdispatch's plugin (the reference on the
+CPU), must agree. Skips where SGLang is not installed."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.layers.attention.linear.kernels.gdn_triton")
+pytest.importorskip("sglang.srt.plugins.hook_registry")
+
+from conftest import INTERPRETED  # noqa: E402
+from kdispatch.integrations import serving  # noqa: E402
+from kdispatch.integrations import sglang as plugin  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sglang_layer  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not INTERPRETED, reason="the GPU machine runs the benchmark itself")
+
+
+def test_verify_call_agrees_hooked_and_unhooked(monkeypatch):
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)  # kdispatch takes the call
+    served = plugin.VERIFY_STATS["served"]
+    row = sglang_layer.measure("verify", 8, (2, 2), 0, torch.device("cpu"))
+    assert plugin.VERIFY_STATS["served"] == served + 1, "the hooked call must reach kdispatch"
+    assert "sglang_error" not in row and "kdispatch_error" not in row, row
+    assert row["agree"] is True and row["sets"] == 2
