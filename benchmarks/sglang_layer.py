@@ -124,6 +124,7 @@ def _hook_all():
     classes = [_kernel_class(m, c) for m, c, *_ in FAMILIES.values()]
     saved = [(cls, n, cls.__dict__[n]) for cls in set(classes) for n in ("extend", "packed_decode", "target_verify")
              if n in cls.__dict__]
+    switch = os.environ.get(plugin.SWITCH)
     os.environ[plugin.SWITCH] = "1"
     hook_registry.HookRegistry.reset()
     assert plugin.register()
@@ -133,6 +134,10 @@ def _hook_all():
         for cls, n, fn in saved:
             setattr(cls, n, fn)
         hook_registry.HookRegistry.reset()
+        if switch is None:
+            os.environ.pop(plugin.SWITCH, None)
+        else:
+            os.environ[plugin.SWITCH] = switch
 
     return undo
 

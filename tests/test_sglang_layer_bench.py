@@ -2,6 +2,7 @@
 verify call built as SGLang's GDN backend makes it, through SGLang's unhooked TritonGDNKernel (its
 Triton kernel interpreted) and through the class hooked by kdispatch's plugin (the reference on the
 CPU), must agree. Skips where SGLang is not installed."""
+import os
 import sys
 from pathlib import Path
 
@@ -23,8 +24,10 @@ pytestmark = pytest.mark.skipif(not INTERPRETED, reason="the GPU machine runs th
 
 def test_verify_call_agrees_hooked_and_unhooked(monkeypatch):
     monkeypatch.setattr(serving, "not_served", lambda short, device: None)  # kdispatch takes the call
+    monkeypatch.delenv(plugin.SWITCH, raising=False)
     served = plugin.VERIFY_STATS["served"]
     row = sglang_layer.measure("verify", 8, (2, 2), 0, torch.device("cpu"))
     assert plugin.VERIFY_STATS["served"] == served + 1, "the hooked call must reach kdispatch"
     assert "sglang_error" not in row and "kdispatch_error" not in row, row
     assert row["agree"] is True and row["sets"] == 2
+    assert plugin.SWITCH not in os.environ, "the benchmark leaves the switch as it found it"
