@@ -40,14 +40,15 @@ def kernels_here(monkeypatch):
 def hooked(monkeypatch):
     """SGLang's kernel class with kdispatch's hook applied through SGLang's own registry; undone after."""
     cls = gdn_triton.TritonGDNKernel
-    original = cls.__dict__["packed_decode"]
+    originals = {name: cls.__dict__[name] for name in ("packed_decode", "extend", "target_verify") if name in cls.__dict__}
     monkeypatch.setenv(plugin.SWITCH, "1")
     hook_registry.HookRegistry.reset()
     assert plugin.register()
     hook_registry.HookRegistry.apply_hooks()
-    assert cls.__dict__["packed_decode"] is not original
+    assert cls.__dict__["packed_decode"] is not originals["packed_decode"]
     yield cls
-    cls.packed_decode = original
+    for name, fn in originals.items():  # every method the registry hooked, not only the one under test
+        setattr(cls, name, fn)
     hook_registry.HookRegistry.reset()
 
 
