@@ -193,17 +193,19 @@ class Dispatcher:
             self._per_call(args)
         try:
             ts = self._tensors(args)
-            bucket = self._entries.get(ts[0].shape, ())
-        except (IndexError, AttributeError):  # too few arguments, or not a tensor: the checker says which
-            bucket = ()
-        for e in bucket:
-            if e.guard(*ts):
-                fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
-                try:
-                    return fn(*args)
-                except Exception as exc:
-                    return self._variant_failed(e, fn, exc, args)
-        return self._new_signature(args)
+            e = self._last  # a serving loop repeats its last signature: one guard, no lookup
+            if e is None or not e.guard(*ts):
+                e = next((c for c in self._entries.get(ts[0].shape, ()) if c.guard(*ts)), None)
+        except (IndexError, AttributeError, TypeError):  # too few arguments, or not a tensor: the checker says which
+            e = None
+        if e is None:
+            return self._new_signature(args)
+        self._last = e
+        fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
+        try:
+            return fn(*args)
+        except Exception as exc:
+            return self._variant_failed(e, fn, exc, args)
 
     def warm(self, *args) -> tuple[str, str]:
         """Routes this call signature now and runs the variant of each call mode once, so that what
@@ -241,6 +243,7 @@ class Dispatcher:
         bucket = self._entries.setdefault(ts[0].shape, [])
         bucket.insert(0, e)
         del bucket[MAX_ENTRIES_PER_SHAPE:]
+        self._last = e
         fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
         try:
             return fn(*args)
@@ -368,6 +371,7 @@ class Dispatcher:
 
     def reset(self) -> None:
         self._entries.clear()
+        self._last = None  # the entry of the previous call (a fast path; always guarded)
         self._failed.clear()
         self._copies.clear()
 

@@ -148,6 +148,24 @@ def test_guard_revalidates_same_shape_with_other_dtype(fake):
         kdispatch.ops.gdn_decode(*bad)
 
 
+def test_the_last_signature_fast_path_still_guards_every_tensor(fake):
+    """The previous call's entry is tried first: alternating signatures are each served by their own
+    entry, and a repeat with one later tensor changed (dtype, or None) is validated again."""
+    calls, behaviour = fake
+    behaviour["max_batch"] = 3  # batch 4 goes to the baseline (the reference)
+    small, large = decode_args(2), decode_args(4)
+    for args in (small, large, small, large):
+        kdispatch.ops.gdn_decode(*args)
+    assert calls == [2, 2]
+    bad = list(small)
+    bad[4] = bad[4].double()  # A_log
+    with pytest.raises(ValueError, match="'A_log'"):
+        kdispatch.ops.gdn_decode(*bad)
+    bad[4] = None
+    with pytest.raises(ValueError, match="'A_log'"):
+        kdispatch.ops.gdn_decode(*bad)
+
+
 def test_every_op_runs_on_cpu_through_dispatch():
     """Each op with no router serves the reference and returns the definition's outputs."""
     from kdispatch import definitions
