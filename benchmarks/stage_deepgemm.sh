@@ -47,7 +47,7 @@ if [ ! -f "$root/src/deep_gemm/_C.so" ]; then
   for d in cutlass cute; do ln -sfn "$root/src/third-party/cutlass/include/$d" "$root/src/deep_gemm/include/$d"; done
   cuda=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
   for f in include/nvrtc.h include/cublasLt.h; do [ -e "$cuda/$f" ] || echo "note: $cuda/$f is missing"; done
-  ( cd "$root/src" && CUDA_HOME=$cuda MAX_JOBS=16 timeout 900 python - <<'PY'
+  ( cd "$root/src" && CUDA_HOME=$cuda MAX_JOBS=16 timeout 400 python - <<'PY'
 import os, shutil, time
 from torch.utils.cpp_extension import load, CUDA_HOME as C
 R = os.getcwd()
