@@ -5,60 +5,61 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-24T19:27:57Z
+# measured    up to 2026-11-25T19:58:03Z
 # workloads   158 (workload-set digest 12c4c0c9ed3d172c)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference              1fccd3d055194bde  158/158  1.00x
-#   cuda_radix_select      b6bd904d3b097e26  146/146  34.87x
-#   cuda_wgmma_radix       ed327986f462c4ff  146/146  35.94x
+#   cuda_radix_select      4babe710db292558  146/146  34.77x
+#   cuda_wgmma_radix       606e82ccedfa9861  146/146  35.93x
+#   deepgemm_torch_topk    ef875980d8302767  158/158  2.04x
 #   torch_passthrough      e9c76d260eb89f58  82/82  3.13x
-#   triton_fp8_radix       4340b0a424bea2dc  146/146  21.39x
-#   triton_fp8_torch_topk  9c36f2f4c0e66224  158/158  2.35x
+#   triton_fp8_radix       b3874199a7809899  146/146  21.42x
+#   triton_fp8_torch_topk  bb6d58b1ad5de3d7  158/158  2.36x
 #   triton_passthrough     70898f3e20953ad9  82/82  79.31x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             23.958x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.52% mean, 101.46% max;
-#             12.158x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.02% mean, 2.75% max;
+#             23.976x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.45% mean, 53.38% max;
+#             12.963x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.81x (15.51x .. 69.50x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
-#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 32.84x) over reference
-#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, deepgemm_torch_topk
+#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 33.01x) over reference; then deepgemm_torch_topk
+#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk, deepgemm_torch_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and 27 < max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 17.37x (12.32x .. 30.10x) over reference; then cuda_radix_select, triton_fp8_radix
-#   2. batch_size <= 2 and max_num_pages > 373: reference (baseline), 3 workloads
-#   3. max_num_pages <= 4 and kv_pages <= 2: triton_passthrough, 4 workloads, 25.78x (21.35x .. 35.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
-#   4. max_num_pages <= 4 and 2 < kv_pages <= 4: cuda_wgmma_radix, 3 workloads, 19.63x (18.78x .. 20.42x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   5. max_num_pages <= 4 and 4 < kv_pages <= 33: triton_passthrough, 16 workloads, 25.83x (13.45x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   6. max_num_pages <= 4 and kv_pages > 33: cuda_wgmma_radix, 3 workloads, 26.28x (21.88x .. 30.97x) over reference; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, torch_passthrough
-#   7. 4 < max_num_pages <= 27: triton_passthrough, 31 workloads, 21.50x (11.78x .. 28.97x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   8. 125 < max_num_pages <= 373: triton_fp8_torch_topk, 4 workloads, 2.79x (1.82x .. 5.42x) over reference
-#   9. batch_size > 2 and max_num_pages > 373: triton_fp8_torch_topk, 5 workloads, 7.41x (1.83x .. 27.21x) over reference
-#   10. kv_fits_topk and 27 < max_num_pages <= 125: triton_passthrough, 25 workloads, 22.71x (14.79x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   1. batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 93: triton_passthrough, 27 workloads, 23.40x (11.78x .. 37.33x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   2. batch_size <= 8 and max_num_pages <= 31 and kv_pages > 93: triton_passthrough, 15 workloads, 21.09x (16.49x .. 29.88x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   3. batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, deepgemm_torch_topk
+#   4. batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93: cuda_wgmma_radix, 19 workloads, 19.71x (9.28x .. 28.01x) over reference; then cuda_radix_select, triton_fp8_radix
+#   5. 125 < max_num_pages <= 1673: triton_fp8_torch_topk, 9 workloads, 2.40x (1.27x .. 8.35x) over reference
+#   6. max_num_pages > 1673: deepgemm_torch_topk, 3 workloads, 9.90x (2.15x .. 28.64x) over reference; then triton_fp8_torch_topk
+#   7. batch_size > 8 and max_num_pages <= 1: triton_passthrough, 5 workloads, 27.54x (14.58x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   8. batch_size > 8 and 1 < max_num_pages <= 6: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_torch_topk
+#   9. batch_size > 8 and 6 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   10. batch_size > 8 and 30 < max_num_pages <= 125: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.51, 29.81, 69.5), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
-    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 32.84), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 33.01), 'fallbacks': ('deepgemm_torch_topk',)},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (27, 125)}, 'workloads': 64, 'speedup': (12.32, 17.37, 30.1), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 2, 'variant': 'reference', 'bounds': {'batch_size': (None, 2), 'max_num_pages': (373, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 2), 'max_num_pages': (None, 4)}, 'workloads': 4, 'speedup': (21.35, 25.78, 35.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
-    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (2, 4), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (18.78, 19.63, 20.42), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 5, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 33), 'max_num_pages': (None, 4)}, 'workloads': 16, 'speedup': (13.45, 25.83, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 6, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (33, None), 'max_num_pages': (None, 4)}, 'workloads': 3, 'speedup': (21.88, 26.28, 30.97), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough')},
-    {'region': 7, 'variant': 'triton_passthrough', 'bounds': {'max_num_pages': (4, 27)}, 'workloads': 31, 'speedup': (11.78, 21.5, 28.97), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 8, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, 373)}, 'workloads': 4, 'speedup': (1.82, 2.79, 5.42), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_fp8_torch_topk', 'bounds': {'batch_size': (2, None), 'max_num_pages': (373, None)}, 'workloads': 5, 'speedup': (1.83, 7.41, 27.21), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (27, 125)}, 'workloads': 25, 'speedup': (14.79, 22.71, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 1, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (None, 17)}, 'workloads': 27, 'speedup': (11.78, 23.4, 37.33), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (None, 31)}, 'workloads': 15, 'speedup': (16.49, 21.09, 29.88), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (17, 125)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (31, 125)}, 'workloads': 19, 'speedup': (9.28, 19.71, 28.01), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, 1673)}, 'workloads': 9, 'speedup': (1.27, 2.4, 8.35), 'fallbacks': ()},
+    {'region': 6, 'variant': 'deepgemm_torch_topk', 'bounds': {'max_num_pages': (1673, None)}, 'workloads': 3, 'speedup': (2.15, 9.9, 28.64), 'fallbacks': ('triton_fp8_torch_topk',)},
+    {'region': 7, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (None, 1)}, 'workloads': 5, 'speedup': (14.58, 27.54, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 8, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 6)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 9, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (6, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 10, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 125)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -69,48 +70,49 @@ def route(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 64 workloads, 29.81x (15.51x .. 69.50x) over reference
+    # region 1: 64 workloads, 29.80x (15.40x .. 68.75x) over reference
     if not kv_fits_topk and max_num_pages <= 125:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 12 workloads, 6.75x (1.75x .. 32.84x) over reference
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 12 workloads, 6.75x (1.75x .. 33.01x) over reference
     if max_num_pages > 125:
-        return 'triton_fp8_torch_topk'
+        return ('triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'triton_fp8_torch_topk'
     # region 3: 82 workloads, 79.31x (48.12x .. 144.89x) over reference
     if kv_fits_topk and max_num_pages <= 125:
-        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
+        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'triton_passthrough'
     return 'reference'
 
 
 def route_eager(batch_size, max_num_pages, num_pages):
-    page_size, topk = 64, 2048  # constant axes
-    kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 64 workloads, 17.37x (12.32x .. 30.10x) over reference
-    if not kv_fits_topk and 27 < max_num_pages <= 125:
+    # region 1: 27 workloads, 23.40x (11.78x .. 37.33x) over reference
+    if batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 93:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 2: 15 workloads, 21.09x (16.49x .. 29.88x) over reference
+    if batch_size <= 8 and max_num_pages <= 31 and kv_pages > 93:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 3: 4 workloads, 25.35x (16.44x .. 32.30x) over reference
+    if batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'cuda_wgmma_radix'
+    # region 4: 19 workloads, 19.71x (9.28x .. 28.01x) over reference
+    if batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
-    # region 3: 4 workloads, 25.78x (21.35x .. 35.11x) over reference
-    if max_num_pages <= 4 and kv_pages <= 2:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
-    # region 4: 3 workloads, 19.63x (18.78x .. 20.42x) over reference
-    if max_num_pages <= 4 and 2 < kv_pages <= 4:
-        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
-    # region 5: 16 workloads, 25.83x (13.45x .. 39.82x) over reference
-    if max_num_pages <= 4 and 4 < kv_pages <= 33:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 6: 3 workloads, 26.28x (21.88x .. 30.97x) over reference
-    if max_num_pages <= 4 and kv_pages > 33:
-        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
-    # region 7: 31 workloads, 21.50x (11.78x .. 28.97x) over reference
-    if 4 < max_num_pages <= 27:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 8: 4 workloads, 2.79x (1.82x .. 5.42x) over reference
-    if 125 < max_num_pages <= 373:
+    # region 5: 9 workloads, 2.40x (1.27x .. 8.35x) over reference
+    if 125 < max_num_pages <= 1673:
         return 'triton_fp8_torch_topk'
-    # region 9: 5 workloads, 7.41x (1.83x .. 27.21x) over reference
-    if batch_size > 2 and max_num_pages > 373:
-        return 'triton_fp8_torch_topk'
-    # region 10: 25 workloads, 22.71x (14.79x .. 36.28x) over reference
-    if kv_fits_topk and 27 < max_num_pages <= 125:
+    # region 6: 3 workloads, 9.90x (2.15x .. 28.64x) over reference
+    if max_num_pages > 1673:
+        return ('deepgemm_torch_topk', 'triton_fp8_torch_topk') if inside else 'deepgemm_torch_topk'
+    # region 7: 5 workloads, 27.54x (14.58x .. 39.82x) over reference
+    if batch_size > 8 and max_num_pages <= 1:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 8: 3 workloads, 22.14x (14.15x .. 30.40x) over reference
+    if batch_size > 8 and 1 < max_num_pages <= 6:
+        return ('cuda_wgmma_radix', 'triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
+    # region 9: 17 workloads, 23.77x (16.93x .. 36.28x) over reference
+    if batch_size > 8 and 6 < max_num_pages <= 30:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 10: 56 workloads, 19.28x (11.13x .. 36.82x) over reference
+    if batch_size > 8 and 30 < max_num_pages <= 125:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
     return 'reference'

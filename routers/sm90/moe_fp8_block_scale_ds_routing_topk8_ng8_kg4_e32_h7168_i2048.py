@@ -5,53 +5,55 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T02:34:03Z
+# measured    up to 2026-11-25T19:55:35Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
-# baseline    reference
+# baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference           c16a3bde9b55b3d2  35/35  1.00x
-#   triton_grouped_m16  dc9be4a41e24a800  35/35  16.62x
-#   triton_grouped_m32  defe3ebdac52d6ac  35/35  17.78x
-#   triton_grouped_m64  f8eaf7a12f117939  35/35  17.25x
+#   sglang_triton_moe         0f980580b293e791  35/35  1.00x
+#   deepgemm_contiguous       4a201f9f8e0d2488  0/35  -  [RUNTIME_ERROR: worker process died (exit code -11)]
+#   reference                 c16a3bde9b55b3d2  35/35  0.04x
+#   triton_grouped_m16        06aebc8e42231868  35/35  0.72x
+#   triton_grouped_m16.fr     64c24e89a7ce5909  35/35  0.91x
+#   triton_grouped_m16n16.fr  04e4f4e3062bfa6a  35/35  0.72x
+#   triton_grouped_m32        aa617fe316afd0be  35/35  0.77x
+#   triton_grouped_m32.fr     22ccbf71d1db4526  35/35  0.96x
+#   triton_grouped_m64        8bf800413b27de3b  35/35  0.75x
+#   triton_grouped_m64.fr     9640466aaef3c58e  35/35  0.93x
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.13% mean, 20.14% max;
-#             14.619x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.10% mean, 215.11% max;
-#             8.063x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.42% mean, 25.94% max;
+#             1.106x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.98% mean, 42.89% max;
+#             1.785x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 384: triton_grouped_m16, 25 workloads, 21.36x (8.13x .. 29.21x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   2. 384 < seq_len <= 1536: triton_grouped_m32, 3 workloads, 24.86x (23.05x .. 28.86x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   3. seq_len > 1536: triton_grouped_m64, 7 workloads, 11.69x (8.31x .. 20.09x) over reference; then triton_grouped_m32, triton_grouped_m16
+#   1. seq_len <= 11: sglang_triton_moe (baseline), 6 workloads
+#   2. 11 < seq_len <= 384: triton_grouped_m16.fr, 19 workloads, 1.15x (1.08x .. 1.24x) over sglang_triton_moe
+#   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.27x (1.22x .. 1.32x) over sglang_triton_moe; then triton_grouped_m64.fr
+#   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.13x (1.06x .. 1.24x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: reference (baseline), 3 workloads
-#   2. 3 < seq_len <= 11: triton_grouped_m32, 3 workloads, 3.08x (2.43x .. 4.06x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   3. 11 < seq_len <= 24: triton_grouped_m64, 4 workloads, 5.47x (3.56x .. 9.84x) over reference; then triton_grouped_m16, triton_grouped_m32
-#   4. 24 < seq_len <= 54: triton_grouped_m32, 5 workloads, 9.60x (8.50x .. 11.49x) over reference; then triton_grouped_m16, triton_grouped_m64
-#   5. 54 < seq_len <= 57: triton_grouped_m16, 3 workloads, 10.94x (9.32x .. 12.07x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   6. 57 < seq_len <= 63: triton_grouped_m32, 3 workloads, 9.40x (8.62x .. 11.13x) over reference; then triton_grouped_m64, triton_grouped_m16
-#   7. 63 < seq_len <= 384: triton_grouped_m16, 4 workloads, 11.97x (11.00x .. 13.31x) over reference; then triton_grouped_m32, triton_grouped_m64
-#   8. seq_len > 384: triton_grouped_m64, 10 workloads, 9.89x (7.78x .. 14.37x) over reference; then triton_grouped_m32, triton_grouped_m16
+#   1. seq_len <= 7: triton_grouped_m16.fr, 5 workloads, 2.77x (1.82x .. 3.98x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16n16.fr, triton_grouped_m32.fr
+#   2. 7 < seq_len <= 60: triton_grouped_m32.fr, 15 workloads, 2.89x (2.23x .. 4.65x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m16n16.fr, triton_grouped_m64.fr
+#   3. 60 < seq_len <= 192: triton_grouped_m16.fr, 4 workloads, 2.42x (2.23x .. 2.58x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16n16.fr, triton_grouped_m64.fr
+#   4. 192 < seq_len <= 1536: triton_grouped_m32.fr, 4 workloads, 2.15x (1.85x .. 2.55x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16.fr
+#   5. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.49x (1.12x .. 2.04x) over sglang_triton_moe
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (None, 384)}, 'workloads': 25, 'speedup': (8.13, 21.36, 29.21), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (23.05, 24.86, 28.86), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (8.31, 11.69, 20.09), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
+    {'region': 1, 'variant': 'sglang_triton_moe', 'bounds': {'seq_len': (None, 11)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (11, 384)}, 'workloads': 19, 'speedup': (1.08, 1.15, 1.24), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (1.22, 1.27, 1.32), 'fallbacks': ('triton_grouped_m64.fr',)},
+    {'region': 4, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.06, 1.13, 1.24), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'reference', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (3, 11)}, 'workloads': 3, 'speedup': (2.43, 3.08, 4.06), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 3, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (11, 24)}, 'workloads': 4, 'speedup': (3.56, 5.47, 9.84), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m32')},
-    {'region': 4, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (24, 54)}, 'workloads': 5, 'speedup': (8.5, 9.6, 11.49), 'fallbacks': ('triton_grouped_m16', 'triton_grouped_m64')},
-    {'region': 5, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (54, 57)}, 'workloads': 3, 'speedup': (9.32, 10.94, 12.07), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 6, 'variant': 'triton_grouped_m32', 'bounds': {'seq_len': (57, 63)}, 'workloads': 3, 'speedup': (8.62, 9.4, 11.13), 'fallbacks': ('triton_grouped_m64', 'triton_grouped_m16')},
-    {'region': 7, 'variant': 'triton_grouped_m16', 'bounds': {'seq_len': (63, 384)}, 'workloads': 4, 'speedup': (11.0, 11.97, 13.31), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m64')},
-    {'region': 8, 'variant': 'triton_grouped_m64', 'bounds': {'seq_len': (384, None)}, 'workloads': 10, 'speedup': (7.78, 9.89, 14.37), 'fallbacks': ('triton_grouped_m32', 'triton_grouped_m16')},
+    {'region': 1, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (None, 7)}, 'workloads': 5, 'speedup': (1.82, 2.77, 3.98), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (7, 60)}, 'workloads': 15, 'speedup': (2.23, 2.89, 4.65), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (60, 192)}, 'workloads': 4, 'speedup': (2.23, 2.42, 2.58), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (192, 1536)}, 'workloads': 4, 'speedup': (1.85, 2.15, 2.55), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
+    {'region': 5, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.12, 1.49, 2.04), 'fallbacks': ()},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -59,39 +61,33 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 25 workloads, 21.36x (8.13x .. 29.21x) over reference
-    if seq_len <= 384:
-        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 2: 3 workloads, 24.86x (23.05x .. 28.86x) over reference
+    # region 2: 19 workloads, 1.15x (1.08x .. 1.24x) over sglang_triton_moe
+    if 11 < seq_len <= 384:
+        return 'triton_grouped_m16.fr'
+    # region 3: 3 workloads, 1.27x (1.22x .. 1.32x) over sglang_triton_moe
     if 384 < seq_len <= 1536:
-        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 3: 7 workloads, 11.69x (8.31x .. 20.09x) over reference
+        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
+    # region 4: 7 workloads, 1.13x (1.06x .. 1.24x) over sglang_triton_moe
     if seq_len > 1536:
-        return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
-    return 'reference'
+        return 'triton_grouped_m64.fr'
+    return 'sglang_triton_moe'
 
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 2: 3 workloads, 3.08x (2.43x .. 4.06x) over reference
-    if 3 < seq_len <= 11:
-        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 3: 4 workloads, 5.47x (3.56x .. 9.84x) over reference
-    if 11 < seq_len <= 24:
-        return ('triton_grouped_m64', 'triton_grouped_m16', 'triton_grouped_m32') if inside else 'triton_grouped_m64'
-    # region 4: 5 workloads, 9.60x (8.50x .. 11.49x) over reference
-    if 24 < seq_len <= 54:
-        return ('triton_grouped_m32', 'triton_grouped_m16', 'triton_grouped_m64') if inside else 'triton_grouped_m32'
-    # region 5: 3 workloads, 10.94x (9.32x .. 12.07x) over reference
-    if 54 < seq_len <= 57:
-        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 6: 3 workloads, 9.40x (8.62x .. 11.13x) over reference
-    if 57 < seq_len <= 63:
-        return ('triton_grouped_m32', 'triton_grouped_m64', 'triton_grouped_m16') if inside else 'triton_grouped_m32'
-    # region 7: 4 workloads, 11.97x (11.00x .. 13.31x) over reference
-    if 63 < seq_len <= 384:
-        return ('triton_grouped_m16', 'triton_grouped_m32', 'triton_grouped_m64') if inside else 'triton_grouped_m16'
-    # region 8: 10 workloads, 9.89x (7.78x .. 14.37x) over reference
-    if seq_len > 384:
-        return ('triton_grouped_m64', 'triton_grouped_m32', 'triton_grouped_m16') if inside else 'triton_grouped_m64'
-    return 'reference'
+    # region 1: 5 workloads, 2.77x (1.82x .. 3.98x) over sglang_triton_moe
+    if seq_len <= 7:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
+    # region 2: 15 workloads, 2.89x (2.23x .. 4.65x) over sglang_triton_moe
+    if 7 < seq_len <= 60:
+        return ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
+    # region 3: 4 workloads, 2.42x (2.23x .. 2.58x) over sglang_triton_moe
+    if 60 < seq_len <= 192:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
+    # region 4: 4 workloads, 2.15x (1.85x .. 2.55x) over sglang_triton_moe
+    if 192 < seq_len <= 1536:
+        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32.fr'
+    # region 5: 7 workloads, 1.49x (1.12x .. 2.04x) over sglang_triton_moe
+    if seq_len > 1536:
+        return 'triton_grouped_m64.fr'
+    return 'sglang_triton_moe'
