@@ -2,9 +2,8 @@
 benchmarks/stage_deepgemm.sh) followed by torch top-k: the DeepSeek-V3.2 indexer as SGLang 0.5.23
 runs it on Hopper for decode (`dsa_indexer.py`, `_get_topk_paged`: DeepGEMM's logits, then a top-k
 over each row's first seq_len columns mapped through the page table; SGLang's default top-k is a
-JIT CUDA kernel, here `torch.topk` as its "torch" top-k backend does: FlashInfer's JIT top-k is not
-staged on the GPU machine). The baseline of dsa_topk_indexer on sm_90 where DeepGEMM imports (it
-passed the correctness gate on all 158 tuned workloads, H100, 2026-11-25), else the reference.
+JIT CUDA kernel, here `torch.topk` as its "torch" top-k backend does). A peer of dsa_topk_indexer
+on sm_90; issue 16 makes it the baseline once it has passed the correctness gate on the GPU.
 
 The engine's call, and what the definition's padding rule adds to it:
 - q [B, 64, 128] FP8 goes in as [B, 1, 64, 128] (next_n = 1), the FP8 key cache's bytes as the
@@ -25,8 +24,7 @@ from kdispatch.kernels.triton.dsa.indexer_fp8 import PAGE_SIZE, TOPK, torch_topk
 from kdispatch.registry import variant
 
 
-@variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",), requires=("deep_gemm",),
-         baseline=True)
+@variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",), requires=("deep_gemm",))
 def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     import deep_gemm
 
