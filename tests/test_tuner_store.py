@@ -56,6 +56,20 @@ def test_text_twin_round_trip_is_byte_stable(tmp_path):
     assert (fresh / "traces" / "b.jsonl").read_text() == text
 
 
+def test_a_later_hash_supersedes_the_rows_it_re_measured():
+    s, eid = filled()
+    later = row(eid, "fast", "w1", 4.0, h="h2")
+    later.measured_at = "2026-01-02T00:00:00Z"
+    s.put(later)
+    other = s.add_env({**ENV, "driver": "2"})
+    s.put(row(other, "fast", "w2", 4.0, h="h0"))  # another environment: not superseded by its h1 rows
+    assert s.drop_superseded() == 1
+    kept = {(r.env, r.variant, r.variant_hash, r.uuid) for r in s.results()}
+    assert (eid, "fast", "h1", "w1") not in kept and (eid, "fast", "h2", "w1") in kept
+    assert (eid, "fast", "h1", "w2") in kept and (other, "fast", "h0", "w2") in kept
+    assert s.drop_superseded() == 0
+
+
 def test_statuses_are_flashinfer_bench_evaluation_statuses():
     pytest.importorskip("flashinfer_bench")
     from flashinfer_bench.data import EvaluationStatus

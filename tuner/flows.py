@@ -98,8 +98,10 @@ def tune(roots, *, definitions=None, variants=None, device: str = "cuda", store:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
             if store.path is not None:
+                store.drop_superseded()
                 store.dump_jsonl()
     elif store.path is not None:
+        store.drop_superseded()
         store.dump_jsonl()
     if compile_routers:
         uuids = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}

@@ -10,7 +10,10 @@ CUDA, flashinfer) it was measured with. A new or changed variant (new provenance
 workload (new uuid), a new device or a new library version is a missing key, so it is measured;
 everything else is not (`Store.missing`). Old rows are kept: the router compiler picks, per
 definition and architecture, the most recently measured environment and, per variant, its most
-recently measured hash (see `tuner/fit.py`).
+recently measured hash (see `tuner/fit.py`). A row that a later measurement of the same variant on
+the same workload and environment under another hash supersedes (code that no longer exists) is
+dropped when the tuner writes the store (`Store.drop_superseded`): it would never be fitted on
+again, and the twin travels to the GPU machine with every call; git keeps its history.
 
 Files. The working store is `tuner/results/<device-slug>.sqlite` (git-ignored, the local index).
 After every change the tuner also writes its twin `tuner/results/traces/<device-slug>.jsonl`
@@ -239,6 +242,17 @@ class Store:
         if self.path is not None and path == self.twin:
             self.set_meta("jsonl_digest", hashlib.sha256(text.encode()).hexdigest())
         return path
+
+    def drop_superseded(self) -> int:
+        """Deletes every row whose (env, definition, variant, uuid) has a later measurement under
+        another hash; returns how many."""
+        cur = self.db.execute(
+            "DELETE FROM result WHERE EXISTS (SELECT 1 FROM result AS newer WHERE newer.env = result.env "
+            "AND newer.definition = result.definition AND newer.variant = result.variant "
+            "AND newer.uuid = result.uuid AND newer.variant_hash != result.variant_hash "
+            "AND newer.measured_at > result.measured_at)")
+        self.db.commit()
+        return cur.rowcount
 
     def load_jsonl(self, path: str | Path) -> None:
         """Merges a trace twin in: environments and workloads are upserted; per result key the
