@@ -79,8 +79,8 @@ def heldout_table(path: Path) -> str:
     lines = [HELDOUT_BEGIN, "",
              f"Held out (`traces/heldout/`, never tuned on): the committed routers scored on every variant's "
              f"measurements there, {' / '.join(check['devices'])} ({' / '.join(dates)}), by `kdispatch route "
-             f"--check {check['check_store']}` (`{path.relative_to(ROOT)}`; the refit is byte-identical to the "
-             "committed routers), per call mode (graph: CUDA-graph time; eager: host + device time of a "
+             f"--check {check['check_store']}` (`{path.relative_to(ROOT)}`: the routers refit "
+             "from the main store when the check ran), per call mode (graph: CUDA-graph time; eager: host + device time of a "
              "synchronised call). Regret: the chosen variant's time over the fastest passing variant's on each "
              "workload, mean / max; slower: workloads where the choice, a variant other than the baseline, was "
              "slower than the baseline beyond the measured spread.", "",
