@@ -1,0 +1,68 @@
+"""Where a moe_fp8 call's time goes, kernel by kernel, at decode batch sizes: each variant's kernels
+(device time per call from torch.profiler over eager calls, after warm-up) beside the call's CUDA-graph
+time (kdispatch.tuner.timing, inputs rotated past the L2) and the floor (benchmarks/floors.py: the
+FP8 weight bytes of the experts the batch hits at peak HBM bandwidth). What the decode path of the
+MoE issue has to remove, measured rather than guessed.
+
+    python benchmarks/moe_profile.py [--seq-lens 1 8 64] [--variants triton_grouped_m16.fr sglang_triton_moe]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+
+import torch
+
+from kdispatch import registry
+from kdispatch.tuner import timing
+from kdispatch.workloads import SimpleWorkload, materialize
+
+from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
+
+DEF = "moe_fp8"
+CALLS = 20
+
+
+def kernel_times(fn, args) -> dict[str, float]:
+    """Device microseconds per call of each kernel `fn(*args)` launches (mean over CALLS calls)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn(*args)
+        torch.cuda.synchronize()
+    per = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] += e.time_range.elapsed_us() / CALLS
+    return dict(per)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "sglang_triton_moe"])
+    opts = ap.parse_args()
+    registry.discover()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    for seq_len in opts.seq_lens:
+        axes = {"seq_len": seq_len}
+        args = list(materialize(DEF, SimpleWorkload(axes, uuid=f"profile-{seq_len}"), device="cuda", seed=0))
+        sets = timing.input_sets(DEF, args, l2, max_sets=8)
+        print(f"== seq_len {seq_len}: floor {floor_us(DEF, args, axes):.1f} us", flush=True)
+        for name in opts.variants:
+            v = registry.get(DEF, name)
+            why = v.why_not("sm90")
+            if why is not None:
+                print(f"  {name}: not run ({why})")
+                continue
+            graph = statistics.median(timing.graph_times_us(v.fn, sets, 3)[0])
+            kernels = kernel_times(v.fn, args)
+            print(f"  {name}: graph {graph:.1f} us per call; kernels {sum(kernels.values()):.1f} us of device time")
+            for kname, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                print(f"    {us:8.1f} us  {kname[:110]}")
+
+
+if __name__ == "__main__":
+    main()
