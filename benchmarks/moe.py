@@ -26,7 +26,6 @@ import torch
 
 import kdispatch
 from kdispatch import registry
-from kdispatch.references import moe_fp8 as ref
 from kdispatch.tuner import gate, timing
 from kdispatch.workloads import load_workloads, materialize
 
@@ -50,16 +49,10 @@ def sweep(quick: bool) -> None:
         args = list(materialize(DEF, by_len[seq_len], device="cuda", seed=0))
         sets = timing.input_sets(DEF, args, l2, max_sets=2 if quick else 8)
 
-        def layout_only(*a):  # routing + expert-sorted layout, no GEMM
-            experts, _ = ref._route(a[0], a[1], a[9])
-            local = experts - int(a[8])
-            return G._sorted_layout(torch.where((local >= 0) & (local < 32), local, 32), 32, 16)[0]
-
-        def fused_layout_only(*a):  # the same, fused (the ".fr" variants)
+        def fused_layout_only(*a):  # routing + expert-sorted layout, no GEMM
             return G._fused_route_layout(a[0], a[1], a[8], a[9], 32, 16)[1]
 
-        res = [(statistics.median(timing.graph_times_us(layout_only, sets, 3)[0]), "layout only"),
-               (statistics.median(timing.graph_times_us(fused_layout_only, sets, 3)[0]), "fused layout only")]
+        res = [(statistics.median(timing.graph_times_us(fused_layout_only, sets, 3)[0]), "routing + layout only")]
         for c in configs:
             fn = lambda *a, c=c: G.moe_fp8_grouped(*a, **c)  # noqa: E731
             try:

@@ -74,7 +74,7 @@ def test_a_moved_file_keeps_its_hash(tree, tmp_path_factory):
 
 
 def test_two_variants_of_one_file_differ():
-    names = ["triton_grouped_m16", "triton_grouped_m32", "triton_grouped_m64"]
+    names = ["triton_grouped_m16.fr", "triton_grouped_m32.fr", "triton_grouped_m64.fr"]
     hashes = {registry.get("moe_fp8", n).provenance for n in names}
     assert len(hashes) == 3
     assert len({registry.get("moe_fp8", n).source for n in names}) == 1
@@ -98,7 +98,7 @@ def test_real_variants_hash_what_they_use():
     assert {"indexer_fp8.py", "topk_select.cu"} <= files("dsa_topk_indexer", "cuda_radix_select")
     assert {"indexer_score.cu", "topk_select.cu", "indexer_select.py", "indexer_fp8.py"} <= \
         files("dsa_topk_indexer", "cuda_wgmma_radix")
-    assert "moe_fp8.py" in files("moe_fp8", "triton_grouped_m16")  # the reference's routing it reuses
+    assert "moe_fp8.py" in files("moe_fp8", "triton_grouped_m16.fr")  # the reference's routing it reuses
     assert "registry.py" not in files("gdn_decode", "triton_decode_splitv")
     assert registry.get("gdn_decode", "flashinfer").provenance != registry.get("gdn_prefill", "fla_chunk").provenance
 

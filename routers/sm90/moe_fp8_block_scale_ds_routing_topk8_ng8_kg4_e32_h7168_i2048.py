@@ -9,16 +9,12 @@
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_triton_moe         0f980580b293e791  35/35  1.00x
-#   deepgemm_contiguous       4a201f9f8e0d2488  0/35  -  [RUNTIME_ERROR: worker process died (exit code -11)]
-#   reference                 c16a3bde9b55b3d2  35/35  0.04x
-#   triton_grouped_m16        06aebc8e42231868  35/35  0.72x
-#   triton_grouped_m16.fr     64c24e89a7ce5909  35/35  0.91x
-#   triton_grouped_m16n16.fr  04e4f4e3062bfa6a  35/35  0.72x
-#   triton_grouped_m32        aa617fe316afd0be  35/35  0.77x
-#   triton_grouped_m32.fr     22ccbf71d1db4526  35/35  0.96x
-#   triton_grouped_m64        8bf800413b27de3b  35/35  0.75x
-#   triton_grouped_m64.fr     9640466aaef3c58e  35/35  0.93x
+#   sglang_triton_moe      0f980580b293e791  35/35  1.00x
+#   deepgemm_contiguous    4a201f9f8e0d2488  0/35  -  [RUNTIME_ERROR: worker process died (exit code -11)]
+#   reference              c16a3bde9b55b3d2  35/35  0.04x
+#   triton_grouped_m16.fr  64c24e89a7ce5909  35/35  0.91x
+#   triton_grouped_m32.fr  22ccbf71d1db4526  35/35  0.96x
+#   triton_grouped_m64.fr  9640466aaef3c58e  35/35  0.93x
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
@@ -26,7 +22,7 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.42% mean, 25.94% max;
 #             1.106x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.98% mean, 42.89% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.84% mean, 42.89% max;
 #             1.785x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 11: sglang_triton_moe (baseline), 6 workloads
@@ -34,9 +30,9 @@
 #   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.27x (1.22x .. 1.32x) over sglang_triton_moe; then triton_grouped_m64.fr
 #   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.13x (1.06x .. 1.24x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 7: triton_grouped_m16.fr, 5 workloads, 2.77x (1.82x .. 3.98x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16n16.fr, triton_grouped_m32.fr
-#   2. 7 < seq_len <= 60: triton_grouped_m32.fr, 15 workloads, 2.89x (2.23x .. 4.65x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m16n16.fr, triton_grouped_m64.fr
-#   3. 60 < seq_len <= 192: triton_grouped_m16.fr, 4 workloads, 2.42x (2.23x .. 2.58x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16n16.fr, triton_grouped_m64.fr
+#   1. seq_len <= 7: triton_grouped_m16.fr, 5 workloads, 2.77x (1.82x .. 3.98x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32.fr
+#   2. 7 < seq_len <= 60: triton_grouped_m32.fr, 15 workloads, 2.89x (2.23x .. 4.65x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64.fr
+#   3. 60 < seq_len <= 192: triton_grouped_m16.fr, 4 workloads, 2.42x (2.23x .. 2.58x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
 #   4. 192 < seq_len <= 1536: triton_grouped_m32.fr, 4 workloads, 2.15x (1.85x .. 2.55x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16.fr
 #   5. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.49x (1.12x .. 2.04x) over sglang_triton_moe
 # measured    1 <= seq_len <= 32768
@@ -49,9 +45,9 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (None, 7)}, 'workloads': 5, 'speedup': (1.82, 2.77, 3.98), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (7, 60)}, 'workloads': 15, 'speedup': (2.23, 2.89, 4.65), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (60, 192)}, 'workloads': 4, 'speedup': (2.23, 2.42, 2.58), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (None, 7)}, 'workloads': 5, 'speedup': (1.82, 2.77, 3.98), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (7, 60)}, 'workloads': 15, 'speedup': (2.23, 2.89, 4.65), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (60, 192)}, 'workloads': 4, 'speedup': (2.23, 2.42, 2.58), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
     {'region': 4, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (192, 1536)}, 'workloads': 4, 'speedup': (1.85, 2.15, 2.55), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
     {'region': 5, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.12, 1.49, 2.04), 'fallbacks': ()},
 )
@@ -77,13 +73,13 @@ def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 2.77x (1.82x .. 3.98x) over sglang_triton_moe
     if seq_len <= 7:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
+        return ('triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
     # region 2: 15 workloads, 2.89x (2.23x .. 4.65x) over sglang_triton_moe
     if 7 < seq_len <= 60:
-        return ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
+        return ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
     # region 3: 4 workloads, 2.42x (2.23x .. 2.58x) over sglang_triton_moe
     if 60 < seq_len <= 192:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16n16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
     # region 4: 4 workloads, 2.15x (1.85x .. 2.55x) over sglang_triton_moe
     if 192 < seq_len <= 1536:
         return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32.fr'

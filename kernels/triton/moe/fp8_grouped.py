@@ -4,11 +4,13 @@ Definition: moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048 (see th
 kdispatch/references/moe_fp8.py, for the math). Three steps, none of which syncs with the host, so a
 call is safe under CUDA-graph capture (the reference is not: it reads the expert counts back):
 
-1. Routing and layout (torch, a dozen small kernels): the 8 experts and weights of every token, then
-   the (token, choice) pairs that hit one of this rank's 32 experts sorted by expert, each expert's
-   run padded to a multiple of BLOCK_M rows. `row_pair[r]` is the pair in row r (-1 = padding) and
-   `block_expert[m]` the expert of row block m (32 = past the last expert: the program exits). The
-   row count is bounded by the shapes (T * 8 + 32 * (BLOCK_M - 1)), so the grid is static.
+1. Routing and layout (`_fused_route_layout`: a memset and two Triton kernels): the 8 experts and
+   weights of every token (`_route_kernel`, one program per token), then the (token, choice) pairs
+   that hit one of this rank's 32 experts placed by expert (`_layout_kernel`, through atomic
+   per-expert cursors), each expert's run padded to a multiple of BLOCK_M rows. `row_pair[r]` is the
+   pair in row r (-1 = padding) and `block_expert[m]` the expert of row block m (32 = past the last
+   expert: the program exits). The row count is bounded by the shapes (T * 8 + 32 * (BLOCK_M - 1)),
+   so the grid is static.
 2. `_gemm1_swiglu_kernel`, grid (row blocks, 2048 / BLOCK_N): gathers the block's token rows of the
    FP8 activations and multiplies them with the up and gate rows [n, n + BLOCK_N) and
    [2048 + n, ...) of W13[e] on the FP8 tensor cores, 128 columns (one scale block) at a time:
@@ -27,10 +29,11 @@ definition (matched ratio 0.95 at atol 1, rtol 0.3) is far looser than that diff
 BLOCK_M is the variant's choice: 16-row blocks waste little padding when each expert sees a few
 tokens (decode-like batches); 32- and 64-row blocks reuse each weight tile over more tokens (prefill).
 
-Known cost at small batches: routing and the sorted layout are ~20 small torch kernels, 109 us of
-the 198 us at one token (H100, graph). `_fused_route_layout` does both in a memset and two Triton
-kernels (`_route_kernel`, one program per token; `_layout_kernel`, pairs placed through atomic
-per-expert cursors): the ".fr" variants.
+The routing and layout were first ~20 small torch kernels (109 of 198 us at one token, H100, graph);
+fused, they measured faster on every tuned workload (2026-11-25) and replaced them. The layout kernel
+then still took 34-37 us at 1-64 tokens (benchmarks/results/moe-profile-H100.txt), in one program
+of 256 pairs: ~1,900 PTX instructions per thread (its [pairs x experts] selections, reductions and
+shuffles), straight-line and latency-bound. 32 pairs a program compile to ~400 (not measured yet).
 
 DOT_FP32: the Triton interpreter (CPU tests) has no FP8 or bf16 tensor-core dot; the operands are
 cast to fp32 before tl.dot when the flag is set (set only off CUDA).
@@ -131,38 +134,6 @@ def _gemm2_scatter_kernel(
                   mask=valid[:, None], sem="relaxed")
 
 
-def _sorted_layout(local: torch.Tensor, num_local: int, block_m: int):
-    """Expert-sorted, BLOCK_M-padded row layout of the (token, choice) pairs, without a host sync.
-
-    local: [T, TOP_K] local expert id of each pair (num_local where the expert is not on this rank).
-    Returns row_pair [rows] int32 (pair id t * TOP_K + j, -1 for padding) and block_expert
-    [rows / block_m] int32 (num_local past the last expert's rows)."""
-    device = local.device
-    flat = local.reshape(-1)
-    num_pairs = flat.numel()
-    rows = triton.cdiv(num_pairs + num_local * (block_m - 1), block_m) * block_m  # static bound
-
-    counts = torch.zeros(num_local + 1, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    counts = counts[:num_local]  # the last bin counted the pairs of other ranks
-    padded = (counts + block_m - 1) // block_m * block_m
-    pad_end = padded.cumsum(0)
-    pad_start = pad_end - padded
-    start = counts.cumsum(0) - counts
-
-    order = torch.argsort(flat, stable=True)  # pairs grouped by expert, non-local ones last
-    expert_of = flat[order]
-    is_local = expert_of < num_local
-    e = expert_of.clamp(max=num_local - 1)
-    rank = torch.arange(num_pairs, device=device) - start[e]
-    dest = torch.where(is_local, pad_start[e] + rank, rows)  # rows = the discard slot
-    row_pair = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
-    row_pair.scatter_(0, dest, order.to(torch.int32))
-    block_start = torch.arange(0, rows, block_m, device=device)
-    block_expert = torch.searchsorted(pad_end, block_start, right=True).to(torch.int32)
-    return row_pair[:rows], block_expert
-
-
 @triton.jit
 def _route_kernel(
     logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr,
@@ -233,15 +204,15 @@ def _layout_kernel(
     tl.store(block_expert_ptr + offs, tl.sum(ended.to(tl.int32), axis=1), mask=offs < num_blocks)
 
 
-LAYOUT_BLOCK = 256  # pairs (and block_expert entries) per layout program
+LAYOUT_BLOCK = 32  # pairs (and block_expert entries) per layout program: short programs (see the top)
 FILL_BLOCK = 128  # row_pair entries a routing program sets per store
 
 
 def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local: int,
                         block_m: int):
     """Routing and the expert-sorted layout in three launches (a memset and two kernels), no host
-    sync: (pair weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32),
-    the layout as `_sorted_layout` makes it except for the order of pairs inside an expert's run."""
+    sync: (pair weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32);
+    the order of the pairs inside an expert's run is the atomics' order."""
     num_tokens, num_experts = routing_logits.shape
     device = routing_logits.device
     num_pairs = num_tokens * ref.TOP_K
@@ -266,10 +237,9 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
 def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                     routed_scaling_factor, *, block_m: int, block_n1: int, block_n2: int,
-                    num_warps: int, num_stages: int, fused_routing: bool = False, dot_fp32: bool | None = None):
+                    num_warps: int, num_stages: int, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts; returns [T, HIDDEN] bf16. Works for any HIDDEN and
-    intermediate size that are multiples of 128 (the tests use small ones). fused_routing: routing
-    and layout by `_fused_route_layout` (3 launches) rather than torch ops (about 20)."""
+    intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
     num_local, two_inter, _ = gemm1_weights.shape
     inter = two_inter // 2
@@ -282,15 +252,8 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
     if num_tokens == 0:
         return out.to(torch.bfloat16)
 
-    if fused_routing:
-        pair_weights, row_pair, block_expert = _fused_route_layout(
-            routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m)
-    else:
-        experts, weights = ref._route(routing_logits, routing_bias, routed_scaling_factor)  # [T, 8] each
-        local = experts - int(local_expert_offset)
-        local = torch.where((local >= 0) & (local < num_local), local, num_local)
-        row_pair, block_expert = _sorted_layout(local, num_local, block_m)
-        pair_weights = weights.reshape(-1).contiguous()
+    pair_weights, row_pair, block_expert = _fused_route_layout(
+        routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m)
     rows = row_pair.numel()
 
     x = hidden_states.contiguous()
@@ -308,21 +271,15 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
 
 
 # Tile configurations, from `python benchmarks/moe.py --sweep` (H100, 2026-11-22): 16-row blocks with
-# 32-wide N tiles were fastest up to 80 tokens (198 / 293 / 618 us at 1 / 16 / 80 tokens), 32 x 128
-# at 901 tokens (882 us), 64 x 128 with 8 warps at 14107 tokens (4773 us). The tuner measures all
-# three on every workload and routes by seq_len.
-# The ".fr" configurations route and lay out the pairs with `_fused_route_layout` (not measured
-# yet: the next tune decides between the two routings and the slower one goes).
-TILES = {
-    "triton_grouped_m16": dict(block_m=16, block_n1=32, block_n2=32, num_warps=4, num_stages=4),
-    "triton_grouped_m32": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
-    "triton_grouped_m64": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
+# 32-wide N tiles were fastest up to 80 tokens, 32 x 128 at 901 tokens, 64 x 128 with 8 warps at 14107
+# tokens; the tuner measures all three on every workload and routes by seq_len. The names keep the
+# ".fr" (fused routing) under which they were measured and routed; 16-wide gate/up tiles with a
+# deeper pipeline (a decode try) were never faster than triton_grouped_m16.fr and went.
+CONFIGS = {
+    "triton_grouped_m16.fr": dict(block_m=16, block_n1=32, block_n2=32, num_warps=4, num_stages=4),
+    "triton_grouped_m32.fr": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
+    "triton_grouped_m64.fr": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
 }
-CONFIGS = {**TILES, **{f"{name}.fr": dict(tiles, fused_routing=True) for name, tiles in TILES.items()},
-           # decode: a hit expert's gate/up rows over twice the CTAs (at one token about one expert is
-           # hit and the 32-wide tiles keep only 64 CTAs streaming its 29 MB), a deeper pipeline
-           "triton_grouped_m16n16.fr": dict(block_m=16, block_n1=16, block_n2=32, num_warps=4, num_stages=6,
-                                            fused_routing=True)}
 
 
 def _register(name: str, config: dict):
