@@ -88,3 +88,18 @@ def test_a_wrong_mapping_fails_the_gate(peer):
     out = fn(*args)
     bad = torch.where(out >= 0, out ^ 1, out)  # the neighbouring slot of every selected token
     assert not gate.check_outputs(DEF, args, (bad,), gate.reference(DEF, args)).passed
+
+
+def test_deepgemm_variants_register_only_when_opted_in(monkeypatch):
+    """A segfault in DeepGEMM would end the serving process: without KDISPATCH_DEEPGEMM=1 neither
+    DeepGEMM variant is registered, so no router can send a call there."""
+    from kdispatch import registry
+    from kdispatch.kernels.library import deepgemm_gate
+
+    registry.discover()
+    names = {v.name for d in ("dsa_topk_indexer", "moe_fp8") for v in registry.variants(d)}
+    assert deepgemm_gate.opted_in() or not names & {"deepgemm_torch_topk", "deepgemm_contiguous"}
+    monkeypatch.setenv(deepgemm_gate.SWITCH, "1")
+    assert deepgemm_gate.opted_in()
+    monkeypatch.setenv(deepgemm_gate.SWITCH, "0")
+    assert not deepgemm_gate.opted_in()

@@ -5,14 +5,13 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T19:58:03Z
+# measured    up to 2026-11-25T19:49:26Z
 # workloads   158 (workload-set digest 12c4c0c9ed3d172c)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference              1fccd3d055194bde  158/158  1.00x
 #   cuda_radix_select      4babe710db292558  146/146  34.77x
 #   cuda_wgmma_radix       606e82ccedfa9861  146/146  35.93x
-#   deepgemm_torch_topk    ef875980d8302767  158/158  2.04x
 #   torch_passthrough      e9c76d260eb89f58  82/82  3.13x
 #   triton_fp8_radix       b3874199a7809899  146/146  21.42x
 #   triton_fp8_torch_topk  bb6d58b1ad5de3d7  158/158  2.36x
@@ -22,44 +21,42 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.02% mean, 2.75% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
 #             23.976x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.45% mean, 53.38% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.16% mean, 53.38% max;
 #             12.963x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, deepgemm_torch_topk
-#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 33.01x) over reference; then deepgemm_torch_topk
-#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk, deepgemm_torch_topk
+#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
+#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 33.01x) over reference
+#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 93: triton_passthrough, 27 workloads, 23.40x (11.78x .. 37.33x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
 #   2. batch_size <= 8 and max_num_pages <= 31 and kv_pages > 93: triton_passthrough, 15 workloads, 21.09x (16.49x .. 29.88x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   3. batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, deepgemm_torch_topk
+#   3. batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
 #   4. batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93: cuda_wgmma_radix, 19 workloads, 19.71x (9.28x .. 28.01x) over reference; then cuda_radix_select, triton_fp8_radix
-#   5. 125 < max_num_pages <= 1673: triton_fp8_torch_topk, 9 workloads, 2.40x (1.27x .. 8.35x) over reference
-#   6. max_num_pages > 1673: deepgemm_torch_topk, 3 workloads, 9.90x (2.15x .. 28.64x) over reference; then triton_fp8_torch_topk
-#   7. batch_size > 8 and max_num_pages <= 1: triton_passthrough, 5 workloads, 27.54x (14.58x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   8. batch_size > 8 and 1 < max_num_pages <= 6: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_torch_topk
-#   9. batch_size > 8 and 6 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   10. batch_size > 8 and 30 < max_num_pages <= 125: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
+#   5. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 3.35x (1.27x .. 28.74x) over reference
+#   6. batch_size > 8 and max_num_pages <= 1: triton_passthrough, 5 workloads, 27.54x (14.58x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   7. batch_size > 8 and 1 < max_num_pages <= 6: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_torch_topk
+#   8. batch_size > 8 and 6 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   9. batch_size > 8 and 30 < max_num_pages <= 125: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
-    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 33.01), 'fallbacks': ('deepgemm_torch_topk',)},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 33.01), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (None, 17)}, 'workloads': 27, 'speedup': (11.78, 23.4, 37.33), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
     {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (None, 31)}, 'workloads': 15, 'speedup': (16.49, 21.09, 29.88), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (17, 125)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (17, 125)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
     {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (31, 125)}, 'workloads': 19, 'speedup': (9.28, 19.71, 28.01), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, 1673)}, 'workloads': 9, 'speedup': (1.27, 2.4, 8.35), 'fallbacks': ()},
-    {'region': 6, 'variant': 'deepgemm_torch_topk', 'bounds': {'max_num_pages': (1673, None)}, 'workloads': 3, 'speedup': (2.15, 9.9, 28.64), 'fallbacks': ('triton_fp8_torch_topk',)},
-    {'region': 7, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (None, 1)}, 'workloads': 5, 'speedup': (14.58, 27.54, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 8, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 6)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk')},
-    {'region': 9, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (6, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 10, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 125)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.27, 3.35, 28.74), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (None, 1)}, 'workloads': 5, 'speedup': (14.58, 27.54, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 7, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 6)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 8, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (6, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 9, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 125)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -72,13 +69,13 @@ def route(batch_size, max_num_pages, num_pages):
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
     # region 1: 64 workloads, 29.80x (15.40x .. 68.75x) over reference
     if not kv_fits_topk and max_num_pages <= 125:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'cuda_wgmma_radix'
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 2: 12 workloads, 6.75x (1.75x .. 33.01x) over reference
     if max_num_pages > 125:
-        return ('triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'triton_fp8_torch_topk'
+        return 'triton_fp8_torch_topk'
     # region 3: 82 workloads, 79.31x (48.12x .. 144.89x) over reference
     if kv_fits_topk and max_num_pages <= 125:
-        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'triton_passthrough'
+        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
     return 'reference'
 
 
@@ -93,26 +90,23 @@ def route_eager(batch_size, max_num_pages, num_pages):
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     # region 3: 4 workloads, 25.35x (16.44x .. 32.30x) over reference
     if batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'cuda_wgmma_radix'
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 4: 19 workloads, 19.71x (9.28x .. 28.01x) over reference
     if batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
-    # region 5: 9 workloads, 2.40x (1.27x .. 8.35x) over reference
-    if 125 < max_num_pages <= 1673:
+    # region 5: 12 workloads, 3.35x (1.27x .. 28.74x) over reference
+    if max_num_pages > 125:
         return 'triton_fp8_torch_topk'
-    # region 6: 3 workloads, 9.90x (2.15x .. 28.64x) over reference
-    if max_num_pages > 1673:
-        return ('deepgemm_torch_topk', 'triton_fp8_torch_topk') if inside else 'deepgemm_torch_topk'
-    # region 7: 5 workloads, 27.54x (14.58x .. 39.82x) over reference
+    # region 6: 5 workloads, 27.54x (14.58x .. 39.82x) over reference
     if batch_size > 8 and max_num_pages <= 1:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 8: 3 workloads, 22.14x (14.15x .. 30.40x) over reference
+    # region 7: 3 workloads, 22.14x (14.15x .. 30.40x) over reference
     if batch_size > 8 and 1 < max_num_pages <= 6:
         return ('cuda_wgmma_radix', 'triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 9: 17 workloads, 23.77x (16.93x .. 36.28x) over reference
+    # region 8: 17 workloads, 23.77x (16.93x .. 36.28x) over reference
     if batch_size > 8 and 6 < max_num_pages <= 30:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 10: 56 workloads, 19.28x (11.13x .. 36.82x) over reference
+    # region 9: 56 workloads, 19.28x (11.13x .. 36.82x) over reference
     if batch_size > 8 and 30 < max_num_pages <= 125:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
     return 'reference'

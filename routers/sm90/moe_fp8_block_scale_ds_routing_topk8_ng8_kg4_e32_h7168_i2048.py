@@ -10,7 +10,6 @@
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe      0f980580b293e791  35/35  1.00x
-#   deepgemm_contiguous    4a201f9f8e0d2488  0/35  -  [RUNTIME_ERROR: worker process died (exit code -11)]
 #   reference              c16a3bde9b55b3d2  35/35  0.04x
 #   triton_grouped_m16.fr  64c24e89a7ce5909  35/35  0.91x
 #   triton_grouped_m32.fr  22ccbf71d1db4526  35/35  0.96x

@@ -3,7 +3,8 @@ benchmarks/stage_deepgemm.sh) followed by torch top-k: the DeepSeek-V3.2 indexer
 runs it on Hopper for decode (`dsa_indexer.py`, `_get_topk_paged`: DeepGEMM's logits, then a top-k
 over each row's first seq_len columns mapped through the page table; SGLang's default top-k is a
 JIT CUDA kernel, here `torch.topk` as its "torch" top-k backend does). A peer of dsa_topk_indexer
-on sm_90; issue 16 makes it the baseline once it has passed the correctness gate on the GPU.
+on sm_90, registered only with KDISPATCH_DEEPGEMM=1 (kernels/library/deepgemm_gate.py says why); issue
+16 makes it the baseline once it runs reliably there.
 
 The engine's call, and what the definition's padding rule adds to it:
 - q [B, 64, 128] FP8 goes in as [B, 1, 64, 128] (next_n = 1), the FP8 key cache's bytes as the
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from kdispatch.kernels.library import deepgemm_gate
 from kdispatch.kernels.triton.dsa.indexer_fp8 import PAGE_SIZE, TOPK, torch_topk_ids
 from kdispatch.registry import variant
 
 
-@variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",), requires=("deep_gemm",))
 def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     import deep_gemm
 
@@ -47,3 +48,8 @@ def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, bloc
                                                 width, clean_logits=False)
         torch_topk_ids(logits, seq_lens[rows], block_table[rows], num_pages, out[rows])
     return out
+
+
+if deepgemm_gate.opted_in():
+    variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",),
+            requires=("deep_gemm",))(dsa_indexer_deepgemm)

@@ -1,7 +1,8 @@
 """DeepGEMM's grouped FP8 GEMMs (`m_grouped_fp8_gemm_nt_contiguous`, DeepGEMM 2.6.1 built on the GPU
 machine by benchmarks/stage_deepgemm.sh) behind the moe_fp8 definition: the contiguous-layout
 pipeline SGLang's DeepGEMM MoE runner uses on Hopper for prefill-size batches, a peer of the
-moe_fp8 variants on sm_90 (not run on a GPU yet).
+moe_fp8 variants on sm_90, registered only with KDISPATCH_DEEPGEMM=1 (its first call segfaulted on
+the GPU machine: kernels/library/deepgemm_gate.py).
 
     step                 SGLang (deep_gemm runner, contiguous)      here
     routing + layout     its router; ep_scatter: rows grouped by    kdispatch's fused Triton routing
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from kdispatch.kernels.library import deepgemm_gate
 from kdispatch.kernels.triton.moe.fp8_grouped import _fused_route_layout
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
@@ -43,7 +45,6 @@ def quantize_rows(y: torch.Tensor):
     return q, scale
 
 
-@variant("moe_fp8", "deepgemm_contiguous", backend="library", archs=("sm90",), requires=("deep_gemm",))
 def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                      gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                      routed_scaling_factor):
@@ -72,3 +73,8 @@ def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_
     # padding rows may hold anything (DeepGEMM skips their blocks): selected away, not multiplied by 0
     out.index_add_(0, token, torch.where(live[:, None], d.float() * pair_weights[pair][:, None], 0.0))
     return out.to(torch.bfloat16)
+
+
+if deepgemm_gate.opted_in():
+    variant("moe_fp8", "deepgemm_contiguous", backend="library", archs=("sm90",),
+            requires=("deep_gemm",))(moe_fp8_deepgemm)
