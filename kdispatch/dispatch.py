@@ -199,7 +199,7 @@ class Dispatcher:
         except (IndexError, AttributeError, TypeError):  # too few arguments, or not a tensor: the checker says which
             e = None
         if e is None:
-            return self._new_signature(args)
+            e = self._new_signature(args)
         self._last = e
         fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
         try:
@@ -233,7 +233,8 @@ class Dispatcher:
                 raise ValueError(f"kdispatch.ops.{self.short}: argument {arg!r}: {what} ({CHECK_VAR} is set)")
 
     # ---- slow path -------------------------------------------------------------------------
-    def _new_signature(self, args):
+    def _new_signature(self, args) -> _Entry:
+        """Validates a call signature not seen before, routes both call modes and caches the entry."""
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
         ts = self._tensors(args)
         arch = _arch.arch_of(ts[0].device)
@@ -243,12 +244,7 @@ class Dispatcher:
         bucket = self._entries.setdefault(ts[0].shape, [])
         bucket.insert(0, e)
         del bucket[MAX_ENTRIES_PER_SHAPE:]
-        self._last = e
-        fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
-        try:
-            return fn(*args)
-        except Exception as exc:
-            return self._variant_failed(e, fn, exc, args)
+        return e
 
     def choose(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> registry.Variant:
         """The variant for these shape features on `arch` in call mode `mode` (the baseline on any miss)."""
