@@ -65,7 +65,9 @@ print(f"deep_gemm._C built in {time.time() - t0:.0f} s")
 PY
   ) 2>&1 | tail -30
 fi
-cd "$root/src" && PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python - <<'PY'
+# unbuffered, with the faulthandler: the first JIT call has segfaulted here (2026-11-25), which lost
+# buffered output; the exit status below says so
+cd "$root/src" && PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python -X faulthandler - <<'PY'
 try:
     import deep_gemm, torch
     print("deep_gemm imports:", deep_gemm.__version__, "SMs", deep_gemm.get_num_sms())
@@ -76,6 +78,8 @@ try:
 except Exception as exc:
     print("deep_gemm NOT usable:", type(exc).__name__, str(exc)[:2000])
 PY
+status=$?
+[ "$status" -eq 0 ] || echo "deep_gemm check exited with status $status (139: a segfault)"
 SETUP
 du -sh "$out"
 echo "staged: carry .kd-wheels/deepgemm and run bash .kd-wheels/deepgemm/gpu-setup.sh on the GPU host"
