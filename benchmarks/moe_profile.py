@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import statistics
 
 import torch
@@ -45,6 +46,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "sglang_triton_moe"])
     opts = ap.parse_args()
     registry.discover()
+    import triton
+
+    print(f"# benchmarks/moe_profile.py on {torch.cuda.get_device_name()}, {datetime.date.today()}, torch "
+          f"{torch.__version__}, triton {triton.__version__}")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     for seq_len in opts.seq_lens:
         axes = {"seq_len": seq_len}
