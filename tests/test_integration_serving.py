@@ -1,7 +1,7 @@
-"""The plugins take an engine's call only where kdispatch would run a kernel for it: a router for the
-device's architecture, or a baseline that runs there; else (here, on the CPU: no router, and the
-engine baselines need a GPU) the dispatcher would serve the torch reference, and the call stays
-the engine's."""
+"""The plugins take an engine's call only where kdispatch has a router for the device's architecture
+(a tune measured its variants against the engine's kernel there); else the dispatcher would serve
+its baseline, the torch reference or the engine's own kernel behind a guard, and the call stays the
+engine's."""
 import torch
 
 from kdispatch.integrations import serving
@@ -12,7 +12,20 @@ def test_no_kernel_here_means_the_engine_keeps_the_call(monkeypatch):
     monkeypatch.setattr(serving, "_decided", {})
     for kind in ("decode_packed", "prefill_pool", "verify", "verify_steps"):
         why = serving.not_served(serving.gdn_short(kind, 8), torch.device("cpu"))
-        assert why is not None and "no router and no runnable baseline on cpu" in why, kind
+        assert why is not None and "no router for cpu" in why, kind
+
+
+def test_a_runnable_baseline_without_a_router_leaves_the_call_to_the_engine(monkeypatch):
+    """The baseline is the engine's own kernel behind kdispatch's guard: no faster than the engine's call."""
+    from kdispatch import registry
+
+    monkeypatch.setattr(serving, "_decided", {})
+    d = DISPATCHERS["gdn_verify_qk4_v8"]
+    engine_kernel = registry.Variant(d.definition, "engine_kernel", lambda *a: None, "library", ("cpu",), baseline=True)
+    monkeypatch.setattr(registry, "baseline", lambda definition, arch: engine_kernel)
+    monkeypatch.setitem(d._routers, "cpu", None)
+    why = serving.not_served("gdn_verify_qk4_v8", torch.device("cpu"))
+    assert why is not None and "no router for cpu" in why
 
 
 def test_a_router_means_kdispatch_serves(monkeypatch):
