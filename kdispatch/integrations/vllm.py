@@ -192,6 +192,14 @@ def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
     return out[None], states
 
 
+def _prefill_or_engine(why, v, serve, engine):
+    """A prefill call kdispatch covers (why is None) served by `serve`, else by the engine's function."""
+    if why is not None:
+        _passed(PREFILL_STATS, why)
+        return engine()
+    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, serve, engine)
+
+
 def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, use_qk_l2norm_in_kernel=True,
                   state_checkpoints=None, checkpoint_cu_starts=None, checkpoint_every_n_tokens=0, use_cp="auto"):
     """vLLM's fi_chunk_gated_delta_rule contract: (o [1, T, HV, V], final states [N, HV, V, K] fp32)."""
@@ -205,11 +213,7 @@ def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlen
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
            "context parallel asked for" if use_cp is True else
            _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
-    if why is not None:
-        _passed(PREFILL_STATS, why)
-        return engine()
-    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device,
-                           lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None), engine)
+    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None), engine)
 
 
 def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -226,11 +230,8 @@ def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_fina
            if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
                                                  and core_attn_out.numel() >= v.numel()) else
            _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
-    if why is not None:
-        _passed(PREFILL_STATS, why)
-        return engine()
-    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device,
-                           lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out), engine)
+    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out),
+                              engine)
 
 
 SWAPS = ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call), (FI_PREFILL, fi_chunk_call),
