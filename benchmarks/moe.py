@@ -81,6 +81,7 @@ def main() -> None:
     baseline = registry.baseline(DEF, here).name
     cands = {v.name: v.fn for v in registry.variants(DEF) if v.why_not(here) is None
              and (v.name in ("reference", baseline) or opts.variants is None or v.name in opts.variants)}
+    registry_names = set(cands)
     cands["routed"] = kdispatch.ops.moe_fp8
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     dev = torch.cuda.get_device_name()
@@ -93,6 +94,9 @@ def main() -> None:
         row = {"uuid": w.uuid, "seq_len": w.axes["seq_len"], "floor_us": floor_us(DEF, args, dict(w.axes)), "results": {}}
         routed_to = kdispatch.ops.DISPATCHERS["moe_fp8"].choose(here, dict(w.axes)).name
         for name, fn in cands.items():
+            declined = name in registry_names and registry.get(DEF, name).declines(dict(w.axes))
+            if declined:  # e.g. the decode kernels beyond their batch limit
+                continue
             r = {}
             try:
                 v = gate.run_gate(DEF, fn, [(args, want)])
@@ -128,7 +132,7 @@ def main() -> None:
     print(f"{'candidate':<26}{'ok':>6}{'mean x base':>13}{'min x base':>12}{'mean x ref':>12}{'mean %floor':>13}"
           f"{'max eager-graph us':>20}")
     for name in cands:
-        rs = [r["results"][name] for r in rows]
+        rs = [r["results"][name] for r in rows if name in r["results"]]
         col = lambda key: [r[key] for r in rs if r.get(key) is not None]  # noqa: E731
         f = lambda xs, fn=statistics.mean: f"{fn(xs):.2f}" if xs else "n/a"  # noqa: E731
         print(f"{name:<26}{sum(r['correct'] for r in rs):>3}/{len(rs):<2}{f(col('speedup_vs_baseline')):>13}"

@@ -139,12 +139,12 @@ def _route_kernel(
     logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr,
     local_offset, scaling, num_rows, fill_chunk,
     NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
-    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr,
+    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr, LAYOUT: tl.constexpr,
 ):
     """One token: DeepSeek-V3 routing as ref._route (sigmoid scores, bias for selection only, the
     TOP_GROUPS groups of the best two-expert sums, the TOP_K best experts among them, weights
-    renormalised times `scaling`); its local expert ids (NUM_LOCAL: another rank's), counted into
-    counts[e]; and its share of row_pair set to -1 (the layout kernel runs after)."""
+    renormalised times `scaling`); its local expert ids (NUM_LOCAL: another rank's); with LAYOUT
+    (the layout kernel runs after) also counted into counts[e], and its share of row_pair set to -1."""
     t = tl.program_id(0)
     GS: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
     offs = tl.arange(0, NUM_EXPERTS)
@@ -174,10 +174,11 @@ def _route_kernel(
     local = tl.where(is_local, local, NUM_LOCAL)
     tl.store(weight_ptr + t * TOP_K + ks, w)
     tl.store(local_ptr + t * TOP_K + ks, local)
-    tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
-    for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
-        rows = r + tl.arange(0, FILL)
-        tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
+    if LAYOUT:
+        tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
+        for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
+            rows = r + tl.arange(0, FILL)
+            tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
 
 
 @triton.jit
@@ -227,7 +228,7 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
         routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
         int(local_expert_offset), float(routed_scaling_factor), rows, triton.cdiv(rows, num_tokens),
         NUM_EXPERTS=num_experts, NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS, TOP_K=ref.TOP_K,
-        NUM_LOCAL=num_local, FILL=FILL_BLOCK)
+        NUM_LOCAL=num_local, FILL=FILL_BLOCK, LAYOUT=True)
     _layout_kernel[(triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),)](
         local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
         NUM_LOCAL=num_local, LOCAL_POW2=local_pow2, BLOCK_M=block_m, BLOCK_P=LAYOUT_BLOCK)
