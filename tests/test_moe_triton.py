@@ -126,8 +126,8 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
 DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 
-@pytest.mark.parametrize("T,seed,label", [(1, 0, "n32s4"), (2, 7, "n16s4"), (6, 1, "n32s8"), (13, 4, "n32s2"),
-                                          (32, 6, "n64s4")])
+@pytest.mark.parametrize("T,seed,label", [(1, 0, "n32s4"), (2, 7, "n16s4"), (6, 1, "n32s8"), (13, 4, "n32s4"),
+                                          (32, 6, "n32s8"), (3, 8, "n16s4")])
 def test_decode_matches_dense_formula(T, seed, label, monkeypatch):
     """The expert-major decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing); their internal buffers come poisoned except the zeroed ones."""

@@ -1,24 +1,36 @@
-"""FP8 block-scale MoE for decode-size batches (up to 32 tokens): expert-major, no layout step. Triton.
+"""FP8 block-scale MoE for decode-size batches (up to 32 tokens): N-tile programs over the hit experts. Triton.
 
 Definition: moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048 (the math: the reference,
 kdispatch/references/moe_fp8.py). At a few tokens the routing reaches a few of the rank's 32 experts
-and the work is streaming those experts' weights (44 MB each) once; the grouped kernels
-(fp8_grouped.py) spend a third of their time there on the expert-sorted layout and leave most SMs
-idle with one 16-row block per expert. Here every program owns one (local expert, N tile) and takes
-all of the batch's (token, choice) pairs as its M rows, masked to the pairs routed to its expert:
-masked rows fetch nothing, a program whose expert no pair reached exits at once, and no layout is
-needed. Four launches, no host sync (capturable):
+and the work is streaming those experts' weights (44 MB each) once. The grouped kernels
+(fp8_grouped.py) first build an expert-sorted layout and launch a program per (row block, N tile),
+nearly all of which find no rows and exit; here the grid is the N tiles (times a split of K) only,
+and every program walks the 32 local experts, skipping those no pair reached. Its M rows are all of
+the batch's (token, choice) pairs, masked to the pairs routed to the current expert: masked rows
+fetch nothing, and no layout is needed. Four launches, no host sync (capturable):
 
 1. `_route_kernel` (fp8_grouped.py, without its layout part): local expert id and weight per pair.
-2. `_gemm1_splitk_kernel`, grid (32 experts, 2048 / BLOCK_N1, SPLIT_K): the expert's up and gate
-   rows [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
-   per-block scales, atomically added into an fp32 [pairs, 4096] buffer. The split puts
-   SPLIT_K times more programs on each hit expert's weights: one expert is 64 N tiles, too few to
-   keep an H100's 132 SMs streaming.
-3. `_gemm2_kernel`, grid (32 experts, 7168 / BLOCK_N2): y = silu(gate) * up from that buffer
-   (bf16, as the grouped kernels round it), times the expert's W2 rows (FP8 widened to bf16), times
-   the pair's routing weight, atomically added into the fp32 output.
+2. `_gemm1_splitk_kernel`, grid (2048 / BLOCK_N1, SPLIT_K): for each hit expert its up and gate rows
+   [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
+   per-block scales, atomically added into an fp32 [pairs, 4096] buffer. The split multiplies the
+   programs streaming at once: 64 N tiles alone leave most of an H100's 132 SMs idle.
+3. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2): y = silu(gate) * up from that buffer (bf16, as
+   the grouped kernels round it; K steps shortened as the pairs grow, see GEMM2_STAGE_ELEMS), times
+   the expert's W2 rows (FP8 widened to bf16), times the pair's routing weight, atomically added
+   into the fp32 output.
 4. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
+
+Measured (H100, 2026-11-25, benchmarks/results/moe-profile-H100.txt): slower than the grouped
+kernels and SGLang's fused MoE in graph time at every size, although the split gate/up GEMM beats
+the grouped one at 1 token (27 against 43 us). The down GEMM is the loss (73 us at 1 token, 465 at
+8, 3,100 at 32; grouped 25 / 46 / 109): each program walks its hit experts one after another, and
+its small-tile K steps cost 1.5-2 us each (latency-bound: each step's weight tile is a plain
+synchronous load in Triton's output, as in the grouped kernel), so the grouped kernels' program per
+(expert block, N tile), all in parallel, wins. Three
+earlier tries measured no better: the expert in the grid (32 x N tiles x splits, most programs
+exiting: 105-140 us at 1 token, 800 at 7), runtime K bounds instead of constant trip counts, and the
+next step's weights loaded ahead in registers (slower in every configuration). The tuner routes
+eager calls of 1-2 tokens here (fewer launches than the grouped path: less host time).
 
 The pairs are all of the batch's T * 8, padded to a power of two (>= 16, tl.dot's minimum), which
 bounds the batch: 32 tokens (256 pairs; accumulators of 256 x BLOCK_N1 x 2 fp32). The order of the
@@ -35,97 +47,112 @@ from kdispatch.registry import variant
 from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, QBLOCK, _route_kernel
 
 MAX_TOKENS = 32  # 256 pairs: the widest M tile the programs hold (see the top)
+# gemm2 reads the fp32 up and gate of every pair: a K step of 128 at 256 pairs is 256 KB a pipeline
+# stage, beyond the SM's shared memory (measured: OutOfResources); steps of PAIRS x K_CHUNK =
+# 4096 elements keep a stage at 32 KB.
+GEMM2_STAGE_ELEMS = 4096
 
 
 @triton.jit
 def _gemm1_splitk_kernel(
     x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, local_ptr, h_ptr, num_tokens, num_pairs,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    PAIRS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, QB: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
-    e = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
     offs_p = tl.arange(0, PAIRS)
-    mine = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1) == e
-    if tl.sum(mine.to(tl.int32), axis=0) == 0:
-        return
+    local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
     token = (offs_p // TOP_K).to(tl.int64)
-    e64 = e.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, QB)
-
     KB: tl.constexpr = HIDDEN // QB
-    kb_start = split * KB // SPLIT_K
-    kb_end = (split + 1) * KB // SPLIT_K
+    STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K  # a constant trip count (see the top)
+    kb0 = split * STEPS
     a_ptrs = x_ptr + token[:, None] * HIDDEN + offs_k[None, :]
-    up_ptrs = w13_ptr + e64 * (2 * INTER * HIDDEN) + offs_n[:, None] * HIDDEN + offs_k[None, :]
-    gate_ptrs = up_ptrs + INTER * HIDDEN
-    up_scale_ptr = w13_scale_ptr + e64 * (2 * INTER // QB) * KB + (pid_n * BLOCK_N // QB) * KB
-    gate_scale_ptr = up_scale_ptr + (INTER // QB) * KB
-
-    acc_up = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-    acc_gate = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-    for kb in range(kb_start, kb_end):
-        a = tl.load(a_ptrs + kb * QB, mask=mine[:, None], other=0.0)
-        a_scale = tl.load(x_scale_ptr + kb * num_tokens + token, mask=mine, other=0.0)
-        w_up = tl.load(up_ptrs + kb * QB)
-        w_gate = tl.load(gate_ptrs + kb * QB)
-        if DOT_FP32:
-            a, w_up, w_gate = a.to(tl.float32), w_up.to(tl.float32), w_gate.to(tl.float32)
-        s_up = tl.load(up_scale_ptr + kb)
-        s_gate = tl.load(gate_scale_ptr + kb)
-        acc_up += tl.dot(a, tl.trans(w_up)) * (a_scale[:, None] * s_up)
-        acc_gate += tl.dot(a, tl.trans(w_gate)) * (a_scale[:, None] * s_gate)
-
     h_rows = h_ptr + offs_p[:, None].to(tl.int64) * (2 * INTER) + offs_n[None, :]
-    tl.atomic_add(h_rows, acc_up, mask=mine[:, None], sem="relaxed")
-    tl.atomic_add(h_rows + INTER, acc_gate, mask=mine[:, None], sem="relaxed")
+
+    for e in range(NUM_LOCAL):
+        mine = local == e
+        if tl.sum(mine.to(tl.int32), axis=0) > 0:
+            e64 = tl.cast(e, tl.int64)
+            up_ptrs = w13_ptr + e64 * (2 * INTER * HIDDEN) + offs_n[:, None] * HIDDEN + offs_k[None, :]
+            gate_ptrs = up_ptrs + INTER * HIDDEN
+            up_scale_ptr = w13_scale_ptr + e64 * (2 * INTER // QB) * KB + (pid_n * BLOCK_N // QB) * KB
+            gate_scale_ptr = up_scale_ptr + (INTER // QB) * KB
+            acc_up = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
+            acc_gate = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
+            # steps past the last hidden block (a ragged split) load a clamped, in-bounds block and add
+            # nothing: their activations are masked to zero
+            for i in range(STEPS):
+                kb = kb0 + i
+                kbc = tl.minimum(kb, KB - 1)
+                w_up = tl.load(up_ptrs + kbc * QB)
+                w_gate = tl.load(gate_ptrs + kbc * QB)
+                live = mine & (offs_p * 0 + kb < KB)
+                a = tl.load(a_ptrs + kbc * QB, mask=live[:, None], other=0.0)
+                a_scale = tl.load(x_scale_ptr + kbc * num_tokens + token, mask=live, other=0.0)
+                s_up = tl.load(up_scale_ptr + kbc)
+                s_gate = tl.load(gate_scale_ptr + kbc)
+                if DOT_FP32:
+                    a, w_up, w_gate = a.to(tl.float32), w_up.to(tl.float32), w_gate.to(tl.float32)
+                acc_up += tl.dot(a, tl.trans(w_up)) * (a_scale[:, None] * s_up)
+                acc_gate += tl.dot(a, tl.trans(w_gate)) * (a_scale[:, None] * s_gate)
+            tl.atomic_add(h_rows, acc_up, mask=mine[:, None], sem="relaxed")
+            tl.atomic_add(h_rows + INTER, acc_gate, mask=mine[:, None], sem="relaxed")
 
 
 @triton.jit
 def _gemm2_kernel(
     h_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_pairs,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    PAIRS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, K_CHUNK: tl.constexpr,
+    QB: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    e = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
     offs_p = tl.arange(0, PAIRS)
-    mine = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1) == e
-    if tl.sum(mine.to(tl.int32), axis=0) == 0:
-        return
-    e64 = e.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, QB)
-
-    KB: tl.constexpr = INTER // QB
-    up_ptrs = h_ptr + offs_p[:, None].to(tl.int64) * (2 * INTER) + offs_k[None, :]
-    w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
-    scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
-
-    acc = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-    for kb in range(KB):
-        up = tl.load(up_ptrs + kb * QB, mask=mine[:, None], other=0.0)
-        gate = tl.load(up_ptrs + INTER + kb * QB, mask=mine[:, None], other=0.0)
-        y = (up * gate * tl.sigmoid(gate)).to(tl.bfloat16)  # silu(gate) * up, rounded as between the GEMMs
-        w = tl.load(w_ptrs + kb * QB)
-        if DOT_FP32:
-            y, w = y.to(tl.float32), w.to(tl.float32)
-        else:
-            w = w.to(tl.bfloat16)
-        acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kb)
-
-    weight = tl.load(pair_weight_ptr + offs_p, mask=mine, other=0.0)
+    local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
     token = (offs_p // TOP_K).to(tl.int64)
-    tl.atomic_add(out_ptr + token[:, None] * HIDDEN + offs_n[None, :], acc * weight[:, None],
-                  mask=mine[:, None], sem="relaxed")
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, K_CHUNK)
+    KB: tl.constexpr = INTER // QB
+    STEPS: tl.constexpr = (INTER // K_CHUNK + SPLIT_K - 1) // SPLIT_K  # a constant trip count (see the top)
+    k0 = split * STEPS * K_CHUNK
+    up_ptrs = h_ptr + offs_p[:, None].to(tl.int64) * (2 * INTER) + offs_k[None, :]
+    out_ptrs = out_ptr + token[:, None] * HIDDEN + offs_n[None, :]
+
+    for e in range(NUM_LOCAL):
+        mine = local == e
+        if tl.sum(mine.to(tl.int32), axis=0) > 0:
+            e64 = tl.cast(e, tl.int64)
+            w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
+            scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
+            acc = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
+            # steps past the end (a ragged split) load a clamped, in-bounds block and add nothing: their
+            # activations are masked to zero
+            for i in range(STEPS):
+                k = k0 + i * K_CHUNK
+                kc = tl.minimum(k, INTER - K_CHUNK)
+                w = tl.load(w_ptrs + kc)
+                live = mine & (offs_p * 0 + k < INTER)
+                up = tl.load(up_ptrs + kc, mask=live[:, None], other=0.0)
+                gate = tl.load(up_ptrs + INTER + kc, mask=live[:, None], other=0.0)
+                y = (up * gate * tl.sigmoid(gate)).to(tl.bfloat16)  # silu(gate) * up, rounded as between the GEMMs
+                if DOT_FP32:
+                    y, w = y.to(tl.float32), w.to(tl.float32)
+                else:
+                    w = w.to(tl.bfloat16)
+                acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kc // QB)
+            weight = tl.load(pair_weight_ptr + offs_p, mask=mine, other=0.0)
+            tl.atomic_add(out_ptrs, acc * weight[:, None], mask=mine[:, None], sem="relaxed")
 
 
 def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
-                   routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, num_warps: int,
-                   num_stages: int, dot_fp32: bool | None = None):
+                   routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, split_k2: int,
+                   num_warps: int, num_stages: int, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts for up to MAX_TOKENS tokens; returns [T, HIDDEN] bf16. Any
     HIDDEN and intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
@@ -152,15 +179,16 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         int(local_expert_offset), float(routed_scaling_factor), 0, 0,
         NUM_EXPERTS=routing_logits.shape[1], NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS,
         TOP_K=ref.TOP_K, NUM_LOCAL=num_local, FILL=FILL_BLOCK, LAYOUT=False)
-    common = dict(HIDDEN=hidden, INTER=inter, TOP_K=ref.TOP_K, PAIRS=max(16, triton.next_power_of_2(num_pairs)),
-                  QB=QBLOCK, DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
-    _gemm1_splitk_kernel[(num_local, inter // block_n1, split_k)](
+    pairs = max(16, triton.next_power_of_2(num_pairs))
+    common = dict(HIDDEN=hidden, INTER=inter, TOP_K=ref.TOP_K, NUM_LOCAL=num_local, PAIRS=pairs, QB=QBLOCK,
+                  DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
+    _gemm1_splitk_kernel[(inter // block_n1, split_k)](
         hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
         gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, BLOCK_N=block_n1, SPLIT_K=split_k,
         **common)
-    _gemm2_kernel[(num_local, hidden // block_n2)](
+    _gemm2_kernel[(hidden // block_n2, split_k2)](
         h, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_pairs,
-        BLOCK_N=block_n2, **common)
+        BLOCK_N=block_n2, SPLIT_K=split_k2, K_CHUNK=max(16, min(QBLOCK, GEMM2_STAGE_ELEMS // pairs)), **common)
     return out.to(torch.bfloat16)
 
 
@@ -170,14 +198,14 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
     return None
 
 
-# Candidates the tuner measures: N tile widths and hidden-dimension splits (more programs per hit
-# expert against more atomics into the fp32 buffer). Untimed when written (2026-11-25).
+# Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
+# more atomics into the fp32 buffers). Of the six measured (2026-11-25, moe-profile-H100.txt), these
+# three were the fastest at 1-2 tokens; loading the next step's weights ahead in registers made
+# every configuration slower and went.
 CONFIGS = {
-    "n32s4": dict(block_n1=32, block_n2=32, split_k=4, num_warps=4, num_stages=4),
-    "n16s4": dict(block_n1=16, block_n2=32, split_k=4, num_warps=4, num_stages=4),
-    "n32s8": dict(block_n1=32, block_n2=32, split_k=8, num_warps=4, num_stages=4),
-    "n32s2": dict(block_n1=32, block_n2=64, split_k=2, num_warps=4, num_stages=4),
-    "n64s4": dict(block_n1=64, block_n2=64, split_k=4, num_warps=8, num_stages=3),
+    "n32s4": dict(block_n1=32, block_n2=32, split_k=4, split_k2=1, num_warps=4, num_stages=4),
+    "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=2, num_warps=4, num_stages=4),
+    "n16s4": dict(block_n1=16, block_n2=32, split_k=4, split_k2=2, num_warps=4, num_stages=4),
 }
 
 
