@@ -5,63 +5,58 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T22:08:19Z
+# measured    up to 2026-11-25T22:14:14Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe      0f980580b293e791  35/35  1.00x
 #   reference              c16a3bde9b55b3d2  35/35  0.04x
-#   triton_decode.n16s4    6cc00ae535a16b98  12/12  0.29x
+#   triton_decode.n16s4    baec5fb3ea91d619  12/12  0.29x
 #   triton_decode.n16s8p   d8fdb91772fdb3d0  12/12  0.19x
 #   triton_decode.n32s2    2e8d95b60a3da04d  12/12  0.29x
-#   triton_decode.n32s4    fde9968897f907d6  12/12  0.31x
+#   triton_decode.n32s4    24c682d1806787ec  12/12  0.31x
 #   triton_decode.n32s4p   3fef143298621a1b  12/12  0.24x
-#   triton_decode.n32s8    dbc022b9164566e9  12/12  0.30x
+#   triton_decode.n32s8    13374710e9c58803  12/12  0.30x
 #   triton_decode.n64s4    a0b63da1898b35f7  12/12  0.36x
 #   triton_decode.n64s4p   ce8bd344150267c7  12/12  0.25x
-#   triton_grouped_m16.fr  0ef6bd5b30ac629d  35/35  1.02x
-#   triton_grouped_m32.fr  03ad6c152d584e73  35/35  1.07x
-#   triton_grouped_m64.fr  fc0d888298d6b515  35/35  1.02x
+#   triton_grouped_m16.fr  93ae24c4bcb81e94  35/35  1.01x
+#   triton_grouped_m32.fr  3a178992891ad7c5  35/35  1.06x
+#   triton_grouped_m64.fr  183d287460b17d68  35/35  1.02x
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n16s4    block_n1=16 block_n2=32 split_k=4 split_k2=2 num_warps=4 num_stages=4
-#   triton_decode.n16s8p   block_n1=16 block_n2=16 split_k=8 split_k2=4 num_warps=4 num_stages=1 prefetch=True
 #   triton_decode.n32s4    block_n1=32 block_n2=32 split_k=4 split_k2=1 num_warps=4 num_stages=4
-#   triton_decode.n32s4p   block_n1=32 block_n2=32 split_k=4 split_k2=2 num_warps=4 num_stages=1 prefetch=True
 #   triton_decode.n32s8    block_n1=32 block_n2=32 split_k=8 split_k2=2 num_warps=4 num_stages=4
-#   triton_decode.n64s4p   block_n1=64 block_n2=64 split_k=4 split_k2=4 num_warps=8 num_stages=1 prefetch=True
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.28% mean, 29.07% max;
-#             1.137x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.90% mean, 104.02% max;
-#             1.949x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.30% mean, 28.47% max;
+#             1.131x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.73% mean, 98.50% max;
+#             1.929x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 7: sglang_triton_moe (baseline), 5 workloads
-#   2. 7 < seq_len <= 384: triton_grouped_m16.fr, 20 workloads, 1.25x (1.11x .. 1.49x) over sglang_triton_moe; then triton_grouped_m32.fr
-#   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16.fr
-#   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.14x (1.07x .. 1.30x) over sglang_triton_moe
+#   2. 7 < seq_len <= 384: triton_grouped_m16.fr, 20 workloads, 1.25x (1.12x .. 1.49x) over sglang_triton_moe; then triton_grouped_m32.fr
+#   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe; then triton_grouped_m64.fr
+#   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.13x (1.05x .. 1.30x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n32s4, 3 workloads, 4.30x (3.10x .. 6.80x) over sglang_triton_moe; then triton_decode.n32s8, triton_decode.n16s4, triton_grouped_m16.fr, triton_decode.n64s4p, triton_decode.n64s4, triton_grouped_m64.fr, triton_decode.n32s4p, triton_decode.n32s2, triton_decode.n16s8p, triton_grouped_m32.fr
-#   2. 3 < seq_len <= 72: triton_grouped_m16.fr, 19 workloads, 3.37x (1.89x .. 5.92x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
-#   3. 72 < seq_len <= 1536: triton_grouped_m32.fr, 6 workloads, 2.45x (2.17x .. 2.87x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m16.fr
-#   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.57x (1.17x .. 2.15x) over sglang_triton_moe
+#   1. seq_len <= 3: triton_decode.n32s4, 3 workloads, 4.46x (3.19x .. 6.95x) over sglang_triton_moe; then triton_decode.n32s8, triton_decode.n16s4, triton_decode.n64s4p, triton_decode.n64s4, triton_grouped_m64.fr, triton_decode.n32s4p, triton_grouped_m16.fr, triton_decode.n32s2, triton_decode.n16s8p, triton_grouped_m32.fr
+#   2. 3 < seq_len <= 706: triton_grouped_m16.fr, 23 workloads, 3.19x (2.36x .. 5.19x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
+#   3. seq_len > 706: triton_grouped_m64.fr, 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'sglang_triton_moe', 'bounds': {'seq_len': (None, 7)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (7, 384)}, 'workloads': 20, 'speedup': (1.11, 1.25, 1.49), 'fallbacks': ('triton_grouped_m32.fr',)},
-    {'region': 3, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (1.3, 1.34, 1.39), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.07, 1.14, 1.3), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (7, 384)}, 'workloads': 20, 'speedup': (1.12, 1.25, 1.49), 'fallbacks': ('triton_grouped_m32.fr',)},
+    {'region': 3, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (1.3, 1.34, 1.39), 'fallbacks': ('triton_grouped_m64.fr',)},
+    {'region': 4, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.05, 1.13, 1.3), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n32s4', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (3.1, 4.3, 6.8), 'fallbacks': ('triton_decode.n32s8', 'triton_decode.n16s4', 'triton_grouped_m16.fr', 'triton_decode.n64s4p', 'triton_decode.n64s4', 'triton_grouped_m64.fr', 'triton_decode.n32s4p', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (3, 72)}, 'workloads': 19, 'speedup': (1.89, 3.37, 5.92), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (72, 1536)}, 'workloads': 6, 'speedup': (2.17, 2.45, 2.87), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.17, 1.57, 2.15), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_decode.n32s4', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (3.19, 4.46, 6.95), 'fallbacks': ('triton_decode.n32s8', 'triton_decode.n16s4', 'triton_decode.n64s4p', 'triton_decode.n64s4', 'triton_grouped_m64.fr', 'triton_decode.n32s4p', 'triton_grouped_m16.fr', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (3, 706)}, 'workloads': 23, 'speedup': (2.36, 3.19, 5.19), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (706, None)}, 'workloads': 9, 'speedup': (1.17, 1.66, 2.17), 'fallbacks': ()},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -69,13 +64,13 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 2: 20 workloads, 1.25x (1.11x .. 1.49x) over sglang_triton_moe
+    # region 2: 20 workloads, 1.25x (1.12x .. 1.49x) over sglang_triton_moe
     if 7 < seq_len <= 384:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
     # region 3: 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe
     if 384 < seq_len <= 1536:
-        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32.fr'
-    # region 4: 7 workloads, 1.14x (1.07x .. 1.30x) over sglang_triton_moe
+        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
+    # region 4: 7 workloads, 1.13x (1.05x .. 1.30x) over sglang_triton_moe
     if seq_len > 1536:
         return 'triton_grouped_m64.fr'
     return 'sglang_triton_moe'
@@ -83,16 +78,13 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 4.30x (3.10x .. 6.80x) over sglang_triton_moe
+    # region 1: 3 workloads, 4.46x (3.19x .. 6.95x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n32s4', 'triton_decode.n32s8', 'triton_decode.n16s4', 'triton_grouped_m16.fr', 'triton_decode.n64s4p', 'triton_decode.n64s4', 'triton_grouped_m64.fr', 'triton_decode.n32s4p', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr') if inside else 'triton_decode.n32s4'
-    # region 2: 19 workloads, 3.37x (1.89x .. 5.92x) over sglang_triton_moe
-    if 3 < seq_len <= 72:
+        return ('triton_decode.n32s4', 'triton_decode.n32s8', 'triton_decode.n16s4', 'triton_decode.n64s4p', 'triton_decode.n64s4', 'triton_grouped_m64.fr', 'triton_decode.n32s4p', 'triton_grouped_m16.fr', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr') if inside else 'triton_decode.n32s4'
+    # region 2: 23 workloads, 3.19x (2.36x .. 5.19x) over sglang_triton_moe
+    if 3 < seq_len <= 706:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 6 workloads, 2.45x (2.17x .. 2.87x) over sglang_triton_moe
-    if 72 < seq_len <= 1536:
-        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32.fr'
-    # region 4: 7 workloads, 1.57x (1.17x .. 2.15x) over sglang_triton_moe
-    if seq_len > 1536:
+    # region 3: 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
+    if seq_len > 706:
         return 'triton_grouped_m64.fr'
     return 'sglang_triton_moe'
