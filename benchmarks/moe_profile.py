@@ -4,7 +4,7 @@ time (kdispatch.tuner.timing, inputs rotated past the L2) and the floor (benchma
 FP8 weight bytes of the experts the batch hits at peak HBM bandwidth). What the decode path of the
 MoE issue has to remove, measured rather than guessed.
 
-    python benchmarks/moe_profile.py [--seq-lens 1 8 32 64] [--variants triton_grouped_m16.fr triton_decode.n32s4 ...]
+    python benchmarks/moe_profile.py [--seq-lens 1 8 32 64] [--variants triton_grouped_m16.fr triton_decode.n64s8 ...]
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def kernel_times(fn, args) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "triton_decode.n32s4",
-                                                       "triton_decode.n16s4", "sglang_triton_moe"])
+    ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "triton_decode.n64s8",
+                                                       "triton_decode.n128s8", "sglang_triton_moe"])
     opts = ap.parse_args()
     registry.discover()
     import triton

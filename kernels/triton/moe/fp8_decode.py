@@ -47,106 +47,135 @@ from kdispatch.registry import variant
 from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, QBLOCK, _route_kernel
 
 MAX_TOKENS = 32  # 256 pairs: the widest M tile the programs hold (see the top)
-# gemm2 reads the fp32 up and gate of every pair: a K step of 128 at 256 pairs is 256 KB a pipeline
-# stage, beyond the SM's shared memory (measured: OutOfResources); steps of PAIRS x K_CHUNK =
-# 4096 elements keep a stage at 32 KB.
-GEMM2_STAGE_ELEMS = 4096
+SILU_BLOCK = 128  # intermediate columns per activation program (the small tests' size divides it)
+
+
+@triton.jit
+def _slot_expert(local_ptr, num_pairs, PAIRS: tl.constexpr, NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr):
+    """The local expert of this program's slot (program_id 2): the slot-th of the experts some pair
+    reached, in expert order; -1 past the last one."""
+    offs_p = tl.arange(0, PAIRS)
+    local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
+    es = tl.arange(0, LOCAL_POW2)
+    hit = tl.max((local[:, None] == es[None, :]).to(tl.int32), axis=0)  # [LOCAL_POW2]: no pair is NUM_LOCAL+
+    chosen = (hit > 0) & (tl.cumsum(hit, axis=0) == tl.program_id(2) + 1)
+    return tl.sum(tl.where(chosen, es, 0), axis=0) - (tl.sum(chosen.to(tl.int32), axis=0) == 0).to(tl.int32)
+
+
+@triton.jit
+def _expert_rows(local_ptr, e, num_tokens, TOKENS: tl.constexpr, TOP_K: tl.constexpr):
+    """Row t = token t: whether it chose expert e, and the pair (t * TOP_K + choice) if so."""
+    t = tl.arange(0, TOKENS)
+    ks = tl.arange(0, TOP_K)
+    local = tl.load(local_ptr + t[:, None] * TOP_K + ks[None, :], mask=t[:, None] < num_tokens, other=-1)
+    match = local == e
+    has = tl.max(match.to(tl.int32), axis=1) > 0  # a token's experts are distinct: at most one match
+    pair = t * TOP_K + tl.sum(tl.where(match, ks[None, :], 0), axis=1)
+    return t, has, pair
 
 
 @triton.jit
 def _gemm1_splitk_kernel(
     x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, local_ptr, h_ptr, num_tokens, num_pairs,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
-    PAIRS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, QB: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
+    e = _slot_expert(local_ptr, num_pairs, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    if e < 0:
+        return
+    t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    offs_p = tl.arange(0, PAIRS)
-    local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
-    token = (offs_p // TOP_K).to(tl.int64)
+    e64 = e.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, QB)
     KB: tl.constexpr = HIDDEN // QB
-    STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K  # a constant trip count (see the top)
+    STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K
     kb0 = split * STEPS
-    a_ptrs = x_ptr + token[:, None] * HIDDEN + offs_k[None, :]
-    h_rows = h_ptr + offs_p[:, None].to(tl.int64) * (2 * INTER) + offs_n[None, :]
+    a_ptrs = x_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_k[None, :]
+    up_ptrs = w13_ptr + e64 * (2 * INTER * HIDDEN) + offs_n[:, None] * HIDDEN + offs_k[None, :]
+    gate_ptrs = up_ptrs + INTER * HIDDEN
+    up_scale_ptr = w13_scale_ptr + e64 * (2 * INTER // QB) * KB + (pid_n * BLOCK_N // QB) * KB
+    gate_scale_ptr = up_scale_ptr + (INTER // QB) * KB
 
-    for e in range(NUM_LOCAL):
-        mine = local == e
-        if tl.sum(mine.to(tl.int32), axis=0) > 0:
-            e64 = tl.cast(e, tl.int64)
-            up_ptrs = w13_ptr + e64 * (2 * INTER * HIDDEN) + offs_n[:, None] * HIDDEN + offs_k[None, :]
-            gate_ptrs = up_ptrs + INTER * HIDDEN
-            up_scale_ptr = w13_scale_ptr + e64 * (2 * INTER // QB) * KB + (pid_n * BLOCK_N // QB) * KB
-            gate_scale_ptr = up_scale_ptr + (INTER // QB) * KB
-            acc_up = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-            acc_gate = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-            # steps past the last hidden block (a ragged split) load a clamped, in-bounds block and add
-            # nothing: their activations are masked to zero
-            for i in range(STEPS):
-                kb = kb0 + i
-                kbc = tl.minimum(kb, KB - 1)
-                w_up = tl.load(up_ptrs + kbc * QB)
-                w_gate = tl.load(gate_ptrs + kbc * QB)
-                live = mine & (offs_p * 0 + kb < KB)
-                a = tl.load(a_ptrs + kbc * QB, mask=live[:, None], other=0.0)
-                a_scale = tl.load(x_scale_ptr + kbc * num_tokens + token, mask=live, other=0.0)
-                s_up = tl.load(up_scale_ptr + kbc)
-                s_gate = tl.load(gate_scale_ptr + kbc)
-                if DOT_FP32:
-                    a, w_up, w_gate = a.to(tl.float32), w_up.to(tl.float32), w_gate.to(tl.float32)
-                acc_up += tl.dot(a, tl.trans(w_up)) * (a_scale[:, None] * s_up)
-                acc_gate += tl.dot(a, tl.trans(w_gate)) * (a_scale[:, None] * s_gate)
-            tl.atomic_add(h_rows, acc_up, mask=mine[:, None], sem="relaxed")
-            tl.atomic_add(h_rows + INTER, acc_gate, mask=mine[:, None], sem="relaxed")
+    acc_up = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+    acc_gate = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+    for i in range(STEPS):
+        # a step past the last hidden block (a ragged split) reads a clamped, in-bounds block and adds
+        # nothing: its activations are masked to zero
+        kb = kb0 + i
+        kbc = tl.minimum(kb, KB - 1)
+        live = has & (t * 0 + kb < KB)
+        a = tl.load(a_ptrs + kbc * QB, mask=live[:, None], other=0.0)
+        a_scale = tl.load(x_scale_ptr + kbc * num_tokens + t, mask=live, other=0.0)
+        w_up = tl.load(up_ptrs + kbc * QB)
+        w_gate = tl.load(gate_ptrs + kbc * QB)
+        if DOT_FP32:
+            a, w_up, w_gate = a.to(tl.float32), w_up.to(tl.float32), w_gate.to(tl.float32)
+        s_up = tl.load(up_scale_ptr + kbc)
+        s_gate = tl.load(gate_scale_ptr + kbc)
+        acc_up += tl.dot(a, tl.trans(w_up)) * (a_scale[:, None] * s_up)
+        acc_gate += tl.dot(a, tl.trans(w_gate)) * (a_scale[:, None] * s_gate)
+
+    h_rows = h_ptr + pair[:, None].to(tl.int64) * (2 * INTER) + offs_n[None, :]
+    tl.atomic_add(h_rows, acc_up, mask=has[:, None], sem="relaxed")
+    tl.atomic_add(h_rows + INTER, acc_gate, mask=has[:, None], sem="relaxed")
+
+
+@triton.jit
+def _silu_mul_kernel(h_ptr, local_ptr, y_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """y[p] = silu(gate) * up of a pair routed to this rank, as bf16 (the grouped kernels' rounding)."""
+    p = tl.program_id(0)
+    if tl.load(local_ptr + p) >= NUM_LOCAL:
+        return
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = h_ptr + p.to(tl.int64) * (2 * INTER)
+    up = tl.load(row + offs)
+    gate = tl.load(row + INTER + offs)
+    tl.store(y_ptr + p.to(tl.int64) * INTER + offs, (up * gate * tl.sigmoid(gate)).to(tl.bfloat16))
 
 
 @triton.jit
 def _gemm2_kernel(
-    h_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_pairs,
+    y_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_tokens, num_pairs,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
-    PAIRS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, K_CHUNK: tl.constexpr,
-    QB: tl.constexpr, DOT_FP32: tl.constexpr,
+    LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
+    e = _slot_expert(local_ptr, num_pairs, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    if e < 0:
+        return
+    t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    offs_p = tl.arange(0, PAIRS)
-    local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
-    token = (offs_p // TOP_K).to(tl.int64)
+    e64 = e.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, K_CHUNK)
+    offs_k = tl.arange(0, QB)
     KB: tl.constexpr = INTER // QB
-    STEPS: tl.constexpr = (INTER // K_CHUNK + SPLIT_K - 1) // SPLIT_K  # a constant trip count (see the top)
-    k0 = split * STEPS * K_CHUNK
-    up_ptrs = h_ptr + offs_p[:, None].to(tl.int64) * (2 * INTER) + offs_k[None, :]
-    out_ptrs = out_ptr + token[:, None] * HIDDEN + offs_n[None, :]
+    STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K
+    kb0 = split * STEPS
+    y_ptrs = y_ptr + pair[:, None].to(tl.int64) * INTER + offs_k[None, :]
+    w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
+    scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
 
-    for e in range(NUM_LOCAL):
-        mine = local == e
-        if tl.sum(mine.to(tl.int32), axis=0) > 0:
-            e64 = tl.cast(e, tl.int64)
-            w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
-            scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
-            acc = tl.zeros([PAIRS, BLOCK_N], dtype=tl.float32)
-            # steps past the end (a ragged split) load a clamped, in-bounds block and add nothing: their
-            # activations are masked to zero
-            for i in range(STEPS):
-                k = k0 + i * K_CHUNK
-                kc = tl.minimum(k, INTER - K_CHUNK)
-                w = tl.load(w_ptrs + kc)
-                live = mine & (offs_p * 0 + k < INTER)
-                up = tl.load(up_ptrs + kc, mask=live[:, None], other=0.0)
-                gate = tl.load(up_ptrs + INTER + kc, mask=live[:, None], other=0.0)
-                y = (up * gate * tl.sigmoid(gate)).to(tl.bfloat16)  # silu(gate) * up, rounded as between the GEMMs
-                if DOT_FP32:
-                    y, w = y.to(tl.float32), w.to(tl.float32)
-                else:
-                    w = w.to(tl.bfloat16)
-                acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kc // QB)
-            weight = tl.load(pair_weight_ptr + offs_p, mask=mine, other=0.0)
-            tl.atomic_add(out_ptrs, acc * weight[:, None], mask=mine[:, None], sem="relaxed")
+    acc = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+    for i in range(STEPS):
+        # steps past the end (a ragged split) read a clamped, in-bounds block and add nothing
+        kb = kb0 + i
+        kbc = tl.minimum(kb, KB - 1)
+        live = has & (t * 0 + kb < KB)
+        y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
+        w = tl.load(w_ptrs + kbc * QB)
+        if DOT_FP32:
+            y, w = y.to(tl.float32), w.to(tl.float32)
+        else:
+            w = w.to(tl.bfloat16)
+        acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
+
+    weight = tl.load(pair_weight_ptr + pair, mask=has, other=0.0)
+    tl.atomic_add(out_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
+                  mask=has[:, None], sem="relaxed")
 
 
 def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -179,33 +208,37 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         int(local_expert_offset), float(routed_scaling_factor), 0, 0,
         NUM_EXPERTS=routing_logits.shape[1], NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS,
         TOP_K=ref.TOP_K, NUM_LOCAL=num_local, FILL=FILL_BLOCK, LAYOUT=False)
-    pairs = max(16, triton.next_power_of_2(num_pairs))
-    common = dict(HIDDEN=hidden, INTER=inter, TOP_K=ref.TOP_K, NUM_LOCAL=num_local, PAIRS=pairs, QB=QBLOCK,
-                  DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
-    _gemm1_splitk_kernel[(inter // block_n1, split_k)](
+    tokens = max(16, triton.next_power_of_2(num_tokens))
+    slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
+    common = dict(HIDDEN=hidden, INTER=inter, TOP_K=ref.TOP_K, NUM_LOCAL=num_local,
+                  LOCAL_POW2=triton.next_power_of_2(num_local), PAIRS=triton.next_power_of_2(num_pairs),
+                  TOKENS=tokens, QB=QBLOCK, DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
+    _gemm1_splitk_kernel[(inter // block_n1, split_k, slots)](
         hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
         gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, BLOCK_N=block_n1, SPLIT_K=split_k,
         **common)
-    _gemm2_kernel[(hidden // block_n2, split_k2)](
-        h, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_pairs,
-        BLOCK_N=block_n2, SPLIT_K=split_k2, K_CHUNK=max(16, min(QBLOCK, GEMM2_STAGE_ELEMS // pairs)), **common)
+    y = torch.empty(num_pairs, inter, dtype=torch.bfloat16, device=device)  # rows of other ranks' pairs unset
+    _silu_mul_kernel[(num_pairs, inter // SILU_BLOCK)](h, local, y, INTER=inter, NUM_LOCAL=num_local,
+                                                       BLOCK=SILU_BLOCK)
+    _gemm2_kernel[(hidden // block_n2, split_k2, slots)](
+        y, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
+        num_pairs, BLOCK_N=block_n2, SPLIT_K=split_k2, **common)
     return out.to(torch.bfloat16)
 
 
 def _decode_sized(features: dict, _config: dict) -> str | None:
     if features["seq_len"] > MAX_TOKENS:
-        return f"more than {MAX_TOKENS} tokens (the decode kernels hold every pair in one tile)"
+        return f"more than {MAX_TOKENS} tokens (the decode kernels hold every token in one tile)"
     return None
 
 
 # Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
-# more atomics into the fp32 buffers). Of the six measured (2026-11-25, moe-profile-H100.txt), these
-# three were the fastest at 1-2 tokens; loading the next step's weights ahead in registers made
-# every configuration slower and went.
+# more atomics into the fp32 buffers).
 CONFIGS = {
-    "n32s4": dict(block_n1=32, block_n2=32, split_k=4, split_k2=1, num_warps=4, num_stages=4),
-    "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=2, num_warps=4, num_stages=4),
-    "n16s4": dict(block_n1=16, block_n2=32, split_k=4, split_k2=2, num_warps=4, num_stages=4),
+    "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
+    "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
+    "n64s4": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3),
+    "n128s8": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3),
 }
 
 
