@@ -35,9 +35,15 @@ Off the checked mode, index values are never read on the host: kernels treat out
 as padding (each definition's JSON says how). Constraints over scalar arguments alone are checked
 on every call (validate.Checker.check_scalars).
 `explain(arch, axes)` tells which variant a shape gets and why, through the same code as a call.
+
+Engine plugins call the ops inside `handing_back_baseline()`: a call routed to the definition's
+baseline then raises `BaselineChosen` before anything runs, and the plugin calls the engine's own
+kernel instead, as the engine would have (no guard launch, no wrapper host time).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import importlib
@@ -59,6 +65,22 @@ except Exception:  # pragma: no cover - older or stripped torch builds
 
 MAX_ENTRIES_PER_SHAPE = 8
 MODES = ("graph", "eager")
+
+_HAND_BACK = contextvars.ContextVar("kdispatch_hand_back_baseline", default=False)
+
+
+class BaselineChosen(Exception):
+    """A call inside `handing_back_baseline()` was routed to the definition's baseline; nothing ran."""
+
+
+@contextlib.contextmanager
+def handing_back_baseline():
+    """Calls in this context that the router sends to the baseline raise BaselineChosen instead."""
+    token = _HAND_BACK.set(True)
+    try:
+        yield
+    finally:
+        _HAND_BACK.reset(token)
 
 _captures = 0  # CUDA graphs being captured in this process through torch.cuda.CUDAGraph
 
@@ -125,16 +147,17 @@ class _Entry:
     """One tensor signature's decision: `variant` for captured calls, `eager` for eager calls (None:
     the same variant, and the call mode is never asked)."""
 
-    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "axes", "arch", "strided")
+    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "base", "eager_base", "axes", "arch", "strided")
 
     def __init__(self, guard, variant, eager, axes, arch, strided=False):
         self.guard, self.axes, self.arch, self.strided = guard, axes, arch, strided
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
-        self.variant, self.fn = variant, variant.fn
+        self.variant, self.fn, self.base = variant, variant.fn, variant.baseline
         self.eager = None if eager is variant else eager
         self.eager_fn = None if self.eager is None else eager.fn
+        self.eager_base = self.base if self.eager is None else eager.baseline
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
@@ -201,7 +224,12 @@ class Dispatcher:
         if e is None:
             e = self._new_signature(args)
         self._last = e
-        fn = e.fn if e.eager_fn is None or capturing() else e.eager_fn
+        if e.eager_fn is None or capturing():
+            fn, base = e.fn, e.base
+        else:
+            fn, base = e.eager_fn, e.eager_base
+        if base and _HAND_BACK.get():
+            raise BaselineChosen(self.short)
         try:
             return fn(*args)
         except Exception as exc:

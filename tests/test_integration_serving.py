@@ -61,3 +61,35 @@ def test_layer_parameters_are_converted_per_tensor_and_version():
     assert as_fp32(a).tolist() == [2.0, 3.0]
     for value in (5.0, 7.0):  # fresh tensors, often at the same address
         assert as_fp32(torch.full((2,), value, dtype=torch.bfloat16)).tolist() == [value, value]
+
+
+def test_a_call_routed_to_the_baseline_goes_to_the_engines_kernel(monkeypatch):
+    """Inside attempt(), a shape the router sends to the baseline runs the engine's own call (nothing of
+    kdispatch's runs); one sent to a variant runs kdispatch's; outside attempt() the baseline runs."""
+    from kdispatch import registry
+    from kdispatch.dispatch import _Entry
+
+    d = DISPATCHERS["gdn_verify_steps_qk4_v8"]
+    ran = []
+    base = registry.Variant(d.definition, "engine_kernel", lambda *a: ran.append("baseline"), "library", ("*",),
+                            baseline=True)
+    ours = registry.Variant(d.definition, "ours", lambda *a: ran.append("ours"), "triton", ("*",))
+    args = tuple(torch.zeros(1) for _ in range(13))
+
+    def routed_to(variant):
+        d.reset()
+        monkeypatch.setattr(d, "_new_signature", lambda _args: _Entry(lambda *ts: False, variant, variant, (), "cpu"))
+
+    for chosen, want in ((base, "engine"), (ours, "kdispatch")):
+        routed_to(chosen)
+        ran.clear()
+        stats = {"served": 0, "passed": 0, "first_pass_reason": None}
+        assert serving.attempt(stats, d.short, "cuda:0", lambda: d(*args) or "kdispatch", lambda: "engine") == want
+        assert ran == ([] if chosen is base else ["ours"])
+        assert stats["passed" if chosen is base else "served"] == 1
+        assert ("routed to the baseline" in (stats["first_pass_reason"] or "")) == (chosen is base)
+    routed_to(base)
+    ran.clear()
+    d(*args)
+    assert ran == ["baseline"]
+    d.reset()

@@ -4,13 +4,17 @@ the engine's kernel there. Without one the dispatcher would serve its baseline: 
 (far slower than the engine's own kernel), or the engine's kernel itself behind kdispatch's index
 guard (one more launch and more host time than the engine's call: SGLang's verify measured 0.65x
 in graphs, H100, 2026-11-25); either way the plugins leave the call to the engine. Decided once per
-(definition, device); a
-call kdispatch took that raised goes to the engine's kernel, and so does every later one of that
-definition on that device (`attempt`), with one logged warning.
+(definition, device). Where there is a router, a call it sends to the baseline (the shapes where
+the engine's kernel measured fastest) also goes to the engine's own kernel, called as the engine
+calls it (`attempt`, through dispatch.handing_back_baseline). A call kdispatch took that raised goes
+to the engine's kernel, and so does every later one of that definition on that device, with one
+logged warning.
 """
 from __future__ import annotations
 
 import logging
+
+from kdispatch import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +41,16 @@ def not_served(short: str, device) -> str | None:
 
 
 def attempt(stats: dict, short: str, device, serve, engine):
-    """serve() (kdispatch), counted in `stats`; if it raises, engine() (the engine's own kernel) for
-    this call and every later one of `short` on `device`."""
+    """serve() (kdispatch), counted in `stats`; engine() (the engine's own kernel) where the router
+    sends the call to the baseline, and if serve() raises, for this call and every later one of
+    `short` on `device`."""
     try:
-        result = serve()
+        with dispatch.handing_back_baseline():
+            result = serve()
+    except dispatch.BaselineChosen:
+        stats["passed"] += 1
+        stats["first_pass_reason"] = stats["first_pass_reason"] or f"{short}: routed to the baseline for this shape"
+        return engine()
     except Exception as exc:
         _decided[(short, device)] = f"{short}: raised {type(exc).__name__}: {exc}"
         logger.warning("kdispatch: %s raised %s: %s; the engine's kernel serves it from now on", short,

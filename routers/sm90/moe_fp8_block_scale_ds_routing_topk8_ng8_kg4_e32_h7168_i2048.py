@@ -5,48 +5,32 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T22:23:16Z
+# measured    up to 2026-11-25T22:14:14Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe      0f980580b293e791  35/35  1.00x
 #   reference              c16a3bde9b55b3d2  35/35  0.04x
-#   triton_decode.n16s4    baec5fb3ea91d619  12/12  0.29x
-#   triton_decode.n16s8    098a48d195ed5ab5  12/12  0.42x
-#   triton_decode.n16s8p   d8fdb91772fdb3d0  12/12  0.19x
-#   triton_decode.n32s2    2e8d95b60a3da04d  12/12  0.29x
-#   triton_decode.n32s4    870e7d406fe11301  12/12  0.58x
-#   triton_decode.n32s4p   3fef143298621a1b  12/12  0.24x
-#   triton_decode.n32s8    41d1a32850a905f1  12/12  0.54x
-#   triton_decode.n64s4    a0b63da1898b35f7  12/12  0.36x
-#   triton_decode.n64s4p   ce8bd344150267c7  12/12  0.25x
-#   triton_decode.n64s8    26a4e53faa3b1dd6  12/12  0.72x
 #   triton_grouped_m16.fr  93ae24c4bcb81e94  35/35  1.01x
 #   triton_grouped_m32.fr  3a178992891ad7c5  35/35  1.06x
 #   triton_grouped_m64.fr  183d287460b17d68  35/35  1.02x
-# configs     launch configurations the tuner measured as variants of their own
-#   triton_decode.n16s8    block_n1=16 block_n2=32 split_k=8 split_k2=8 num_warps=4 num_stages=3
-#   triton_decode.n32s4    block_n1=32 block_n2=32 split_k=4 split_k2=2 num_warps=4 num_stages=3
-#   triton_decode.n32s8    block_n1=32 block_n2=32 split_k=8 split_k2=4 num_warps=4 num_stages=3
-#   triton_decode.n64s8    block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.12% mean, 28.47% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.11% mean, 28.47% max;
 #             1.131x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.71% mean, 108.67% max;
-#             1.927x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.29% mean, 30.19% max;
+#             1.939x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 7: sglang_triton_moe (baseline), 5 workloads
 #   2. 7 < seq_len <= 384: triton_grouped_m16.fr, 20 workloads, 1.25x (1.12x .. 1.49x) over sglang_triton_moe; then triton_grouped_m32.fr
 #   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe; then triton_grouped_m64.fr
 #   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.13x (1.05x .. 1.30x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n16s4, 3 workloads, 3.99x (3.02x .. 6.84x) over sglang_triton_moe; then triton_decode.n32s8, triton_decode.n32s4, triton_decode.n64s4p, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n16s8, triton_decode.n32s4p, triton_grouped_m64.fr, triton_grouped_m16.fr, triton_decode.n32s2, triton_decode.n16s8p, triton_grouped_m32.fr
-#   2. 3 < seq_len <= 706: triton_grouped_m16.fr, 23 workloads, 3.19x (2.36x .. 5.19x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
-#   3. seq_len > 706: triton_grouped_m64.fr, 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
+#   1. seq_len <= 706: triton_grouped_m16.fr, 26 workloads, 3.19x (2.05x .. 5.19x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
+#   2. seq_len > 706: triton_grouped_m64.fr, 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
@@ -57,9 +41,8 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n16s4', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (3.02, 3.99, 6.84), 'fallbacks': ('triton_decode.n32s8', 'triton_decode.n32s4', 'triton_decode.n64s4p', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n16s8', 'triton_decode.n32s4p', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (3, 706)}, 'workloads': 23, 'speedup': (2.36, 3.19, 5.19), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (706, None)}, 'workloads': 9, 'speedup': (1.17, 1.66, 2.17), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (None, 706)}, 'workloads': 26, 'speedup': (2.05, 3.19, 5.19), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 2, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (706, None)}, 'workloads': 9, 'speedup': (1.17, 1.66, 2.17), 'fallbacks': ()},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -81,13 +64,10 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.99x (3.02x .. 6.84x) over sglang_triton_moe
-    if seq_len <= 3:
-        return ('triton_decode.n16s4', 'triton_decode.n32s8', 'triton_decode.n32s4', 'triton_decode.n64s4p', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n16s8', 'triton_decode.n32s4p', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr', 'triton_decode.n32s2', 'triton_decode.n16s8p', 'triton_grouped_m32.fr') if inside else 'triton_decode.n16s4'
-    # region 2: 23 workloads, 3.19x (2.36x .. 5.19x) over sglang_triton_moe
-    if 3 < seq_len <= 706:
+    # region 1: 26 workloads, 3.19x (2.05x .. 5.19x) over sglang_triton_moe
+    if seq_len <= 706:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
+    # region 2: 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
     if seq_len > 706:
         return 'triton_grouped_m64.fr'
     return 'sglang_triton_moe'
