@@ -1,40 +1,38 @@
-"""FP8 block-scale MoE for decode-size batches (up to 32 tokens): N-tile programs over the hit experts. Triton.
+"""FP8 block-scale MoE for decode-size batches (up to 32 tokens): a program per hit expert and N tile. Triton.
 
 Definition: moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048 (the math: the reference,
 kdispatch/references/moe_fp8.py). At a few tokens the routing reaches a few of the rank's 32 experts
 and the work is streaming those experts' weights (44 MB each) once. The grouped kernels
 (fp8_grouped.py) first build an expert-sorted layout and launch a program per (row block, N tile),
-nearly all of which find no rows and exit; here the grid is the N tiles (times a split of K) only,
-and every program walks the 32 local experts, skipping those no pair reached. Its M rows are all of
-the batch's (token, choice) pairs, masked to the pairs routed to the current expert: masked rows
-fetch nothing, and no layout is needed. Four launches, no host sync (capturable):
+nearly all of which find no rows and exit. Here a program is one (N tile, K split, slot), slot j
+standing for the j-th of the experts some pair reached (worked out by every program from the 8T
+local ids; programs of slots past the last hit expert exit): every program streams. Its M rows are
+the batch's tokens, masked to those that chose the slot's expert (a token chooses an expert at most
+once): masked rows fetch nothing, and no layout is needed. Five launches, no host sync (capturable):
 
 1. `_route_kernel` (fp8_grouped.py, without its layout part): local expert id and weight per pair.
-2. `_gemm1_splitk_kernel`, grid (2048 / BLOCK_N1, SPLIT_K): for each hit expert its up and gate rows
-   [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
+2. `_gemm1_splitk_kernel`, grid (2048 / BLOCK_N1, SPLIT_K, slots): the slot's expert's up and gate
+   rows [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
    per-block scales, atomically added into an fp32 [pairs, 4096] buffer. The split multiplies the
-   programs streaming at once: 64 N tiles alone leave most of an H100's 132 SMs idle.
-3. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2): y = silu(gate) * up from that buffer (bf16, as
-   the grouped kernels round it; K steps shortened as the pairs grow, see GEMM2_STAGE_ELEMS), times
-   the expert's W2 rows (FP8 widened to bf16), times the pair's routing weight, atomically added
-   into the fp32 output.
-4. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
+   programs streaming at once: 64 N tiles of one expert leave most of an H100's 132 SMs idle.
+3. `_silu_mul_kernel`: y = silu(gate) * up of every local pair, bf16 (as the grouped kernels round it).
+4. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2, slots): y times the expert's W2 rows (FP8
+   widened to bf16), times the pair's routing weight, atomically added into the fp32 output.
+5. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
 
-Measured (H100, 2026-11-25, benchmarks/results/moe-profile-H100.txt): slower than the grouped
-kernels and SGLang's fused MoE in graph time at every size, although the split gate/up GEMM beats
-the grouped one at 1 token (27 against 43 us). The down GEMM is the loss (73 us at 1 token, 465 at
-8, 3,100 at 32; grouped 25 / 46 / 109): each program walks its hit experts one after another, and
-its small-tile K steps cost 1.5-2 us each (latency-bound: each step's weight tile is a plain
-synchronous load in Triton's output, as in the grouped kernel), so the grouped kernels' program per
-(expert block, N tile), all in parallel, wins. Three
-earlier tries measured no better: the expert in the grid (32 x N tiles x splits, most programs
-exiting: 105-140 us at 1 token, 800 at 7), runtime K bounds instead of constant trip counts, and the
-next step's weights loaded ahead in registers (slower in every configuration). The tuner routes
-eager calls of 1-2 tokens here (fewer launches than the grouped path: less host time).
+Measured on an H200 (2026-11-25, benchmarks/results/moe-profile-H200.txt, one run, CUDA-graph time
+per call): 1 token 46 us (n128s8) against 72 for SGLang's fused MoE and 80 for the grouped kernels
+(floor 18); 8 tokens 117 (n64s4) against 124 and 125 (floor 64); 32 tokens 355 against 361 and 282.
+Not yet measured by the tuner on an H100, so no router sends calls here. Earlier versions, measured
+on an H100 (benchmarks/results/moe-profile-H100.txt, git history) and replaced: programs that walked
+the hit experts one after another (down GEMM 60-73 us at 1 token, 3.1 ms at 32: latency-bound small
+K steps of 1.5-2 us, in sequence); the expert in the grid with most programs exiting (105-140 us at 1
+token); the down GEMM reading the fp32 gate/up rows and applying silu per tile (its kernel 47 us at
+1 token with n64s8); the next K step's weights loaded ahead in registers (slower everywhere).
 
-The pairs are all of the batch's T * 8, padded to a power of two (>= 16, tl.dot's minimum), which
-bounds the batch: 32 tokens (256 pairs; accumulators of 256 x BLOCK_N1 x 2 fp32). The order of the
-atomic sums is not fixed, so results may differ in the last bits from call to call.
+The rows are the batch's tokens padded to a power of two (>= 16, tl.dot's minimum), which bounds the
+batch: 32 tokens (MAX_TOKENS). The order of the atomic sums is not fixed, so results may differ in
+the last bits from call to call.
 """
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, QBLOCK, _route_kernel
 
-MAX_TOKENS = 32  # 256 pairs: the widest M tile the programs hold (see the top)
+MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
 SILU_BLOCK = 128  # intermediate columns per activation program (the small tests' size divides it)
 
 
@@ -233,7 +231,7 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 
 
 # Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
-# more atomics into the fp32 buffers).
+# more atomics into the fp32 buffers); n64s8 and n128s8 led at 1 token, n64s4 at 8-32 (H200 profile).
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
