@@ -28,10 +28,18 @@ def test_a_runnable_baseline_without_a_router_leaves_the_call_to_the_engine(monk
     assert why is not None and "no router for cpu" in why
 
 
-def test_a_router_means_kdispatch_serves(monkeypatch):
-    monkeypatch.setattr(serving, "_decided", {})
+def test_a_router_fitted_against_an_engine_kernel_means_kdispatch_serves(monkeypatch):
+    """...and one fitted against the torch reference does not: the engine's kernel was never measured."""
+    from kdispatch import registry
+
     d = DISPATCHERS["gdn_verify_steps_qk4_v8"]
     monkeypatch.setitem(d._routers, "cpu", {"graph": lambda **axes: "reference", "eager": lambda **axes: "reference"})
+    monkeypatch.setattr(serving, "_decided", {})
+    why = serving.not_served("gdn_verify_steps_qk4_v8", torch.device("cpu"))
+    assert why is not None and "fitted against the torch reference" in why
+    engine_kernel = registry.Variant(d.definition, "engine_kernel", lambda *a: None, "library", ("cpu",), baseline=True)
+    monkeypatch.setattr(registry, "baseline", lambda definition, arch: engine_kernel)
+    monkeypatch.setattr(serving, "_decided", {})
     assert serving.not_served("gdn_verify_steps_qk4_v8", torch.device("cpu")) is None
 
 

@@ -126,10 +126,9 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
 DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 
-@pytest.mark.parametrize("T,seed,label", [(1, 0, "n32s8"), (2, 7, "n64s4"), (6, 1, "n128s8"), (13, 4, "n64s8"),
-                                          (32, 6, "n64s8")])
+@pytest.mark.parametrize("T,seed,label", [(1, 0, "n32s8"), (6, 1, "n64s4"), (32, 6, "n128s8")])
 def test_decode_matches_dense_formula(T, seed, label, monkeypatch):
-    """The expert-major decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
+    """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing); their internal buffers come poisoned except the zeroed ones."""
     args = _inputs(T, seed)
     want = _expected(*args)
@@ -149,4 +148,4 @@ def test_decode_refuses_what_it_cannot_hold():
         DECODE.moe_fp8_decode(*_inputs(DECODE.MAX_TOKENS + 1, 0), **DECODE.CONFIGS["n32s8"])
     args = _inputs(4, 3, offset=64)
     args[8] = 1000  # no global expert id lands on this rank
-    assert (DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS["n32s8"]) == 0).all()
+    assert (DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS["n64s4"]) == 0).all()

@@ -1,6 +1,7 @@
 """Whether kdispatch should take an engine's call at all on a device: only where the definition has
-a router for the device's architecture, i.e. where a tune measured kdispatch's variants against
-the engine's kernel there. Without one the dispatcher would serve its baseline: the torch reference
+a router for the device's architecture and its baseline there is an engine's kernel, i.e. where a
+tune measured kdispatch's variants against that kernel (vLLM's verify contract, whose baseline is
+still the reference, stays vLLM's). Without one the dispatcher would serve its baseline: the torch reference
 (far slower than the engine's own kernel), or the engine's kernel itself behind kdispatch's index
 guard (one more launch and more host time than the engine's call: SGLang's verify measured 0.65x
 in graphs, H100, 2026-11-25); either way the plugins leave the call to the engine. Decided once per
@@ -34,9 +35,17 @@ def not_served(short: str, device) -> str | None:
         import kdispatch.ops
         from kdispatch import arch
 
+        from kdispatch import registry
+
         here = arch.arch_of(device)
-        routed = kdispatch.ops.DISPATCHERS[short].router(here) is not None
-        _decided[key] = None if routed else f"{short}: no router for {here} (the engine's kernel serves)"
+        d = kdispatch.ops.DISPATCHERS[short]
+        if d.router(here) is None:
+            _decided[key] = f"{short}: no router for {here} (the engine's kernel serves)"
+        elif registry.baseline(d.definition, here).name == registry.REFERENCE:
+            _decided[key] = (f"{short}: its router on {here} was fitted against the torch reference, not an "
+                             "engine's kernel (the engine's kernel serves)")
+        else:
+            _decided[key] = None
     return _decided[key]
 
 

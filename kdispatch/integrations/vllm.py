@@ -16,9 +16,9 @@ vLLM's function:
   slot 0 updated as a real slot, which no request reads.
 - `fused_sigmoid_gating_delta_rule_update` (vLLM >= 0.20) -> `sigmoid_gating_call`, serving its
   speculative-verify calls (per-step slots [N, S] and accepted counts; the `gdn_verify_steps`
-  definitions, whose slot 0 is vLLM's null block as in vLLM >= 0.20) where a router for the GPU
-  exists (their baseline is the torch reference); its 1-D-slot decode calls and every other call
-  stay vLLM's.
+  definitions, whose slot 0 is vLLM's null block as in vLLM >= 0.20) where their router for the GPU
+  was fitted against an engine's kernel (serving.not_served): not yet, their baseline being the
+  torch reference, so today these calls stay vLLM's, as do its 1-D-slot decode calls and the rest.
 - `fi_chunk_gated_delta_rule` (its prefill with FlashInfer, the default on sm_90) and
   `fla_chunk_gated_delta_rule` (with `--gdn-prefill-backend triton`) -> `fi_chunk_call` /
   `fla_chunk_call`, serving the `gdn_prefill_pool` definitions: vLLM hands them the states it
