@@ -211,3 +211,21 @@ def test_draft_trees_go_to_sglangs_verify_kernel():
     assert plugin.verify_hook(sglang_kernel, None, *args, **{**kw, "retrieve_parent_token": tree}) == "sglang"
     assert plugin.verify_hook(sglang_kernel, None, *args, **{**kw, "intermediate_states_buffer": None}) == "sglang"
     assert len(seen) == 2 and seen[0] is tree
+
+
+def test_verify_shapes_routed_to_the_baseline_go_to_sglangs_kernel(kernels_here, monkeypatch):
+    """Where the router names the baseline (SGLang's own kernel behind kdispatch's guard), the hook calls
+    SGLang's kernel as SGLang does: the guard and kdispatch's wrapper never run."""
+    from kdispatch.ops import DISPATCHERS
+
+    d = DISPATCHERS["gdn_verify_qk4_v8"]
+    guarded = registry.Variant(d.definition, "sglang_verify", lambda *a: pytest.fail("the guarded baseline ran"),
+                               "library", ("*",), baseline=True)
+    monkeypatch.setattr(d, "choose", lambda *a, **k: guarded)
+    d.reset()
+    kw, _ = sglang_verify_call()
+    args = [kw.pop(n) for n in ("A_log", "dt_bias", "q", "k", "v", "a", "b")]
+    passed = plugin.VERIFY_STATS["passed"]
+    assert plugin.verify_hook(lambda self, *a, **k: "sglang", None, *args, **kw) == "sglang"
+    assert plugin.VERIFY_STATS["passed"] == passed + 1
+    d.reset()
