@@ -19,18 +19,21 @@ def blockq(x, rows_block, cols_block):
     return q, scale.float()
 
 
-def inputs(T, seed, offset=64):
+def inputs(T, seed, offset=64, inter=INTER):
+    """Inputs of T tokens; `inter` (a multiple of 128) for kernels whose intermediate size matters."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(T, 256, generator=g)
     bias = (0.02 * torch.randn(256, generator=g)).to(torch.bfloat16)
     x, xs = blockq(torch.randn(T, HIDDEN, generator=g), 1, 128)  # xs [T, H/128]
-    w1, w1s = blockq(torch.randn(LOCAL, 2 * INTER, HIDDEN, generator=g) * HIDDEN ** -0.5, 128, 128)
-    w2, w2s = blockq(torch.randn(LOCAL, HIDDEN, INTER, generator=g) * INTER ** -0.5, 128, 128)
+    w1, w1s = blockq(torch.randn(LOCAL, 2 * inter, HIDDEN, generator=g) * HIDDEN ** -0.5, 128, 128)
+    w2, w2s = blockq(torch.randn(LOCAL, HIDDEN, inter, generator=g) * inter ** -0.5, 128, 128)
     return [logits, bias, x, xs.t().contiguous(), w1, w1s, w2, w2s, offset, 2.5]
 
 
-def expected(logits, bias, x, xs, w1, w1s, w2, w2s, offset, scaling):
-    """The reference's formula, dense over all local experts, in float64."""
+def expected(logits, bias, x, xs, w1, w1s, w2, w2s, offset, scaling, fp8_down=False):
+    """The reference's formula, dense over all local experts, in float64; with fp8_down the down
+    projection's input is first quantised as SGLang does (FP8 e4m3, one scale per 128 columns)."""
+    inter = w1.shape[1] // 2
     experts, weights = ref._route(logits, bias, scaling)
     xd = (x.double().view(-1, HIDDEN // 128, 128) * xs.t().double()[:, :, None]).view(-1, HIDDEN)
     out = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float64)
@@ -38,11 +41,15 @@ def expected(logits, bias, x, xs, w1, w1s, w2, w2s, offset, scaling):
         w_tok = (weights.double() * (experts == offset + e)).sum(dim=1)  # [T]
         if not w_tok.any():
             continue
-        a = (w1[e].double().view(2 * INTER // 128, 128, HIDDEN // 128, 128)
-             * w1s[e].double()[:, None, :, None]).view(2 * INTER, HIDDEN)
-        b = (w2[e].double().view(HIDDEN // 128, 128, INTER // 128, 128)
-             * w2s[e].double()[:, None, :, None]).view(HIDDEN, INTER)
+        a = (w1[e].double().view(2 * inter // 128, 128, HIDDEN // 128, 128)
+             * w1s[e].double()[:, None, :, None]).view(2 * inter, HIDDEN)
+        b = (w2[e].double().view(HIDDEN // 128, 128, inter // 128, 128)
+             * w2s[e].double()[:, None, :, None]).view(HIDDEN, inter)
         h = xd @ a.t()
-        y = torch.nn.functional.silu(h[:, INTER:]) * h[:, :INTER]
+        y = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
+        if fp8_down:
+            blocks = y.view(-1, inter // 128, 128)
+            scale = (blocks.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0).float().double()
+            y = ((blocks / scale).float().to(FP8).double() * scale).view(-1, inter)
         out += w_tok[:, None] * (y @ b.t())
     return out

@@ -126,12 +126,14 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
 DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 
-@pytest.mark.parametrize("T,seed,label", [(1, 0, "n32s8"), (6, 1, "n64s4"), (32, 6, "n128s8")])
-def test_decode_matches_dense_formula(T, seed, label, monkeypatch):
+@pytest.mark.parametrize("T,seed,label,inter", [(1, 0, "n32s8", 128), (6, 1, "n64s4q", 256), (32, 6, "n128s8", 128),
+                                                (3, 2, "n128s8q", 128)])
+def test_decode_matches_dense_formula(T, seed, label, inter, monkeypatch):
     """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
-    empty splits must add nothing); their internal buffers come poisoned except the zeroed ones."""
-    args = _inputs(T, seed)
-    want = _expected(*args)
+    empty splits must add nothing; an intermediate size of 256 gives the FP8 down projection two
+    scale blocks); their internal buffers come poisoned except the zeroed ones."""
+    args = _inputs(T, seed, inter=inter)
+    want = _expected(*args, fp8_down=DECODE.CONFIGS[label].get("fp8_down", False))
     assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *s, dtype=None, device=None: empty(*s, dtype=dtype, device=device)

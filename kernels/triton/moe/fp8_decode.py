@@ -15,9 +15,11 @@ once): masked rows fetch nothing, and no layout is needed. Five launches, no hos
    rows [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
    per-block scales, atomically added into an fp32 [pairs, 4096] buffer. The split multiplies the
    programs streaming at once: 64 N tiles of one expert leave most of an H100's 132 SMs idle.
-3. `_silu_mul_kernel`: y = silu(gate) * up of every local pair, bf16 (as the grouped kernels round it).
+3. `_silu_mul_kernel`: y = silu(gate) * up of every local pair, bf16 (as the grouped kernels round
+   it), or FP8 with a scale per 128 columns (`fp8_down`, as SGLang feeds its down projection).
 4. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2, slots): y times the expert's W2 rows (FP8
-   widened to bf16), times the pair's routing weight, atomically added into the fp32 output.
+   widened to bf16, or FP8 x FP8 with `fp8_down`), times the pair's routing weight, atomically added
+   into the fp32 output.
 5. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
 
 Measured on an H200 (2026-11-25, benchmarks/results/moe-profile-H200.txt, one run, CUDA-graph time
@@ -45,7 +47,7 @@ from kdispatch.registry import variant
 from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, QBLOCK, _route_kernel
 
 MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
-SILU_BLOCK = 128  # intermediate columns per activation program (the small tests' size divides it)
+FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
 
 @triton.jit
@@ -122,24 +124,48 @@ def _gemm1_splitk_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(h_ptr, local_ptr, y_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr, BLOCK: tl.constexpr):
-    """y[p] = silu(gate) * up of a pair routed to this rank, as bf16 (the grouped kernels' rounding)."""
+def _e4m3_grid(v):
+    """v rounded to the nearest float8_e4m3fn value (ties away from zero), in fp32. The Triton
+    interpreter's own cast mis-rounds where rounding carries into the exponent (31.3 -> 16.0,
+    2026-11-25), so off CUDA values are put on the grid first and the cast is exact."""
+    binade = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(v), 1e-30))), -6.0)  # below 2^-6: subnormal steps
+    step = tl.exp2(binade - 3.0)  # 3 mantissa bits
+    q = tl.floor(tl.abs(v) / step + 0.5) * step
+    return tl.where(v < 0, -1.0, 1.0) * tl.minimum(q, FP8_MAX)
+
+
+@triton.jit
+def _silu_mul_kernel(h_ptr, local_ptr, y_ptr, y_scale_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr,
+                     QB: tl.constexpr, FP8_DOWN: tl.constexpr, ON_GRID: tl.constexpr):
+    """y[p] = silu(gate) * up of a pair routed to this rank, one 128-column block a program: bf16 (the
+    grouped kernels' rounding), or with FP8_DOWN FP8 with one scale per block (amax / 448), as SGLang
+    quantises the down projection's input."""
     p = tl.program_id(0)
     if tl.load(local_ptr + p) >= NUM_LOCAL:
         return
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    blk = tl.program_id(1)
+    offs = blk * QB + tl.arange(0, QB)
     row = h_ptr + p.to(tl.int64) * (2 * INTER)
     up = tl.load(row + offs)
     gate = tl.load(row + INTER + offs)
-    tl.store(y_ptr + p.to(tl.int64) * INTER + offs, (up * gate * tl.sigmoid(gate)).to(tl.bfloat16))
+    y = up * gate * tl.sigmoid(gate)
+    if FP8_DOWN:
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
+        tl.store(y_scale_ptr + p * (INTER // QB) + blk, scale)
+        q = y / scale
+        if ON_GRID:
+            q = _e4m3_grid(q)
+        tl.store(y_ptr + p.to(tl.int64) * INTER + offs, q.to(tl.float8e4nv))
+    else:
+        tl.store(y_ptr + p.to(tl.int64) * INTER + offs, y.to(tl.bfloat16))
 
 
 @triton.jit
 def _gemm2_kernel(
-    y_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_tokens, num_pairs,
+    y_ptr, y_scale_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_tokens, num_pairs,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     e = _slot_expert(local_ptr, num_pairs, PAIRS, NUM_LOCAL, LOCAL_POW2)
     if e < 0:
@@ -167,9 +193,13 @@ def _gemm2_kernel(
         w = tl.load(w_ptrs + kbc * QB)
         if DOT_FP32:
             y, w = y.to(tl.float32), w.to(tl.float32)
-        else:
+        elif not FP8_DOWN:
             w = w.to(tl.bfloat16)
-        acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
+        if FP8_DOWN:  # FP8 x FP8 on the tensor cores, both scales applied per block
+            y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0)
+            acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * tl.load(scale_ptr + kbc))
+        else:
+            acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
 
     weight = tl.load(pair_weight_ptr + pair, mask=has, other=0.0)
     tl.atomic_add(out_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
@@ -179,7 +209,7 @@ def _gemm2_kernel(
 def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                    routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, split_k2: int,
-                   num_warps: int, num_stages: int, dot_fp32: bool | None = None):
+                   num_warps: int, num_stages: int, fp8_down: bool = False, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts for up to MAX_TOKENS tokens; returns [T, HIDDEN] bf16. Any
     HIDDEN and intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
@@ -215,12 +245,14 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
         gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, BLOCK_N=block_n1, SPLIT_K=split_k,
         **common)
-    y = torch.empty(num_pairs, inter, dtype=torch.bfloat16, device=device)  # rows of other ranks' pairs unset
-    _silu_mul_kernel[(num_pairs, inter // SILU_BLOCK)](h, local, y, INTER=inter, NUM_LOCAL=num_local,
-                                                       BLOCK=SILU_BLOCK)
+    # rows of other ranks' pairs are left unset (never read)
+    y = torch.empty(num_pairs, inter, dtype=torch.float8_e4m3fn if fp8_down else torch.bfloat16, device=device)
+    y_scale = torch.empty(num_pairs, inter // QBLOCK, dtype=torch.float32, device=device) if fp8_down else y
+    _silu_mul_kernel[(num_pairs, inter // QBLOCK)](h, local, y, y_scale, INTER=inter, NUM_LOCAL=num_local,
+                                                   QB=QBLOCK, FP8_DOWN=fp8_down, ON_GRID=bool(dot_fp32))
     _gemm2_kernel[(hidden // block_n2, split_k2, slots)](
-        y, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
-        num_pairs, BLOCK_N=block_n2, SPLIT_K=split_k2, **common)
+        y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
+        num_pairs, BLOCK_N=block_n2, SPLIT_K=split_k2, FP8_DOWN=fp8_down, **common)
     return out.to(torch.bfloat16)
 
 
@@ -232,11 +264,15 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 
 # Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
 # more atomics into the fp32 buffers); n64s8 and n128s8 led at 1 token, n64s4 at 8-32 (H200 profile).
+# "q": the down projection on FP8 activations (fp8_down), untimed when written (2026-11-25).
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s4": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3),
     "n128s8": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3),
+    "n64s8q": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
+    "n64s4q": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True),
+    "n128s8q": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
 }
 
 
