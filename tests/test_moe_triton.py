@@ -29,11 +29,13 @@ def _check(out, want):
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("T,seed,name", [(1, 0, "triton_grouped_m16.fr"), (6, 1, "triton_grouped_m16.fr"),
-                                         (5, 2, "triton_grouped_m64.fr"), (9, 5, "triton_grouped_m32.fr")])
-def test_grouped_matches_dense_formula(T, seed, name):
-    args = _inputs(T, seed)
-    want = _expected(*args)
+@pytest.mark.parametrize("T,seed,name,inter", [(1, 0, "triton_grouped_m16.fr", 128), (6, 1, "triton_grouped_m16.fr", 128),
+                                               (5, 2, "triton_grouped_m64.fr", 128), (9, 5, "triton_grouped_m32.fr", 128),
+                                               (7, 3, "triton_grouped_m32q.fr", 256), (4, 4, "triton_grouped_m64q.fr", 128)])
+def test_grouped_matches_dense_formula(T, seed, name, inter):
+    """(an intermediate size of 256 gives the FP8 intermediate two scale blocks per row)"""
+    args = _inputs(T, seed, inter=inter)
+    want = _expected(*args, fp8_down=M.CONFIGS[name].get("fp8_y", False))
     assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
     _check(M.moe_fp8_grouped(*args, **M.CONFIGS[name]), want)
 

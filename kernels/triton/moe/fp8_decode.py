@@ -44,10 +44,9 @@ import triton.language as tl
 
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
-from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, QBLOCK, _route_kernel
+from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, FP8_MAX, QBLOCK, _e4m3_grid, _route_kernel
 
 MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
-FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
 
 @triton.jit
@@ -121,17 +120,6 @@ def _gemm1_splitk_kernel(
     h_rows = h_ptr + pair[:, None].to(tl.int64) * (2 * INTER) + offs_n[None, :]
     tl.atomic_add(h_rows, acc_up, mask=has[:, None], sem="relaxed")
     tl.atomic_add(h_rows + INTER, acc_gate, mask=has[:, None], sem="relaxed")
-
-
-@triton.jit
-def _e4m3_grid(v):
-    """v rounded to the nearest float8_e4m3fn value (ties away from zero), in fp32. The Triton
-    interpreter's own cast mis-rounds where rounding carries into the exponent (31.3 -> 16.0,
-    2026-11-25), so off CUDA values are put on the grid first and the cast is exact."""
-    binade = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(v), 1e-30))), -6.0)  # below 2^-6: subnormal steps
-    step = tl.exp2(binade - 3.0)  # 3 mantissa bits
-    q = tl.floor(tl.abs(v) / step + 0.5) * step
-    return tl.where(v < 0, -1.0, 1.0) * tl.minimum(q, FP8_MAX)
 
 
 @triton.jit
