@@ -2,16 +2,24 @@
 (device time per call from torch.profiler over eager calls, after warm-up) beside the call's CUDA-graph
 time (kdispatch.tuner.timing, inputs rotated past the L2) and the floor (benchmarks/floors.py: the
 FP8 weight bytes of the experts the batch hits at peak HBM bandwidth). What the decode path of the
-MoE issue has to remove, measured rather than guessed.
+MoE issue has to remove, measured rather than guessed. With --host, also the host time of a call (the
+time until it returns, the device synchronised outside the timed window) and where it goes: the
+functions with the most own time under cProfile, for each variant and the routed op; the Triton
+variants also with their kernels launched by JIT calls instead of kernels/triton/launch.py's
+`launch`, side by side.
 
-    python benchmarks/moe_profile.py [--seq-lens 1 8 32 64] [--variants triton_grouped_m16.fr triton_decode.n64s8 ...]
+    python benchmarks/moe_profile.py [--seq-lens 1 8 32 64] [--variants triton_grouped_m16.fr ...] [--host]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import cProfile
 import datetime
+import pstats
 import statistics
+import time
 
 import torch
 
@@ -40,11 +48,58 @@ def kernel_times(fn, args) -> dict[str, float]:
     return dict(per)
 
 
+def host_us(fn, args) -> float:
+    """Median host microseconds until `fn(*args)` returns, with an idle device (synchronised before each
+    call), over 100 calls after 10 unmeasured."""
+    samples = []
+    for _ in range(10):
+        fn(*args)
+    for _ in range(100):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+@contextlib.contextmanager
+def jit_launches():
+    """The MoE Triton kernels launched by their JIT call (`kernel[grid](...)`) instead of `launch`."""
+    from kdispatch.kernels.triton.moe import fp8_decode, fp8_grouped
+
+    def jit_launch(kernel, grid, *args, **options):
+        kernel[grid](*args, **options)
+
+    saved = fp8_decode.launch, fp8_grouped.launch
+    fp8_decode.launch = fp8_grouped.launch = jit_launch
+    try:
+        yield
+    finally:
+        fp8_decode.launch, fp8_grouped.launch = saved
+
+
+def host_breakdown(fn, args, top: int = 12) -> list[str]:
+    """The functions with the most own host time per call under cProfile (which inflates small calls)."""
+    prof = cProfile.Profile()
+    for _ in range(CALLS):
+        torch.cuda.synchronize()
+        prof.enable()
+        fn(*args)
+        prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((tt, nc, f) for f, (_cc, nc, tt, _ct, _callers) in stats.items()), reverse=True)[:top]
+    return [f"{tt / CALLS * 1e6:8.1f} us  {nc // CALLS:3d} calls  {f[2]} ({f[0].split('/')[-1]}:{f[1]})"
+            for tt, nc, f in rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "triton_decode.n64s8",
                                                        "triton_decode.n128s8", "sglang_triton_moe"])
+    ap.add_argument("--host", action="store_true", help="host time per call and its cProfile breakdown")
     opts = ap.parse_args()
     registry.discover()
     import triton
@@ -68,6 +123,18 @@ def main() -> None:
             print(f"  {name}: graph {graph:.1f} us per call; kernels {sum(kernels.values()):.1f} us of device time")
             for kname, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:8.1f} us  {kname[:110]}")
+            if opts.host:
+                if v.backend == "triton":
+                    with jit_launches():
+                        print(f"  {name}: host {host_us(v.fn, args):.1f} us per call with JIT launches")
+                print(f"  {name}: host {host_us(v.fn, args):.1f} us per call; own time under cProfile:")
+                print("\n".join(f"    {line}" for line in host_breakdown(v.fn, args)))
+        if opts.host:
+            import kdispatch
+
+            routed = kdispatch.ops.DISPATCHERS[DEF].choose("sm90", axes, mode="eager").name
+            print(f"  routed op (-> {routed}): host {host_us(kdispatch.ops.moe_fp8, args):.1f} us per call; own time:")
+            print("\n".join(f"    {line}" for line in host_breakdown(kdispatch.ops.moe_fp8, args)))
 
 
 if __name__ == "__main__":

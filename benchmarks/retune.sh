@@ -21,7 +21,7 @@
 #                                              op against the engine's default path (benchmarks/gdn_engine.py)
 #   bash benchmarks/retune.sh moe              MoE on the contest workloads against the baseline and the floor, with
 #                                              each candidate's host time (benchmarks/moe.py), then the per-kernel
-#                                              profile at decode sizes (benchmarks/moe_profile.py)
+#                                              profile at decode sizes with host times (benchmarks/moe_profile.py)
 #
 # Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
@@ -91,7 +91,7 @@ case "$step" in
     keep benchmarks/results/gdn-engine-*-H100.json ;;
   moe)
     timeout 420 python benchmarks/moe.py --out benchmarks/results/moe-H100.json 2>&1 | tail -30
-    (cd benchmarks && timeout 150 python moe_profile.py) > benchmarks/results/moe-profile-H100.txt 2>&1
+    (cd benchmarks && timeout 170 python moe_profile.py --host) > benchmarks/results/moe-profile-H100.txt 2>&1
     cat benchmarks/results/moe-profile-H100.txt
     keep benchmarks/results/moe-H100.json benchmarks/results/moe-profile-H100.txt ;;
   *) echo "unknown step $step" >&2; exit 2 ;;

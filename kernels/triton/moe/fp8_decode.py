@@ -42,9 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kdispatch.kernels.triton.launch import launch
+from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, FP8_MAX, QBLOCK, _e4m3_grid, _route_kernel
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
-from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, FP8_MAX, QBLOCK, _e4m3_grid, _route_kernel
 
 MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
 
@@ -219,28 +220,29 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     h = acc[num_tokens * hidden:]
     weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
     local = torch.empty(num_pairs, dtype=torch.int32, device=device)
-    _route_kernel[(num_tokens,)](
-        routing_logits.contiguous(), routing_bias.contiguous(), weights, local, local, local,
-        int(local_expert_offset), float(routed_scaling_factor), 0, 0,
-        NUM_EXPERTS=routing_logits.shape[1], NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS,
-        TOP_K=ref.TOP_K, NUM_LOCAL=num_local, FILL=FILL_BLOCK, LAYOUT=False)
+    launch(_route_kernel, (num_tokens,),
+           routing_logits.contiguous(), routing_bias.contiguous(), weights, local, local, local,
+           int(local_expert_offset), float(routed_scaling_factor), 0, 0,
+           routing_logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, False)
     tokens = max(16, triton.next_power_of_2(num_tokens))
     slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
-    common = dict(HIDDEN=hidden, INTER=inter, TOP_K=ref.TOP_K, NUM_LOCAL=num_local,
-                  LOCAL_POW2=triton.next_power_of_2(num_local), PAIRS=triton.next_power_of_2(num_pairs),
-                  TOKENS=tokens, QB=QBLOCK, DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
-    _gemm1_splitk_kernel[(inter // block_n1, split_k, slots)](
-        hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
-        gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, BLOCK_N=block_n1, SPLIT_K=split_k,
-        **common)
+    # the constexprs both GEMMs take after their runtime arguments: HIDDEN .. TOKENS
+    shape = (hidden, inter, ref.TOP_K, num_local, triton.next_power_of_2(num_local),
+             triton.next_power_of_2(num_pairs), tokens)
+    dot_fp32 = bool(dot_fp32)
+    launch(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots),
+           hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
+           gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, *shape, block_n1, split_k, QBLOCK,
+           dot_fp32, num_warps=num_warps, num_stages=num_stages)
     # rows of other ranks' pairs are left unset (never read)
     y = torch.empty(num_pairs, inter, dtype=torch.float8_e4m3fn if fp8_down else torch.bfloat16, device=device)
     y_scale = torch.empty(num_pairs, inter // QBLOCK, dtype=torch.float32, device=device) if fp8_down else y
-    _silu_mul_kernel[(num_pairs, inter // QBLOCK)](h, local, y, y_scale, INTER=inter, NUM_LOCAL=num_local,
-                                                   QB=QBLOCK, FP8_DOWN=fp8_down, ON_GRID=bool(dot_fp32))
-    _gemm2_kernel[(hidden // block_n2, split_k2, slots)](
-        y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
-        num_pairs, BLOCK_N=block_n2, SPLIT_K=split_k2, FP8_DOWN=fp8_down, **common)
+    launch(_silu_mul_kernel, (num_pairs, inter // QBLOCK), h, local, y, y_scale, inter, num_local, QBLOCK,
+           fp8_down, dot_fp32)
+    launch(_gemm2_kernel, (hidden // block_n2, split_k2, slots),
+           y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
+           num_pairs, *shape, block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps,
+           num_stages=num_stages)
     return out.to(torch.bfloat16)
 
 

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kdispatch.kernels.triton.launch import launch
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -258,14 +259,13 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
     local = torch.empty(num_pairs, dtype=torch.int32, device=device)
     row_pair = torch.empty(rows, dtype=torch.int32, device=device)
     block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=device)
-    _route_kernel[(num_tokens,)](
-        routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
-        int(local_expert_offset), float(routed_scaling_factor), rows, triton.cdiv(rows, num_tokens),
-        NUM_EXPERTS=num_experts, NUM_GROUPS=ref.NUM_GROUPS, TOP_GROUPS=ref.TOP_GROUPS, TOP_K=ref.TOP_K,
-        NUM_LOCAL=num_local, FILL=FILL_BLOCK, LAYOUT=True)
-    _layout_kernel[(triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),)](
-        local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
-        NUM_LOCAL=num_local, LOCAL_POW2=local_pow2, BLOCK_M=block_m, BLOCK_P=LAYOUT_BLOCK)
+    launch(_route_kernel, (num_tokens,),
+           routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
+           int(local_expert_offset), float(routed_scaling_factor), rows, triton.cdiv(rows, num_tokens),
+           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, True)
+    launch(_layout_kernel, (triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
+           local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
+           num_local, local_pow2, block_m, LAYOUT_BLOCK)
     return weights, row_pair, block_expert
 
 
@@ -297,14 +297,15 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
     x_scale = hidden_states_scale.contiguous()
     y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if fp8_y else torch.bfloat16, device=device)
     y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device) if fp8_y else y
-    common = dict(TOP_K=ref.TOP_K, NUM_LOCAL=num_local, BLOCK_M=block_m, QB=QBLOCK, FP8_Y=bool(fp8_y),
-                  DOT_FP32=bool(dot_fp32), num_warps=num_warps, num_stages=num_stages)
-    _gemm1_swiglu_kernel[(rows // block_m, inter // block_n1)](
-        x, x_scale, gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(), row_pair, block_expert,
-        y, y_scale, num_tokens, HIDDEN=hidden, INTER=inter, BLOCK_N=block_n1, **common)
-    _gemm2_scatter_kernel[(rows // block_m, hidden // block_n2)](
-        y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), row_pair, pair_weights, block_expert, out,
-        HIDDEN=hidden, INTER=inter, BLOCK_N=block_n2, **common)
+    # the constexprs both GEMMs take after their runtime arguments
+    shape = (hidden, inter, ref.TOP_K, num_local, block_m)
+    tail = (QBLOCK, bool(fp8_y), bool(dot_fp32))
+    launch(_gemm1_swiglu_kernel, (rows // block_m, inter // block_n1),
+           x, x_scale, gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(), row_pair, block_expert,
+           y, y_scale, num_tokens, *shape, block_n1, *tail, num_warps=num_warps, num_stages=num_stages)
+    launch(_gemm2_scatter_kernel, (rows // block_m, hidden // block_n2),
+           y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), row_pair, pair_weights,
+           block_expert, out, *shape, block_n2, *tail, num_warps=num_warps, num_stages=num_stages)
     return out.to(torch.bfloat16)
 
 
