@@ -4,45 +4,69 @@
 # definition  moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
-# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T22:14:14Z
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer none
+# measured    up to 2026-11-26T00:32:36Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_triton_moe      0f980580b293e791  35/35  1.00x
-#   reference              c16a3bde9b55b3d2  35/35  0.04x
-#   triton_grouped_m16.fr  93ae24c4bcb81e94  35/35  1.01x
-#   triton_grouped_m32.fr  3a178992891ad7c5  35/35  1.06x
-#   triton_grouped_m64.fr  183d287460b17d68  35/35  1.02x
+#   sglang_triton_moe       0f980580b293e791  35/35  1.00x
+#   triton_decode.n128s8    74757fe6b67d89b3  12/12  1.28x
+#   triton_decode.n128s8q   40d3bf5b40d1b6cd  12/12  1.35x
+#   triton_decode.n32s8     d4081849a8288149  12/12  0.98x
+#   triton_decode.n64s4     6274ec6ea54b308c  12/12  1.26x
+#   triton_decode.n64s4q    1935f49619046dc3  12/12  1.32x
+#   triton_decode.n64s8     56ec5d299e9fe485  12/12  1.22x
+#   triton_decode.n64s8q    e110b57fd18311c9  12/12  1.27x
+#   triton_grouped_m16.fr   ca6919eebcb57466  35/35  1.01x
+#   triton_grouped_m32.fr   6aa2c689c1c0d75f  35/35  1.06x
+#   triton_grouped_m32q.fr  74f64eae46efc390  35/35  1.14x
+#   triton_grouped_m64.fr   b88b89c3d87c57c6  35/35  1.02x
+#   triton_grouped_m64q.fr  4d3bae25f8d36630  35/35  1.20x
+# configs     launch configurations the tuner measured as variants of their own
+#   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
+#   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n32s8     block_n1=32 block_n2=32 split_k=8 split_k2=4 num_warps=4 num_stages=3
+#   triton_decode.n64s4     block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3
+#   triton_decode.n64s4q    block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n64s8     block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3
+#   triton_decode.n64s8q    block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.11% mean, 28.47% max;
-#             1.131x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.29% mean, 30.19% max;
-#             1.939x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.49% mean, 7.49% max;
+#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.16% mean, 20.84% max;
+#             1.816x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 7: sglang_triton_moe (baseline), 5 workloads
-#   2. 7 < seq_len <= 384: triton_grouped_m16.fr, 20 workloads, 1.25x (1.12x .. 1.49x) over sglang_triton_moe; then triton_grouped_m32.fr
-#   3. 384 < seq_len <= 1536: triton_grouped_m32.fr, 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe; then triton_grouped_m64.fr
-#   4. seq_len > 1536: triton_grouped_m64.fr, 7 workloads, 1.13x (1.05x .. 1.30x) over sglang_triton_moe
+#   1. seq_len <= 24: triton_decode.n128s8q, 10 workloads, 1.37x (1.08x .. 1.82x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4
+#   2. 24 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
+#   3. 52 < seq_len <= 1536: triton_grouped_m32q.fr, 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr
+#   4. seq_len > 1536: triton_grouped_m64q.fr, 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 706: triton_grouped_m16.fr, 26 workloads, 3.19x (2.05x .. 5.19x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64.fr
-#   2. seq_len > 706: triton_grouped_m64.fr, 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
+#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 3.29x (3.27x .. 3.34x) over sglang_triton_moe; then triton_decode.n64s8, triton_decode.n64s4, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr
+#   2. 3 < seq_len <= 42: triton_decode.n128s8q, 9 workloads, 2.97x (2.12x .. 4.30x) over sglang_triton_moe; then triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s8, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_decode.n32s8
+#   3. 42 < seq_len <= 58: triton_grouped_m32q.fr, 7 workloads, 1.97x (1.91x .. 2.06x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. 58 < seq_len <= 104: triton_grouped_m16.fr, 4 workloads, 2.18x (1.97x .. 2.69x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   5. 104 < seq_len <= 3072: triton_grouped_m32q.fr, 6 workloads, 2.09x (1.87x .. 2.73x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_grouped_m16.fr
+#   6. seq_len > 3072: triton_grouped_m64q.fr, 6 workloads, 1.63x (1.38x .. 1.96x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'sglang_triton_moe', 'bounds': {'seq_len': (None, 7)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (7, 384)}, 'workloads': 20, 'speedup': (1.12, 1.25, 1.49), 'fallbacks': ('triton_grouped_m32.fr',)},
-    {'region': 3, 'variant': 'triton_grouped_m32.fr', 'bounds': {'seq_len': (384, 1536)}, 'workloads': 3, 'speedup': (1.3, 1.34, 1.39), 'fallbacks': ('triton_grouped_m64.fr',)},
-    {'region': 4, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.05, 1.13, 1.3), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 24)}, 'workloads': 10, 'speedup': (1.08, 1.37, 1.82), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4')},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (24, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1536)}, 'workloads': 15, 'speedup': (1.2, 1.27, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.33, 1.45, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (None, 706)}, 'workloads': 26, 'speedup': (2.05, 3.19, 5.19), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 2, 'variant': 'triton_grouped_m64.fr', 'bounds': {'seq_len': (706, None)}, 'workloads': 9, 'speedup': (1.17, 1.66, 2.17), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (3.27, 3.29, 3.34), 'fallbacks': ('triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 42)}, 'workloads': 9, 'speedup': (2.12, 2.97, 4.3), 'fallbacks': ('triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (42, 58)}, 'workloads': 7, 'speedup': (1.91, 1.97, 2.06), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (58, 104)}, 'workloads': 4, 'speedup': (1.97, 2.18, 2.69), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (104, 3072)}, 'workloads': 6, 'speedup': (1.87, 2.09, 2.73), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
+    {'region': 6, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (3072, None)}, 'workloads': 6, 'speedup': (1.38, 1.63, 1.96), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -50,24 +74,39 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 2: 20 workloads, 1.25x (1.12x .. 1.49x) over sglang_triton_moe
-    if 7 < seq_len <= 384:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 3 workloads, 1.34x (1.30x .. 1.39x) over sglang_triton_moe
-    if 384 < seq_len <= 1536:
-        return ('triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32.fr'
-    # region 4: 7 workloads, 1.13x (1.05x .. 1.30x) over sglang_triton_moe
+    # region 1: 10 workloads, 1.37x (1.08x .. 1.82x) over sglang_triton_moe
+    if seq_len <= 24:
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
+    # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
+    if 24 < seq_len <= 52:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
+    # region 3: 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe
+    if 52 < seq_len <= 1536:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe
     if seq_len > 1536:
-        return 'triton_grouped_m64.fr'
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
 
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 26 workloads, 3.19x (2.05x .. 5.19x) over sglang_triton_moe
-    if seq_len <= 706:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
-    # region 2: 9 workloads, 1.66x (1.17x .. 2.17x) over sglang_triton_moe
-    if seq_len > 706:
-        return 'triton_grouped_m64.fr'
+    # region 1: 3 workloads, 3.29x (3.27x .. 3.34x) over sglang_triton_moe
+    if seq_len <= 3:
+        return ('triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr') if inside else 'triton_decode.n128s8'
+    # region 2: 9 workloads, 2.97x (2.12x .. 4.30x) over sglang_triton_moe
+    if 3 < seq_len <= 42:
+        return ('triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
+    # region 3: 7 workloads, 1.97x (1.91x .. 2.06x) over sglang_triton_moe
+    if 42 < seq_len <= 58:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 4 workloads, 2.18x (1.97x .. 2.69x) over sglang_triton_moe
+    if 58 < seq_len <= 104:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
+    # region 5: 6 workloads, 2.09x (1.87x .. 2.73x) over sglang_triton_moe
+    if 104 < seq_len <= 3072:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 6: 6 workloads, 1.63x (1.38x .. 1.96x) over sglang_triton_moe
+    if seq_len > 3072:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
