@@ -22,10 +22,11 @@ once): masked rows fetch nothing, and no layout is needed. Five launches, no hos
    into the fp32 output.
 5. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
 
-Measured on an H200 (2026-11-25, benchmarks/results/moe-profile-H200.txt, one run, CUDA-graph time
-per call): 1 token 46 us (n128s8) against 72 for SGLang's fused MoE and 80 for the grouped kernels
-(floor 18); 8 tokens 117 (n64s4) against 124 and 125 (floor 64); 32 tokens 355 against 361 and 282.
-Not yet measured by the tuner on an H100, so no router sends calls here. Earlier versions, measured
+Measured on an H100 (2026-11-26, benchmarks/results/moe-profile-H100.txt, one run, CUDA-graph time
+per call): 1 token 53 us (n128s8) against 75 for SGLang's fused MoE and 79 for the grouped kernels
+(floor 26); 8 tokens 141 against 151 and 151 (floor 92); 32 tokens 405 against 442 and 350 (floor
+263). The tuner's re-tune of that day routes up to 24 tokens here (`n128s8q`: 1.37x, 1.08-1.82x,
+over SGLang's kernel on the contest workloads). Earlier versions, measured
 on an H100 (benchmarks/results/moe-profile-H100.txt, git history) and replaced: programs that walked
 the hit experts one after another (down GEMM 60-73 us at 1 token, 3.1 ms at 32: latency-bound small
 K steps of 1.5-2 us, in sequence); the expert in the grid with most programs exiting (105-140 us at 1
@@ -253,8 +254,8 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 
 
 # Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
-# more atomics into the fp32 buffers); n64s8 and n128s8 led at 1 token, n64s4 at 8-32 (H200 profile).
-# "q": the down projection on FP8 activations (fp8_down), untimed when written (2026-11-25).
+# more atomics into the fp32 buffers). "q": the down projection on FP8 activations (fp8_down), which
+# led at every size the tuner measured (H100, 2026-11-26: n128s8q, then n64s4q).
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),

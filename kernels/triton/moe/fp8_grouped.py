@@ -318,7 +318,7 @@ CONFIGS = {
     "triton_grouped_m16.fr": dict(block_m=16, block_n1=32, block_n2=32, num_warps=4, num_stages=4),
     "triton_grouped_m32.fr": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3),
     "triton_grouped_m64.fr": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3),
-    # the down GEMM on FP8 activations (fp8_y), twice the bf16 tensor rate; untimed when written (2026-11-25)
+    # the down GEMM on FP8 activations (fp8_y), twice the bf16 tensor rate: routed above 52 tokens (H100, 2026-11-26)
     "triton_grouped_m32q.fr": dict(block_m=32, block_n1=128, block_n2=128, num_warps=4, num_stages=3, fp8_y=True),
     "triton_grouped_m64q.fr": dict(block_m=64, block_n1=128, block_n2=128, num_warps=8, num_stages=3, fp8_y=True),
 }
