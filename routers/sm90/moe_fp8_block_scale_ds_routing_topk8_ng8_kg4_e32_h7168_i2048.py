@@ -4,24 +4,25 @@
 # definition  moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
-# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer none
-# measured    up to 2026-11-26T00:32:36Z
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
+# measured    up to 2026-11-26T00:59:51Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       0f980580b293e791  35/35  1.00x
-#   triton_decode.n128s8    74757fe6b67d89b3  12/12  1.28x
-#   triton_decode.n128s8q   40d3bf5b40d1b6cd  12/12  1.35x
-#   triton_decode.n32s8     d4081849a8288149  12/12  0.98x
-#   triton_decode.n64s4     6274ec6ea54b308c  12/12  1.26x
-#   triton_decode.n64s4q    1935f49619046dc3  12/12  1.32x
-#   triton_decode.n64s8     56ec5d299e9fe485  12/12  1.22x
-#   triton_decode.n64s8q    e110b57fd18311c9  12/12  1.27x
-#   triton_grouped_m16.fr   ca6919eebcb57466  35/35  1.01x
-#   triton_grouped_m32.fr   6aa2c689c1c0d75f  35/35  1.06x
-#   triton_grouped_m32q.fr  74f64eae46efc390  35/35  1.14x
-#   triton_grouped_m64.fr   b88b89c3d87c57c6  35/35  1.02x
-#   triton_grouped_m64q.fr  4d3bae25f8d36630  35/35  1.20x
+#   reference               c16a3bde9b55b3d2  35/35  0.04x
+#   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.29x
+#   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.36x
+#   triton_decode.n32s8     b3c593e35d99fcc3  12/12  0.98x
+#   triton_decode.n64s4     06a565c00c5816e6  12/12  1.27x
+#   triton_decode.n64s4q    5f1b52b381449548  12/12  1.33x
+#   triton_decode.n64s8     de1901d868bf3112  12/12  1.23x
+#   triton_decode.n64s8q    f83e3feb81e3085e  12/12  1.28x
+#   triton_grouped_m16.fr   f57d8ea2cb4b2991  35/35  1.02x
+#   triton_grouped_m32.fr   630b1baad8af7bcc  35/35  1.07x
+#   triton_grouped_m32q.fr  b9c68f046dc6f938  35/35  1.15x
+#   triton_grouped_m64.fr   c5f5412a8a4682a0  35/35  1.03x
+#   triton_grouped_m64q.fr  d20aa7d9936a60a5  35/35  1.20x
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
@@ -35,38 +36,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.49% mean, 7.49% max;
-#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.16% mean, 20.84% max;
-#             1.816x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.59% mean, 6.33% max;
+#             1.362x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.04% mean, 6.38% max;
+#             2.346x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 24: triton_decode.n128s8q, 10 workloads, 1.37x (1.08x .. 1.82x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4
+#   1. seq_len <= 24: triton_decode.n128s8q, 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
 #   2. 24 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
-#   3. 52 < seq_len <= 1536: triton_grouped_m32q.fr, 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr
+#   3. 52 < seq_len <= 1536: triton_grouped_m32q.fr, 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr
 #   4. seq_len > 1536: triton_grouped_m64q.fr, 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 3.29x (3.27x .. 3.34x) over sglang_triton_moe; then triton_decode.n64s8, triton_decode.n64s4, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr
-#   2. 3 < seq_len <= 42: triton_decode.n128s8q, 9 workloads, 2.97x (2.12x .. 4.30x) over sglang_triton_moe; then triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s8, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_decode.n32s8
-#   3. 42 < seq_len <= 58: triton_grouped_m32q.fr, 7 workloads, 1.97x (1.91x .. 2.06x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. 58 < seq_len <= 104: triton_grouped_m16.fr, 4 workloads, 2.18x (1.97x .. 2.69x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   5. 104 < seq_len <= 3072: triton_grouped_m32q.fr, 6 workloads, 2.09x (1.87x .. 2.73x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_grouped_m16.fr
-#   6. seq_len > 3072: triton_grouped_m64q.fr, 6 workloads, 1.63x (1.38x .. 1.96x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
+#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
+#   2. 3 < seq_len <= 42: triton_decode.n128s8q, 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
+#   3. 42 < seq_len <= 1536: triton_grouped_m32q.fr, 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. seq_len > 1536: triton_grouped_m64q.fr, 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 24)}, 'workloads': 10, 'speedup': (1.08, 1.37, 1.82), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 24)}, 'workloads': 10, 'speedup': (1.1, 1.38, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
     {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (24, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1536)}, 'workloads': 15, 'speedup': (1.2, 1.27, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1536)}, 'workloads': 15, 'speedup': (1.21, 1.28, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr')},
     {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.33, 1.45, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (3.27, 3.29, 3.34), 'fallbacks': ('triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 42)}, 'workloads': 9, 'speedup': (2.12, 2.97, 4.3), 'fallbacks': ('triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (42, 58)}, 'workloads': 7, 'speedup': (1.91, 1.97, 2.06), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (58, 104)}, 'workloads': 4, 'speedup': (1.97, 2.18, 2.69), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (104, 3072)}, 'workloads': 6, 'speedup': (1.87, 2.09, 2.73), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
-    {'region': 6, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (3072, None)}, 'workloads': 6, 'speedup': (1.38, 1.63, 1.96), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (4.82, 6.0, 8.9), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 42)}, 'workloads': 9, 'speedup': (3.15, 4.79, 7.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (42, 1536)}, 'workloads': 16, 'speedup': (2.42, 2.95, 4.61), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.41, 1.95, 2.57), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -74,15 +71,15 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.37x (1.08x .. 1.82x) over sglang_triton_moe
+    # region 1: 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe
     if seq_len <= 24:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
     # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
     if 24 < seq_len <= 52:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe
+    # region 3: 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe
     if 52 < seq_len <= 1536:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe
     if seq_len > 1536:
         return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
@@ -91,22 +88,16 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.29x (3.27x .. 3.34x) over sglang_triton_moe
+    # region 1: 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr') if inside else 'triton_decode.n128s8'
-    # region 2: 9 workloads, 2.97x (2.12x .. 4.30x) over sglang_triton_moe
+        return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s8'
+    # region 2: 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe
     if 3 < seq_len <= 42:
-        return ('triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 3: 7 workloads, 1.97x (1.91x .. 2.06x) over sglang_triton_moe
-    if 42 < seq_len <= 58:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 4 workloads, 2.18x (1.97x .. 2.69x) over sglang_triton_moe
-    if 58 < seq_len <= 104:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
-    # region 5: 6 workloads, 2.09x (1.87x .. 2.73x) over sglang_triton_moe
-    if 104 < seq_len <= 3072:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 6: 6 workloads, 1.63x (1.38x .. 1.96x) over sglang_triton_moe
-    if seq_len > 3072:
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
+    # region 3: 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe
+    if 42 < seq_len <= 1536:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe
+    if seq_len > 1536:
         return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
