@@ -162,6 +162,34 @@ def test_recovers_a_two_feature_prefill_policy():
         assert pol.route(features.compute(PREFILL, axes)) == truth(axes), axes
 
 
+def test_a_region_ends_midway_to_the_nearest_shape_the_baseline_won():
+    """The shapes of a pool-prefill tune (H100, 2026-11-26): A wins few-sequence calls up to 74 tokens,
+    B many short sequences, the baseline the rest. The tree splits total tokens between 421 (75
+    sequences) and 719 (4 sequences), then sequences; A's region ends midway between 74 and 719,
+    where the baseline won: a 4-sequence, 512-token call goes to the baseline, a 300-token one
+    (nearer 74) to A; B's region keeps the split's bound."""
+    a_wins, b_wins = [(1, 1), (2, 1), (74, 2)], [(12, 10), (232, 217), (421, 75)]
+    loses = [(719, 4), (1075, 97), (1243, 4), (2397, 26), (3840, 7), (9753, 3), (18048, 19), (24995, 225),
+             (32768, 1), (32768, 256)]
+    wl = [(f"p{t}-{n}-{k}", {"total_seq_len": t, "num_seqs": n, "len_cu_seqlens": n + 1})
+          for t, n in a_wins + b_wins + loses for k in range(2)]
+
+    def lat(name, axes):
+        shape = axes["total_seq_len"], axes["num_seqs"]
+        wins = {"A": a_wins, "B": b_wins, "flashinfer": ()}[name]
+        return (20.0 + shape[0] / 10) * (1.0 if name == "flashinfer" else 0.3 if shape in wins else 3.0)
+
+    def route(t, n):
+        return pol.route(features.compute(PREFILL, {"total_seq_len": t, "num_seqs": n, "len_cu_seqlens": n + 1}))
+
+    pol = fitting.fit(fitting.load_table(build_store(PREFILL, wl, lat), PREFILL, "sm90"), with_heldout=False)
+    assert [route(t, n) for t, n in a_wins + b_wins] == ["A"] * len(a_wins) + ["B"] * len(b_wins)
+    assert [route(t, n) for t, n in loses] == ["flashinfer"] * len(loses)
+    assert route(512, 4) == "flashinfer"
+    assert route(300, 4) == "A"
+    assert route(560, 100) == "B"
+
+
 def test_determinism_byte_identical(tmp_path):
     a = codegen.render(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), decode_latency), DECODE, "sm90")))
     b = codegen.render(fitting.fit(fitting.load_table(

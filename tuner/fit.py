@@ -47,7 +47,12 @@ at least `min_leaf` workloads (3: two let one length mix decide a region), and d
 leaves with the same choice are merged, then adjacent boxes with the same choice. Ties between
 splits go to the earlier feature and the lower threshold, so the result is deterministic. Thresholds
 sit midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
-them go to the nearer side and shapes beyond the tuned range get the outermost region's choice.
+them go to the nearer side and shapes beyond the tuned range get the outermost region's choice. A
+region of a variant other than the baseline then has each split bound pulled in to midway between
+its own workloads and the nearest workload beyond them where the baseline was chosen (among those
+inside its other bounds): a split found between workloads elsewhere in the feature space does not
+hand the variant shapes far from any it won on, nearer to where the baseline won; they go to the
+baseline (`_tighten`).
 
 Fallback chains. Each region also lists its other admissible variants, by total cost there
 (`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
@@ -316,7 +321,7 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     if n:
         tree = _grow(m, np.arange(n), 0, params)
         boxes = _leaves(tree, {})
-        boxes = _merge_boxes(boxes, m.fit)
+        boxes = _tighten(_merge_boxes(boxes, m.fit), m)
         for bounds, vj, idx in boxes:
             regions.append(Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)],
                                   fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else []))
@@ -402,6 +407,45 @@ def _merge_boxes(boxes, fit_names):
             if changed:
                 break
     return [({fit_names[k]: v for k, v in sorted(b.items())}, vj, idx) for b, vj, idx in boxes]
+
+
+def _tighten(boxes, m: _Matrix):
+    """Each box of a variant other than the baseline, its split bounds pulled in to midway between its
+    own workloads and the nearest ones beyond them, inside its other bounds, where the baseline was
+    chosen. A split is placed between the node's neighbouring values, often of workloads far off in
+    another feature: a box of few-sequence shapes measured up to 74 tokens kept a bound of 570 set
+    between many-sequence workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the
+    baseline, which was chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
+    Bounds towards another variant's box stay where the split put them."""
+    rivals = np.zeros(len(m.X), dtype=bool)
+    for _bounds, vj, idx in boxes:
+        if vj == 0:
+            rivals[idx] = True
+    out = []
+    for bounds, vj, idx in boxes:
+        if vj == 0 or not idx:
+            out.append((bounds, vj, idx))
+            continue
+        tight = dict(bounds)
+        for name, (lo, hi) in bounds.items():
+            if feats.is_bool(m.t.definition, name):
+                continue
+            near = rivals.copy()
+            for other, (olo, ohi) in bounds.items():
+                x = m.X[:, m.fit.index(other)]
+                if other != name and olo is not None:
+                    near &= x > olo
+                if other != name and ohi is not None:
+                    near &= x <= ohi
+            x, own = m.X[near, m.fit.index(name)], m.X[idx, m.fit.index(name)]
+            above, below = x[x > own.max()], x[x < own.min()]
+            if hi is not None and above.size:
+                hi = min(hi, (int(own.max()) + int(above.min())) // 2)
+            if lo is not None and below.size:
+                lo = max(lo, (int(below.max()) + int(own.min())) // 2)
+            tight[name] = (lo, hi)
+        out.append((tight, vj, idx))
+    return out
 
 
 def _box_key(bounds: dict, fit_names):

@@ -39,7 +39,7 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 6.77% mean, 44.80% max;
 #             1.532x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 570 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 7.26x (2.21x .. 13.47x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
+#   1. total_seq_len <= 396 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 7.26x (2.21x .. 13.47x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
 #   2. total_seq_len <= 570 and num_seqs > 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.64x (3.20x .. 4.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16
 #   3. total_seq_len > 570: sglang_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
@@ -49,7 +49,7 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 570)}, 'workloads': 3, 'speedup': (2.21, 7.26, 13.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 396)}, 'workloads': 3, 'speedup': (2.21, 7.26, 13.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (None, 570)}, 'workloads': 3, 'speedup': (3.2, 3.64, 4.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (570, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
@@ -67,7 +67,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 7.26x (2.21x .. 13.47x) over sglang_flashinfer_prefill
-    if total_seq_len <= 570 and num_seqs <= 6:
+    if total_seq_len <= 396 and num_seqs <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 3 workloads, 3.64x (3.20x .. 4.13x) over sglang_flashinfer_prefill
     if total_seq_len <= 570 and num_seqs > 6:

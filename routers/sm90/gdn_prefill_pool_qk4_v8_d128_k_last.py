@@ -40,7 +40,7 @@
 #             1.343x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 80 and num_seqs <= 18: cuda_prefill_pool_rows.k16c8, 3 workloads, 12.19x (8.76x .. 15.41x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 1735 and num_seqs > 18: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.39x (1.16x .. 3.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8
+#   2. total_seq_len <= 1735 and num_seqs > 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.39x (1.16x .. 3.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8
 #   3. total_seq_len > 80 and num_seqs <= 18: sglang_flashinfer_prefill (baseline), 7 workloads
 #   4. total_seq_len > 1735 and num_seqs > 18: sglang_flashinfer_prefill (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
@@ -52,7 +52,7 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 18), 'total_seq_len': (None, 80)}, 'workloads': 3, 'speedup': (8.76, 12.19, 15.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (None, 1735)}, 'workloads': 3, 'speedup': (1.16, 2.39, 3.97), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (20, None), 'total_seq_len': (None, 1735)}, 'workloads': 3, 'speedup': (1.16, 2.39, 3.97), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 18), 'total_seq_len': (80, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (1735, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
@@ -74,7 +74,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 80 and num_seqs <= 18:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 3 workloads, 2.39x (1.16x .. 3.97x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1735 and num_seqs > 18:
+    if total_seq_len <= 1735 and num_seqs > 20:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'sglang_flashinfer_prefill'
 
