@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import cProfile
 import datetime
-import pstats
 import statistics
-import time
 
 import torch
 
@@ -28,6 +25,7 @@ from kdispatch.tuner import timing
 from kdispatch.workloads import SimpleWorkload, materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
+from hosttime import host_breakdown, host_us  # noqa: E402
 
 DEF = "moe_fp8"
 CALLS = 20
@@ -48,21 +46,6 @@ def kernel_times(fn, args) -> dict[str, float]:
     return dict(per)
 
 
-def host_us(fn, args) -> float:
-    """Median host microseconds until `fn(*args)` returns, with an idle device (synchronised before each
-    call), over 100 calls after 10 unmeasured."""
-    samples = []
-    for _ in range(10):
-        fn(*args)
-    for _ in range(100):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(*args)
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
 @contextlib.contextmanager
 def jit_launches():
     """The MoE Triton kernels launched by their JIT call (`kernel[grid](...)`) instead of `launch`."""
@@ -77,21 +60,6 @@ def jit_launches():
         yield
     finally:
         fp8_decode.launch, fp8_grouped.launch = saved
-
-
-def host_breakdown(fn, args, top: int = 12) -> list[str]:
-    """The functions with the most own host time per call under cProfile (which inflates small calls)."""
-    prof = cProfile.Profile()
-    for _ in range(CALLS):
-        torch.cuda.synchronize()
-        prof.enable()
-        fn(*args)
-        prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof).stats
-    rows = sorted(((tt, nc, f) for f, (_cc, nc, tt, _ct, _callers) in stats.items()), reverse=True)[:top]
-    return [f"{tt / CALLS * 1e6:8.1f} us  {nc // CALLS:3d} calls  {f[2]} ({f[0].split('/')[-1]}:{f[1]})"
-            for tt, nc, f in rows]
 
 
 def main() -> None:

@@ -7,13 +7,15 @@ HookRegistry, at the head counts of TP 1, 2, 4 and 8.
 Per call: the outputs (and the pool or intermediate states written) of the two must agree (bf16
 output within 5e-2, states within 1e-2 relative to their norm); CUDA-graph time (one graph calls
 the method once per input set, the sets' slots rotated through a pool larger than 4x the L2) and
-eager time (host + device, synchronised) of each; the plugin's speedup. Prints a table, then per
-family and mode the mean and minimum speedup. Writes JSON.
+eager time (host + device, synchronised) of each; host time (until the call returns, device idle:
+benchmarks/hosttime.py); the plugin's speedup. Prints a table, then per family and mode the mean and
+minimum speedup. Writes JSON. With --profile, also where the plugin's host time goes (cProfile).
 
 Needs SGLang importable for real (benchmarks/stage_engines.sh: the engines bundle and its
 engines-deps bundle; on the GPU machine `. benchmarks/gpu_env.sh`).
 
     python benchmarks/sglang_layer.py [--families decode extend verify] [--heads 32 16 8 4] [--json out.json]
+                                      [--profile]
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefi
 from kdispatch.integrations import sglang as plugin
 from kdispatch.tuner import timing
 from kdispatch.workloads import materialize
+
+from hosttime import host_breakdown, host_us  # noqa: E402  (benchmarks/ is the script folder)
 
 DECODE = (1, 8, 32, 128, 256)  # requests
 EXTEND = ((1, 128), (1, 2048), (4, 512), (16, 1024), (64, 4096))  # (sequences, tokens in all)
@@ -147,7 +151,7 @@ def _run(method, call):
     return method(*args, **kw)
 
 
-def measure(family: str, hv: int, shape, l2: int, device) -> dict:
+def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False) -> dict:
     module, cls_name, method_name, _, build, output_of = FAMILIES[family]
     cls = _kernel_class(module, cls_name)
     calls, written = build(hv, shape, l2, device)
@@ -169,6 +173,9 @@ def measure(family: str, hv: int, shape, l2: int, device) -> dict:
                 row[f"{who}_eager_us"] = statistics.median(timing.eager_times_us(fn, sets, max(10, 2 * len(sets))))
                 times, _ = timing.graph_times_us(fn, sets)
                 row[f"{who}_graph_us"] = statistics.median(times)
+                row[f"{who}_host_us"] = host_us(_run, (method, calls[0]))
+                if profile and who == "kdispatch":
+                    row["kdispatch_host_profile"] = host_breakdown(_run, (method, calls[0]))
         except Exception as exc:
             row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         finally:
@@ -189,24 +196,27 @@ def main() -> None:
     ap.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--heads", nargs="*", type=int, default=[hv for _, hv in PACKED_HEADS.values()])
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/sglang-layer-H100.json"))
+    ap.add_argument("--profile", action="store_true", help="where the plugin's host time goes, per shape")
     opts = ap.parse_args()
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     rows = []
     print(f"{'family':<8}{'HV':>4} {'shape':<12}{'SGLang g':>10}{'kd g':>9}{'x':>7}{'SGLang e':>10}{'kd e':>9}{'x':>7}"
-          f"{'agree':>7}")
+          f"{'SGLang h':>10}{'kd h':>9}{'agree':>7}")
     for family in opts.families:
         for hv in opts.heads:
             for shape in FAMILIES[family][3]:
-                r = measure(family, hv, shape, l2, device)
+                r = measure(family, hv, shape, l2, device, opts.profile)
                 rows.append(r)
                 f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
                 x = lambda k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
                 print(f"{family:<8}{hv:>4} {str(shape):<12}{f('sglang_graph_us'):>10}{f('kdispatch_graph_us'):>9}"
                       f"{x('speedup_graph'):>7}{f('sglang_eager_us'):>10}{f('kdispatch_eager_us'):>9}"
-                      f"{x('speedup_eager'):>7}{str(r.get('agree', '-')):>7}"
+                      f"{x('speedup_eager'):>7}{f('sglang_host_us'):>10}{f('kdispatch_host_us'):>9}"
+                      f"{str(r.get('agree', '-')):>7}"
                       + "".join(f"  {w}: {r[w + '_error']}" for w in ("sglang", "kdispatch") if w + "_error" in r),
                       flush=True)
+                print("\n".join(f"    {line}" for line in r.get("kdispatch_host_profile", [])))
     print("\nsummary: the plugin's speedup over SGLang's kernel class (mean, min over shapes and head counts)")
     for family in opts.families:
         for mode in ("graph", "eager"):

@@ -1,0 +1,43 @@
+"""Host time of a call, for the benchmarks that report it: the time until the call returns with the
+device idle (synchronised before each call, outside the timed window), and where that time goes
+(the functions with the most own time under cProfile, which inflates small Python calls)."""
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+PROFILED = 20  # calls under cProfile
+
+
+def host_us(fn, args) -> float:
+    """Median host microseconds until `fn(*args)` returns, with an idle device (synchronised before each
+    call), over 100 calls after 10 unmeasured."""
+    samples = []
+    for _ in range(10):
+        fn(*args)
+    for _ in range(100):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def host_breakdown(fn, args, top: int = 12) -> list[str]:
+    """The functions with the most own host time per call under cProfile (which inflates small calls)."""
+    prof = cProfile.Profile()
+    for _ in range(PROFILED):
+        torch.cuda.synchronize()
+        prof.enable()
+        fn(*args)
+        prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((tt, nc, f) for f, (_cc, nc, tt, _ct, _callers) in stats.items()), reverse=True)[:top]
+    return [f"{tt / PROFILED * 1e6:8.1f} us  {nc // PROFILED:3d} calls  {f[2]} ({f[0].split('/')[-1]}:{f[1]})"
+            for tt, nc, f in rows]
