@@ -23,6 +23,11 @@ under `kdispatch.kernels`; a module that fails to import (a missing package, say
 the reason and `kdispatch list` shows it. Baselines: per (definition, architecture) the registered
 `baseline=True` variant that can run there, else the definition's reference ("reference", on every
 device).
+
+A library baseline that makes the engine's call safe (an index guard launched first) can name the
+call as the engine makes it, `engine=`: the tuner gates the safe one and times the engine's, so that
+regions are fitted against what an engine user has (the plugins hand calls routed to the baseline
+back to the engine's own kernel), not against the guard's extra launch.
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ class Variant:
     meta: dict = field(default_factory=dict)  # provenance of landed candidates (author, parent, date)
     config: dict = field(default_factory=dict)  # the launch configuration a configured variant passes
     strided: bool = False  # honours the strides of the definition's `strided` inputs (last dim contiguous)
+    engine_fn: Callable | None = None  # a guarded library baseline's call as the engine makes it: what is timed
 
     @cached_property
     def source(self) -> Path:
@@ -118,18 +124,22 @@ _discovered = False
 
 
 def variant(definition: str, name: str, *, backend: str, archs, supports=None, requires=(),
-            baseline: bool = False, meta=None, configs: dict[str, dict] | None = None, strided: bool = False):
+            baseline: bool = False, meta=None, configs: dict[str, dict] | None = None, strided: bool = False,
+            engine: Callable | None = None):
     """Register the decorated callable as a variant of `definition` (full or short name), or with
-    `configs` one variant per launch configuration (see the module docstring)."""
+    `configs` one variant per launch configuration, or with `engine` a library baseline's unguarded
+    call (see the module docstring)."""
     if backend not in BACKENDS:
         raise ValueError(f"variant {name!r}: backend must be one of {BACKENDS}, got {backend!r}")
+    if engine is not None and not (baseline and backend == "library"):
+        raise ValueError(f"variant {name!r}: only a library baseline has an engine call of its own")
     if configs is not None and (baseline or not configs):
         raise ValueError(f"variant {name!r}: configs must be a non-empty dict, and a baseline has one configuration")
 
     def deco(fn):
         if configs is None:
             register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
-                             baseline, dict(meta or {}), strided=strided))
+                             baseline, dict(meta or {}), strided=strided, engine_fn=engine))
             return fn
         for label, kwargs in configs.items():
             register(Variant(definition, f"{name}.{label}", _configured(fn, kwargs), backend, tuple(archs),

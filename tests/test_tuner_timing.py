@@ -1,5 +1,6 @@
 """Timing plumbing on CPU: input rotation keeps inputs valid and spreads the working set, the
 number of sets follows the L2 rule, and a real job (materialise -> gate -> time) runs end to end."""
+import pytest
 import torch
 
 from kdispatch import definitions
@@ -105,3 +106,37 @@ def test_every_variant_of_a_workload_is_gated_against_untouched_inputs():
     assert [(r["variant"], r["status"]) for r in rows] == [("reference", "PASSED"), ("ref_twin", "PASSED"),
                                                            ("routed", "PASSED")], [r["reason"] for r in rows]
     assert rows[2]["metrics"]["routed_to"] == "reference"
+
+
+def test_a_guarded_baseline_is_gated_as_served_and_timed_as_the_engine_calls_it():
+    """A library baseline registered with `engine=` passes the gate on its own (guarded) call; the
+    timing runs the engine's call, which the plugins hand baseline-routed calls to."""
+    from kdispatch import registry
+    from kdispatch.registry import Variant
+
+    ref = registry.get(DECODE, "reference").fn
+    served, engine = [], []
+
+    def guarded(*a):
+        served.append(1)
+        return ref(*a)
+
+    def as_the_engine_calls_it(*a):
+        engine.append(1)
+        return ref(*a)
+
+    with pytest.raises(ValueError, match="only a library baseline"):
+        registry.variant(DECODE, "not_a_baseline", backend="torch", archs=("cpu",), engine=as_the_engine_calls_it)
+    registry.variant(DECODE, "guarded_library", backend="library", archs=("cpu",), baseline=True,
+                     engine=as_the_engine_calls_it)(guarded)
+    rows = []
+    try:
+        work = Job(DECODE, [{"uuid": "job-3", "axes": {"batch_size": 2}, "inputs": {}}],
+                   {"job-3": ["guarded_library"]}, device="cpu", quick=True)
+        run_job(work, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
+    finally:
+        registry.unregister(DECODE, "guarded_library")
+    assert rows[0]["status"] == "PASSED", rows[0]["reason"]
+    calls_in_gate = len(served)
+    assert calls_in_gate > 0 and len(engine) > calls_in_gate  # the gate ran the guarded call, timing the other
+    assert rows[0]["metrics"]["timed"].startswith("the engine's own call")

@@ -24,7 +24,10 @@ cu_seqlens is checked on the device first (kernels/cuda/gdn/prefill_guard.py, wh
 `.to(torch.int64)` launch): a malformed batch writes nothing back. For verify, one launch
 (`slot_guard.verify_guard`) sends slots and cache rows outside their tensors to -1, and the row of a
 request longer than a cache row's steps (SGLang's kernel would store past the row), and replaces
-malformed boundaries by the even partition.
+malformed boundaries by the even partition. The tuner times decode and verify as SGLang calls them,
+without the guard (`engine=`, kdispatch/registry.py): the plugins hand the calls routed to these
+baselines back to SGLang's own kernel, so that is what the variants must beat. (Prefill's guard and
+gather/scatter launches stand in for SGLang's own indexing launches one for one.)
 """
 from __future__ import annotations
 
@@ -46,18 +49,24 @@ def packed_decode_kernel():
 
 
 def gdn_decode_packed_sglang(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale):
+    slots = slot_guard.safe_slots(state_indices, state_pool.shape[0])
+    return packed_decode_engine(mixed_qkv, a, b, A_log, dt_bias, state_pool, slots, out, scale)
+
+
+def packed_decode_engine(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale):
+    """SGLang's packed decode as its backend calls it, trusting the slots (what an engine user has)."""
     if not state_pool[0].is_contiguous():  # SGLang's kernel steps slots by stride(0), nothing else
         raise ValueError("sglang_packed_decode: each slot of state_pool must be contiguous")
-    slots = slot_guard.safe_slots(state_indices, state_pool.shape[0])
     packed_decode_kernel()(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                            scale=scale or state_pool.shape[-1] ** -0.5, initial_state=state_pool, out=out,
-                           ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+                           ssm_state_indices=state_indices, use_qk_l2norm_in_kernel=True)
     return out, state_pool
 
 
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "sglang_packed_decode", backend="library", archs=("sm90", "sm100"),
-            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True)(gdn_decode_packed_sglang)
+            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True,
+            engine=packed_decode_engine)(gdn_decode_packed_sglang)
 
 
 def gdn_prefill_pool_sglang(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
@@ -85,17 +94,18 @@ for _hq, _hv in PACKED_HEADS.values():
 
 def gdn_verify_sglang(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
                       cache_indices, scale):
-    if not state_pool[0].is_contiguous():  # the kernel steps slots by stride(0), nothing else
-        raise ValueError("sglang_verify: each slot of state_pool must be contiguous")
-    if q.stride(1) != q.shape[2] or k.stride(1) != k.shape[2] or v.stride(1) != v.shape[2]:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # heads adjacent within a token
     slots, rows, cu = slot_guard.verify_guard(state_indices, cache_indices, cu_seqlens, q.shape[0],
                                               state_pool.shape[0], *intermediate_states.shape[:2])
     return verify_call(q, k, v, a, b, A_log, dt_bias, state_pool, slots, cu, intermediate_states, rows, scale)
 
 
 def verify_call(q, k, v, a, b, A_log, dt_bias, state_pool, slots, cu_seqlens, intermediate_states, rows, scale):
-    """SGLang's verify kernel called as `TritonGDNKernel.target_verify` calls it, on safe indices."""
+    """SGLang's verify kernel called as `TritonGDNKernel.target_verify` calls it (on safe indices in
+    the baseline; as given, the engine's own call)."""
+    if not state_pool[0].is_contiguous():  # the kernel steps slots by stride(0), nothing else
+        raise ValueError("sglang_verify: each slot of state_pool must be contiguous")
+    if q.stride(1) != q.shape[2] or k.stride(1) != k.shape[2] or v.stride(1) != v.shape[2]:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # heads adjacent within a token
     out = sglang_function(VERIFY_MODULE, "fused_sigmoid_gating_delta_rule_update")(
         A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0, q=q[None], k=k[None],
         v=v[None], b=b, initial_state_source=state_pool, initial_state_indices=slots, scale=scale or None,
@@ -107,4 +117,4 @@ def verify_call(q, k, v, a, b, A_log, dt_bias, state_pool, slots, cu_seqlens, in
 
 for _hq, _hv in PACKED_HEADS.values():
     variant(verify_name(_hq, _hv), "sglang_verify", backend="library", archs=("sm90", "sm100"),
-            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True)(gdn_verify_sglang)
+            requires=("sglang", "triton", "cuda.core"), baseline=True, strided=True, engine=verify_call)(gdn_verify_sglang)
