@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T09:54:17Z
+# measured    up to 2026-11-26T01:32:25Z
 # workloads   16 (workload-set digest 7bca5c58c910b5da)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         98942de1e044a7b3  16/16  1.00x
-#   cuda_decode_pool_rows.r1     8c9405244cf6d360  16/16  1.05x
-#   cuda_decode_pool_rows.r16    e15ec88094323857  16/16  1.11x
-#   cuda_decode_pool_rows.r16cs  b87e4f6dcef6e63a  16/16  1.11x
-#   cuda_decode_pool_rows.r1cs   ca40aeb5cff90126  16/16  1.06x
-#   cuda_decode_pool_rows.r2     3ce7925b99872d5a  16/16  1.15x
-#   cuda_decode_pool_rows.r2cs   b7e9cab74e7dac10  16/16  1.14x
-#   cuda_decode_pool_rows.r32cs  b72cad558a4dbe31  16/16  1.00x
-#   cuda_decode_pool_rows.r4     6b5f313dc1ef52a2  16/16  1.16x
-#   cuda_decode_pool_rows.r4cs   8a47eb6544ddb02f  16/16  1.17x
-#   cuda_decode_pool_rows.r8     da5aa93fc4dff02e  16/16  1.15x
-#   cuda_decode_pool_rows.r8cs   2c522302fd057c99  16/16  1.16x
+#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
+#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.00x
+#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.05x
+#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.03x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.01x
+#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.08x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.08x
+#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.95x
+#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.09x
+#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.11x
+#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.08x
+#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.10x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,29 +38,29 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.76% mean, 7.03% max;
-#             1.017x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.87% mean, 43.87% max;
-#             1.218x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.53% mean, 5.30% max;
+#             1.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.81% mean, 32.59% max;
+#             1.157x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 61: cuda_decode_pool_rows.r4cs, 10 workloads, 1.30x (1.05x .. 1.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs
-#   2. batch_size > 61: sglang_packed_decode (baseline), 6 workloads
+#   1. batch_size <= 41: cuda_decode_pool_rows.r4cs, 9 workloads, 1.23x (1.04x .. 1.71x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4
+#   2. batch_size > 41: sglang_packed_decode (baseline), 7 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r2cs, 3 workloads, 3.08x (2.76x .. 3.70x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2
-#   2. 4 < batch_size <= 61: cuda_decode_pool_rows.r4cs, 7 workloads, 2.12x (1.52x .. 3.56x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
-#   3. 61 < batch_size <= 197: cuda_decode_pool_rows.r8, 3 workloads, 1.39x (1.32x .. 1.44x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs
+#   1. batch_size <= 6: cuda_decode_pool_rows.r8cs, 4 workloads, 2.69x (2.44x .. 2.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
+#   2. 6 < batch_size <= 19: cuda_decode_pool_rows.r2, 3 workloads, 2.06x (1.88x .. 2.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4
+#   3. 19 < batch_size <= 197: cuda_decode_pool_rows.r8, 6 workloads, 1.36x (1.12x .. 1.70x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
 #   4. batch_size > 197: sglang_packed_decode (baseline), 3 workloads
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 61)}, 'workloads': 10, 'speedup': (1.05, 1.3, 1.85), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs')},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (61, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 41)}, 'workloads': 9, 'speedup': (1.04, 1.23, 1.71), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4')},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (41, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (None, 4)}, 'workloads': 3, 'speedup': (2.76, 3.08, 3.7), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (4, 61)}, 'workloads': 7, 'speedup': (1.52, 2.12, 3.56), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (61, 197)}, 'workloads': 3, 'speedup': (1.32, 1.39, 1.44), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 6)}, 'workloads': 4, 'speedup': (2.44, 2.69, 2.98), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (6, 19)}, 'workloads': 3, 'speedup': (1.88, 2.06, 2.2), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (19, 197)}, 'workloads': 6, 'speedup': (1.12, 1.36, 1.7), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
     {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
@@ -69,21 +69,21 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.30x (1.05x .. 1.85x) over sglang_packed_decode
-    if batch_size <= 61:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 9 workloads, 1.23x (1.04x .. 1.71x) over sglang_packed_decode
+    if batch_size <= 41:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.08x (2.76x .. 3.70x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2') if inside else 'cuda_decode_pool_rows.r2cs'
-    # region 2: 7 workloads, 2.12x (1.52x .. 3.56x) over sglang_packed_decode
-    if 4 < batch_size <= 61:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 3: 3 workloads, 1.39x (1.32x .. 1.44x) over sglang_packed_decode
-    if 61 < batch_size <= 197:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 1: 4 workloads, 2.69x (2.44x .. 2.98x) over sglang_packed_decode
+    if batch_size <= 6:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 2: 3 workloads, 2.06x (1.88x .. 2.20x) over sglang_packed_decode
+    if 6 < batch_size <= 19:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4') if inside else 'cuda_decode_pool_rows.r2'
+    # region 3: 6 workloads, 1.36x (1.12x .. 1.70x) over sglang_packed_decode
+    if 19 < batch_size <= 197:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

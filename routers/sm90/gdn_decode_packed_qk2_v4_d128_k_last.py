@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T09:54:22Z
+# measured    up to 2026-11-26T01:32:40Z
 # workloads   16 (workload-set digest d10cfaa08a4847df)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         98942de1e044a7b3  16/16  1.00x
-#   cuda_decode_pool_rows.r1     8c9405244cf6d360  16/16  1.45x
-#   cuda_decode_pool_rows.r16    e15ec88094323857  16/16  1.32x
-#   cuda_decode_pool_rows.r16cs  b87e4f6dcef6e63a  16/16  1.33x
-#   cuda_decode_pool_rows.r1cs   ca40aeb5cff90126  16/16  1.50x
-#   cuda_decode_pool_rows.r2     3ce7925b99872d5a  16/16  1.53x
-#   cuda_decode_pool_rows.r2cs   b7e9cab74e7dac10  16/16  1.51x
-#   cuda_decode_pool_rows.r32cs  b72cad558a4dbe31  16/16  1.08x
-#   cuda_decode_pool_rows.r4     6b5f313dc1ef52a2  16/16  1.54x
-#   cuda_decode_pool_rows.r4cs   8a47eb6544ddb02f  16/16  1.57x
-#   cuda_decode_pool_rows.r8     da5aa93fc4dff02e  16/16  1.45x
-#   cuda_decode_pool_rows.r8cs   2c522302fd057c99  16/16  1.48x
+#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
+#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.26x
+#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.16x
+#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.16x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.30x
+#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.35x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.30x
+#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.95x
+#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.34x
+#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.37x
+#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.23x
+#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.32x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,32 +38,24 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.57% mean, 11.62% max;
-#             1.154x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.37% mean, 24.97% max;
-#             2.008x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.45% mean, 6.66% max;
+#             1.085x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.26% mean, 151.89% max;
+#             2.067x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 8: cuda_decode_pool_rows.r1cs, 5 workloads, 2.44x (2.16x .. 2.73x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
-#   2. 8 < batch_size <= 197: cuda_decode_pool_rows.r4cs, 8 workloads, 1.42x (1.12x .. 2.04x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
-#   3. batch_size > 197: sglang_packed_decode (baseline), 3 workloads
+#   1. batch_size <= 197: cuda_decode_pool_rows.r4cs, 13 workloads, 1.47x (1.06x .. 2.01x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs
+#   2. batch_size > 197: sglang_packed_decode (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 12: cuda_decode_pool_rows.r2, 6 workloads, 2.41x (1.98x .. 2.78x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs
-#   2. 12 < batch_size <= 61: cuda_decode_pool_rows.r4, 4 workloads, 2.65x (2.16x .. 3.58x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1
-#   3. 61 < batch_size <= 197: cuda_decode_pool_rows.r2, 3 workloads, 2.17x (2.05x .. 2.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
-#   4. batch_size > 197: cuda_decode_pool_rows.r8cs, 3 workloads, 1.60x (1.45x .. 1.68x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. every shape: cuda_decode_pool_rows.r4cs, 16 workloads, 2.49x (1.31x .. 6.78x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 8)}, 'workloads': 5, 'speedup': (2.16, 2.44, 2.73), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 197)}, 'workloads': 8, 'speedup': (1.12, 1.42, 2.04), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 197)}, 'workloads': 13, 'speedup': (1.06, 1.47, 2.01), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs')},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 12)}, 'workloads': 6, 'speedup': (1.98, 2.41, 2.78), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (12, 61)}, 'workloads': 4, 'speedup': (2.16, 2.65, 3.58), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (61, 197)}, 'workloads': 3, 'speedup': (2.05, 2.17, 2.25), 'fallbacks': ('cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.45, 1.6, 1.68), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {}, 'workloads': 16, 'speedup': (1.31, 2.49, 6.78), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -71,27 +63,13 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 2.44x (2.16x .. 2.73x) over sglang_packed_decode
-    if batch_size <= 8:
-        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 2: 8 workloads, 1.42x (1.12x .. 2.04x) over sglang_packed_decode
-    if 8 < batch_size <= 197:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 13 workloads, 1.47x (1.06x .. 2.01x) over sglang_packed_decode
+    if batch_size <= 197:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 2.41x (1.98x .. 2.78x) over sglang_packed_decode
-    if batch_size <= 12:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 2: 4 workloads, 2.65x (2.16x .. 3.58x) over sglang_packed_decode
-    if 12 < batch_size <= 61:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r4'
-    # region 3: 3 workloads, 2.17x (2.05x .. 2.25x) over sglang_packed_decode
-    if 61 < batch_size <= 197:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 4: 3 workloads, 1.60x (1.45x .. 1.68x) over sglang_packed_decode
-    if batch_size > 197:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r8cs'
-    return 'sglang_packed_decode'
+    # region 1: 16 workloads, 2.49x (1.31x .. 6.78x) over sglang_packed_decode
+    return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'

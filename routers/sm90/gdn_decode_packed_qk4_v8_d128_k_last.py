@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T09:54:28Z
+# measured    up to 2026-11-26T01:32:56Z
 # workloads   16 (workload-set digest 113743e9659b4333)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         98942de1e044a7b3  16/16  1.00x
-#   cuda_decode_pool_rows.r1     8c9405244cf6d360  16/16  1.29x
-#   cuda_decode_pool_rows.r16    e15ec88094323857  16/16  1.25x
-#   cuda_decode_pool_rows.r16cs  b87e4f6dcef6e63a  16/16  1.25x
-#   cuda_decode_pool_rows.r1cs   ca40aeb5cff90126  16/16  1.32x
-#   cuda_decode_pool_rows.r2     3ce7925b99872d5a  16/16  1.39x
-#   cuda_decode_pool_rows.r2cs   b7e9cab74e7dac10  16/16  1.37x
-#   cuda_decode_pool_rows.r32cs  b72cad558a4dbe31  16/16  1.07x
-#   cuda_decode_pool_rows.r4     6b5f313dc1ef52a2  16/16  1.40x
-#   cuda_decode_pool_rows.r4cs   8a47eb6544ddb02f  16/16  1.42x
-#   cuda_decode_pool_rows.r8     da5aa93fc4dff02e  16/16  1.34x
-#   cuda_decode_pool_rows.r8cs   2c522302fd057c99  16/16  1.36x
+#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
+#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.16x
+#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.12x
+#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.12x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.19x
+#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.25x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.22x
+#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.96x
+#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.25x
+#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.28x
+#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.18x
+#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.24x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,26 +38,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.30% mean, 6.80% max;
-#             1.074x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.00% mean, 42.22% max;
-#             2.012x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.56% mean, 3.62% max;
+#             1.048x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.42% mean, 30.32% max;
+#             1.646x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 197: cuda_decode_pool_rows.r4cs, 13 workloads, 1.53x (1.06x .. 2.47x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
-#   2. batch_size > 197: sglang_packed_decode (baseline), 3 workloads
+#   1. batch_size <= 133: cuda_decode_pool_rows.r4cs, 12 workloads, 1.39x (1.05x .. 1.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs
+#   2. batch_size > 133: sglang_packed_decode (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 28: cuda_decode_pool_rows.r16, 8 workloads, 3.87x (2.93x .. 5.47x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs
-#   2. batch_size > 28: cuda_decode_pool_rows.r4cs, 8 workloads, 1.81x (1.21x .. 2.78x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
+#   1. batch_size <= 133: cuda_decode_pool_rows.r4cs, 12 workloads, 2.43x (1.65x .. 3.04x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   2. batch_size > 133: cuda_decode_pool_rows.r8, 4 workloads, 1.37x (1.16x .. 1.87x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 197)}, 'workloads': 13, 'speedup': (1.06, 1.53, 2.47), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 133)}, 'workloads': 12, 'speedup': (1.05, 1.39, 1.94), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs')},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (133, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r16', 'bounds': {'batch_size': (None, 28)}, 'workloads': 8, 'speedup': (2.93, 3.87, 5.47), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (28, None)}, 'workloads': 8, 'speedup': (1.21, 1.81, 2.78), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 133)}, 'workloads': 12, 'speedup': (1.65, 2.43, 3.04), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (133, None)}, 'workloads': 4, 'speedup': (1.16, 1.37, 1.87), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -65,18 +65,18 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 13 workloads, 1.53x (1.06x .. 2.47x) over sglang_packed_decode
-    if batch_size <= 197:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 12 workloads, 1.39x (1.05x .. 1.94x) over sglang_packed_decode
+    if batch_size <= 133:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 3.87x (2.93x .. 5.47x) over sglang_packed_decode
-    if batch_size <= 28:
-        return ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r16'
-    # region 2: 8 workloads, 1.81x (1.21x .. 2.78x) over sglang_packed_decode
-    if batch_size > 28:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 12 workloads, 2.43x (1.65x .. 3.04x) over sglang_packed_decode
+    if batch_size <= 133:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 4 workloads, 1.37x (1.16x .. 1.87x) over sglang_packed_decode
+    if batch_size > 133:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T09:54:41Z
+# measured    up to 2026-11-26T01:33:16Z
 # workloads   16 (workload-set digest 2caf6dc86863d0b0)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         98942de1e044a7b3  16/16  1.00x
-#   cuda_decode_pool_rows.r1     8c9405244cf6d360  16/16  1.17x
-#   cuda_decode_pool_rows.r16    e15ec88094323857  16/16  1.19x
-#   cuda_decode_pool_rows.r16cs  b87e4f6dcef6e63a  16/16  1.19x
-#   cuda_decode_pool_rows.r1cs   ca40aeb5cff90126  16/16  1.19x
-#   cuda_decode_pool_rows.r2     3ce7925b99872d5a  16/16  1.26x
-#   cuda_decode_pool_rows.r2cs   b7e9cab74e7dac10  16/16  1.25x
-#   cuda_decode_pool_rows.r32cs  b72cad558a4dbe31  16/16  1.05x
-#   cuda_decode_pool_rows.r4     6b5f313dc1ef52a2  16/16  1.28x
-#   cuda_decode_pool_rows.r4cs   8a47eb6544ddb02f  16/16  1.29x
-#   cuda_decode_pool_rows.r8     da5aa93fc4dff02e  16/16  1.24x
-#   cuda_decode_pool_rows.r8cs   2c522302fd057c99  16/16  1.26x
+#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
+#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.07x
+#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.09x
+#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.07x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.09x
+#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.16x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.14x
+#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.96x
+#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.17x
+#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.19x
+#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.13x
+#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.17x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,30 +38,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.62% mean, 4.15% max;
-#             1.037x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.33% mean, 75.76% max;
-#             1.699x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.28% mean, 1.72% max;
+#             1.023x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.67% mean, 50.86% max;
+#             1.376x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 133: cuda_decode_pool_rows.r4cs, 12 workloads, 1.41x (1.03x .. 2.28x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   2. batch_size > 133: sglang_packed_decode (baseline), 4 workloads
+#   1. batch_size <= 90: cuda_decode_pool_rows.r4cs, 11 workloads, 1.30x (1.04x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
+#   2. batch_size > 90: sglang_packed_decode (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r2, 3 workloads, 3.11x (2.74x .. 4.01x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r32cs
-#   2. 4 < batch_size <= 12: cuda_decode_pool_rows.r4cs, 3 workloads, 3.60x (2.75x .. 5.40x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs
-#   3. 12 < batch_size <= 41: cuda_decode_pool_rows.r8cs, 3 workloads, 2.81x (2.34x .. 3.16x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
-#   4. batch_size > 41: cuda_decode_pool_rows.r4cs, 7 workloads, 1.61x (1.11x .. 2.66x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
+#   1. batch_size <= 12: cuda_decode_pool_rows.r2, 6 workloads, 2.96x (2.55x .. 4.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
+#   2. batch_size > 12: cuda_decode_pool_rows.r8cs, 10 workloads, 1.48x (1.06x .. 2.15x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 133)}, 'workloads': 12, 'speedup': (1.03, 1.41, 2.28), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (133, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 90)}, 'workloads': 11, 'speedup': (1.04, 1.3, 1.84), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 4)}, 'workloads': 3, 'speedup': (2.74, 3.11, 4.01), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (4, 12)}, 'workloads': 3, 'speedup': (2.75, 3.6, 5.4), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, 41)}, 'workloads': 3, 'speedup': (2.34, 2.81, 3.16), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (41, None)}, 'workloads': 7, 'speedup': (1.11, 1.61, 2.66), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 12)}, 'workloads': 6, 'speedup': (2.55, 2.96, 4.12), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.06, 1.48, 2.15), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -69,24 +65,18 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 1.41x (1.03x .. 2.28x) over sglang_packed_decode
-    if batch_size <= 133:
+    # region 1: 11 workloads, 1.30x (1.04x .. 1.84x) over sglang_packed_decode
+    if batch_size <= 90:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.11x (2.74x .. 4.01x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 2: 3 workloads, 3.60x (2.75x .. 5.40x) over sglang_packed_decode
-    if 4 < batch_size <= 12:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 3: 3 workloads, 2.81x (2.34x .. 3.16x) over sglang_packed_decode
-    if 12 < batch_size <= 41:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 4: 7 workloads, 1.61x (1.11x .. 2.66x) over sglang_packed_decode
-    if batch_size > 41:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 6 workloads, 2.96x (2.55x .. 4.12x) over sglang_packed_decode
+    if batch_size <= 12:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
+    # region 2: 10 workloads, 1.48x (1.06x .. 2.15x) over sglang_packed_decode
+    if batch_size > 12:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'

@@ -5,20 +5,20 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T16:59:23Z
+# measured    up to 2026-11-26T01:34:44Z
 # workloads   16 (workload-set digest a173f90013288ff2)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      15aab6b525ca8f55  16/16  1.00x
-#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  11/11  1.01x
-#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  11/11  1.09x
-#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  11/11  0.57x
-#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  11/11  1.26x
-#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  11/11  1.25x
-#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  11/11  1.26x
-#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.29x
-#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.20x
-#   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  1.29x
+#   sglang_flashinfer_prefill      add1e655e6d58061  16/16  1.00x
+#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  11/11  1.00x
+#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  11/11  1.08x
+#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  11/11  0.56x
+#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  11/11  1.25x
+#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  11/11  1.24x
+#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  11/11  1.24x
+#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.27x
+#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.18x
+#   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  1.27x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -34,29 +34,29 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 20.23% mean, 296.81% max;
-#             1.150x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.77% mean, 44.80% max;
-#             1.532x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 20.11% mean, 294.87% max;
+#             1.149x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.16% mean, 44.80% max;
+#             1.309x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 396 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 7.26x (2.21x .. 13.47x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
-#   2. total_seq_len <= 570 and num_seqs > 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.64x (3.20x .. 4.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16
+#   1. total_seq_len <= 396 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 6.97x (2.18x .. 12.78x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
+#   2. total_seq_len <= 570 and num_seqs > 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.64x (3.20x .. 4.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16
 #   3. total_seq_len > 570: sglang_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 153: cuda_prefill_pool_rows.k4c8, 4 workloads, 19.12x (9.51x .. 30.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k8c8
-#   2. 153 < total_seq_len <= 897: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.51x (3.77x .. 5.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16
+#   1. total_seq_len <= 153: cuda_prefill_pool_rows.k4c8, 4 workloads, 8.72x (5.50x .. 15.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k8c8
+#   2. 153 < total_seq_len <= 897: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (1.39x .. 3.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16
 #   3. total_seq_len > 897: sglang_flashinfer_prefill (baseline), 9 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 396)}, 'workloads': 3, 'speedup': (2.21, 7.26, 13.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (None, 570)}, 'workloads': 3, 'speedup': (3.2, 3.64, 4.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 396)}, 'workloads': 3, 'speedup': (2.18, 6.97, 12.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (None, 570)}, 'workloads': 3, 'speedup': (3.2, 3.64, 4.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (570, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 153)}, 'workloads': 4, 'speedup': (9.51, 19.12, 30.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (153, 897)}, 'workloads': 3, 'speedup': (3.77, 4.51, 5.82), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 153)}, 'workloads': 4, 'speedup': (5.5, 8.72, 15.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (153, 897)}, 'workloads': 3, 'speedup': (1.39, 2.62, 3.94), 'fallbacks': ('cuda_prefill_pool_rows.k2c16',)},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (897, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
@@ -66,10 +66,10 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 7.26x (2.21x .. 13.47x) over sglang_flashinfer_prefill
+    # region 1: 3 workloads, 6.97x (2.18x .. 12.78x) over sglang_flashinfer_prefill
     if total_seq_len <= 396 and num_seqs <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 3.64x (3.20x .. 4.13x) over sglang_flashinfer_prefill
+    # region 2: 3 workloads, 3.64x (3.20x .. 4.14x) over sglang_flashinfer_prefill
     if total_seq_len <= 570 and num_seqs > 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'
@@ -78,10 +78,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 19.12x (9.51x .. 30.34x) over sglang_flashinfer_prefill
+    # region 1: 4 workloads, 8.72x (5.50x .. 15.35x) over sglang_flashinfer_prefill
     if total_seq_len <= 153:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 4.51x (3.77x .. 5.82x) over sglang_flashinfer_prefill
+    # region 2: 3 workloads, 2.62x (1.39x .. 3.94x) over sglang_flashinfer_prefill
     if 153 < total_seq_len <= 897:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'

@@ -5,20 +5,20 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T16:57:07Z
+# measured    up to 2026-11-26T01:35:35Z
 # workloads   16 (workload-set digest d14b0881fe1d9253)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      15aab6b525ca8f55  16/16  1.00x
-#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  12/12  1.68x
-#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  12/12  1.76x
+#   sglang_flashinfer_prefill      add1e655e6d58061  16/16  1.00x
+#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  12/12  1.67x
+#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  12/12  1.75x
 #   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  12/12  0.51x
 #   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  12/12  1.32x
-#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  12/12  1.28x
-#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  12/12  1.57x
+#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  12/12  1.27x
+#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  12/12  1.56x
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  12/12  1.53x
-#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  12/12  1.79x
-#   cuda_prefill_pool_rows.k8c8    231724ace8030011  12/12  1.76x
+#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  12/12  1.78x
+#   cuda_prefill_pool_rows.k8c8    231724ace8030011  12/12  1.75x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -35,30 +35,30 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 6.41% mean, 43.71% max;
-#             1.173x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.171x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 8.51% mean, 35.55% max;
-#             2.586x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.764x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 373 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.78x (3.95x .. 13.23x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 373 and mean_seq_len > 3: cuda_prefill_pool_rows.k8c16, 3 workloads, 4.67x (2.12x .. 8.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   1. total_seq_len <= 373 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8
+#   2. total_seq_len <= 373 and mean_seq_len > 3: cuda_prefill_pool_rows.k8c16, 3 workloads, 4.60x (2.12x .. 8.29x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
 #   3. total_seq_len > 373: sglang_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 487 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 4 workloads, 14.53x (5.36x .. 25.05x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 487 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 17.49x (9.76x .. 29.60x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
-#   3. 487 < total_seq_len <= 6514: cuda_prefill_pool_rows.k8c16, 5 workloads, 2.92x (1.53x .. 7.05x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 487 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 4 workloads, 7.68x (2.43x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 487 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
+#   3. 487 < total_seq_len <= 6514: cuda_prefill_pool_rows.k8c16, 5 workloads, 1.60x (1.13x .. 2.92x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16
 #   4. total_seq_len > 6514: sglang_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (3.95, 8.78, 13.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (2.12, 4.67, 8.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (3.95, 8.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (2.12, 4.6, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (373, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 487)}, 'workloads': 4, 'speedup': (5.36, 14.53, 25.05), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 487)}, 'workloads': 3, 'speedup': (9.76, 17.49, 29.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'total_seq_len': (487, 6514)}, 'workloads': 5, 'speedup': (1.53, 2.92, 7.05), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 487)}, 'workloads': 4, 'speedup': (2.43, 7.68, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 487)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'total_seq_len': (487, 6514)}, 'workloads': 5, 'speedup': (1.13, 1.6, 2.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c16',)},
     {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (6514, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
@@ -68,10 +68,10 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.78x (3.95x .. 13.23x) over sglang_flashinfer_prefill
+    # region 1: 3 workloads, 8.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill
     if total_seq_len <= 373 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 4.67x (2.12x .. 8.59x) over sglang_flashinfer_prefill
+    # region 2: 3 workloads, 4.60x (2.12x .. 8.29x) over sglang_flashinfer_prefill
     if total_seq_len <= 373 and mean_seq_len > 3:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c16'
     return 'sglang_flashinfer_prefill'
@@ -80,13 +80,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 14.53x (5.36x .. 25.05x) over sglang_flashinfer_prefill
+    # region 1: 4 workloads, 7.68x (2.43x .. 16.56x) over sglang_flashinfer_prefill
     if total_seq_len <= 487 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 2: 3 workloads, 17.49x (9.76x .. 29.60x) over sglang_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 2: 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill
     if total_seq_len <= 487 and num_seqs > 3:
         return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 5 workloads, 2.92x (1.53x .. 7.05x) over sglang_flashinfer_prefill
+    # region 3: 5 workloads, 1.60x (1.13x .. 2.92x) over sglang_flashinfer_prefill
     if 487 < total_seq_len <= 6514:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k8c16'
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k8c16'
     return 'sglang_flashinfer_prefill'

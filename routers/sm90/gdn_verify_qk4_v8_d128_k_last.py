@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:49:18Z
+# measured    up to 2026-11-26T01:40:10Z
 # workloads   12 (workload-set digest 4f80aa0bb9ce0d46)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        f0b182a2de6dc5cc  12/12  1.00x
-#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.98x
-#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  1.23x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  1.21x
-#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  1.07x
+#   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
+#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.76x
+#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  0.96x
+#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.94x
+#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.84x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,55 +24,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.99% mean, 5.20% max;
-#             1.034x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.90% mean, 9.07% max;
+#             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 6.87% mean, 44.45% max;
-#             2.138x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.666x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 6: cuda_verify_rows.r2, 5 workloads, 1.52x (1.25x .. 1.75x) over sglang_verify; then cuda_verify_rows.r4
-#   2. 6 < num_seqs <= 105: cuda_verify_rows.r4, 4 workloads, 1.16x (1.04x .. 1.35x) over sglang_verify
-#   3. num_seqs > 105: sglang_verify (baseline), 3 workloads
+#   1. every shape: sglang_verify (baseline), 12 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 13 and cache_steps > 2: cuda_verify_rows.r2, 4 workloads, 4.28x (3.88x .. 4.58x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r1
-#   2. cache_steps <= 2: cuda_verify_rows.r4, 3 workloads, 3.89x (1.62x .. 7.43x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   3. num_seqs > 13 and cache_steps > 2: cuda_verify_rows.r8, 5 workloads, 2.18x (1.27x .. 5.99x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   1. num_seqs <= 13 and cache_steps > 2: cuda_verify_rows.r2, 4 workloads, 3.28x (2.89x .. 4.23x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4
+#   2. cache_steps <= 2: cuda_verify_rows.r4, 3 workloads, 3.07x (1.35x .. 6.06x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
+#   3. num_seqs > 13 and cache_steps > 2: cuda_verify_rows.r8, 5 workloads, 1.56x (1.11x .. 2.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 5, 'speedup': (1.25, 1.52, 1.75), 'fallbacks': ('cuda_verify_rows.r4',)},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 105)}, 'workloads': 4, 'speedup': (1.04, 1.16, 1.35), 'fallbacks': ()},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (105, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'sglang_verify', 'bounds': {}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (2, None), 'num_seqs': (None, 13)}, 'workloads': 4, 'speedup': (3.88, 4.28, 4.58), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 2)}, 'workloads': 3, 'speedup': (1.62, 3.89, 7.43), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (2, None), 'num_seqs': (13, None)}, 'workloads': 5, 'speedup': (1.27, 2.18, 5.99), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (2, None), 'num_seqs': (None, 13)}, 'workloads': 4, 'speedup': (2.89, 3.28, 4.23), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 2)}, 'workloads': 3, 'speedup': (1.35, 3.07, 6.06), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (2, None), 'num_seqs': (13, None)}, 'workloads': 5, 'speedup': (1.11, 1.56, 2.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 1.52x (1.25x .. 1.75x) over sglang_verify
-    if num_seqs <= 6:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 4 workloads, 1.16x (1.04x .. 1.35x) over sglang_verify
-    if 6 < num_seqs <= 105:
-        return 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.28x (3.88x .. 4.58x) over sglang_verify
+    # region 1: 4 workloads, 3.28x (2.89x .. 4.23x) over sglang_verify
     if num_seqs <= 13 and cache_steps > 2:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 3.89x (1.62x .. 7.43x) over sglang_verify
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
+    # region 2: 3 workloads, 3.07x (1.35x .. 6.06x) over sglang_verify
     if cache_steps <= 2:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
-    # region 3: 5 workloads, 2.18x (1.27x .. 5.99x) over sglang_verify
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 5 workloads, 1.56x (1.11x .. 2.40x) over sglang_verify
     if num_seqs > 13 and cache_steps > 2:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:49:34Z
+# measured    up to 2026-11-26T01:40:25Z
 # workloads   12 (workload-set digest 57091ffb271d0800)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        f0b182a2de6dc5cc  12/12  1.00x
-#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.91x
-#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  1.14x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  1.16x
-#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  1.07x
+#   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
+#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.76x
+#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  0.96x
+#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.97x
+#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.90x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,43 +24,31 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.46% mean, 15.36% max;
-#             1.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.36% mean, 32.85% max;
+#             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 0.91% mean, 5.09% max;
-#             1.576x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.307x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 3: cuda_verify_rows.r2, 4 workloads, 1.47x (1.34x .. 1.65x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1
-#   2. 3 < num_seqs <= 45: cuda_verify_rows.r4, 3 workloads, 1.15x (1.08x .. 1.19x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   3. num_seqs > 45: sglang_verify (baseline), 5 workloads
+#   1. every shape: sglang_verify (baseline), 12 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r4, 12 workloads, 2.49x (1.11x .. 4.96x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   1. every shape: cuda_verify_rows.r4, 12 workloads, 1.94x (1.04x .. 3.98x) over sglang_verify
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (1.34, 1.47, 1.65), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 45)}, 'workloads': 3, 'speedup': (1.08, 1.15, 1.19), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (45, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'sglang_verify', 'bounds': {}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (1.11, 2.49, 4.96), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (1.04, 1.94, 3.98), 'fallbacks': ()},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.47x (1.34x .. 1.65x) over sglang_verify
-    if num_seqs <= 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 1.15x (1.08x .. 1.19x) over sglang_verify
-    if 3 < num_seqs <= 45:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 2.49x (1.11x .. 4.96x) over sglang_verify
-    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 1: 12 workloads, 1.94x (1.04x .. 3.98x) over sglang_verify
+    return 'cuda_verify_rows.r4'
