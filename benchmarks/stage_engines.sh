@@ -89,3 +89,26 @@ fi
 echo "engines-deps: installed ${#missing[@]} distributions the host lacked into /tmp/kd-engines-deps"
 SETUP
 du -sh "$deps"
+
+# shared/device's c2 and c3 bundles each hold half of one big wheel (part.aa, part.ab: 46 MB), which with
+# this working tree (21 MB with the results twins, 2026-11-26) passes a transfer's 64 MiB. 3 MB of each
+# move out: the head of part.aa into c1 (part.a0), the tail of part.ab into a bundle of its own, c4
+# (part.ac, sent before c3: its call copies the file into the installer's staging folder), and the
+# three installers join a0 + aa + ab + ac. Order: engines, c1, c2, c4, c3. Run once after shared/device's
+# stage-wheels.sh (a second run finds part.a0 and leaves the bundles as they are).
+MOVE=3000000
+if [ -f .kd-wheels/c2/part.aa ] && [ ! -f .kd-wheels/c1/part.a0 ]; then
+  chmod -R u+w .kd-wheels/c1 .kd-wheels/c2 .kd-wheels/c3
+  head -c "$MOVE" .kd-wheels/c2/part.aa > .kd-wheels/c1/part.a0
+  tail -c +"$((MOVE + 1))" .kd-wheels/c2/part.aa > .kd-wheels/c2/part.aa.rest
+  mv .kd-wheels/c2/part.aa.rest .kd-wheels/c2/part.aa
+  mkdir -p .kd-wheels/c4
+  size=$(stat -c %s .kd-wheels/c3/part.ab)
+  tail -c "$MOVE" .kd-wheels/c3/part.ab > .kd-wheels/c4/part.ac
+  head -c "$((size - MOVE))" .kd-wheels/c3/part.ab > .kd-wheels/c3/part.ab.rest
+  mv .kd-wheels/c3/part.ab.rest .kd-wheels/c3/part.ab
+  for c in c1 c2 c3; do
+    sed -i 's|if \[ ! -f "$parts/part.aa" \]|if [ ! -f "$parts/part.a0" ] \|\| [ ! -f "$parts/part.ac" ] \|\| [ ! -f "$parts/part.aa" ]|; s|cat "$parts/part.aa" "$parts/part.ab"|cat "$parts/part.a0" "$parts/part.aa" "$parts/part.ab" "$parts/part.ac"|' .kd-wheels/$c/gpu-setup.sh
+  done
+  echo "re-split the big wheel's parts: send engines, c1, c2, then c4 (mkdir -p /tmp/kd-parts && cp .kd-wheels/c4/part.ac /tmp/kd-parts/), then c3"
+fi
