@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/stage_engines.sh                       # here, once
 #   run: carry [".kd-wheels/engines"], command bash .kd-wheels/engines/gpu-setup.sh   (first)
-#   then shared/device's c1, c2, c3, each its own call, in the same hold of the machine
+#   then shared/device's c1, c2, c4 (see the end), c3, each its own call, in the same hold of the machine
 # gpu-setup.sh unpacks it under /tmp/kd-engines; benchmarks/gpu_env.sh puts /tmp/kd-engines on
 # PYTHONPATH when it exists.
 set -euo pipefail
