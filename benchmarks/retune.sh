@@ -48,7 +48,7 @@ case "$step" in
     keep tuner/results/heldout/traces ;;
   check)
     python -m kdispatch.cli route --out /tmp/kd-refit --check "$HELDOUT_STORE" 2>&1 | grep "^\[check\]"  # routers/ untouched
-    timeout 300 python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
+    timeout 450 python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
       --json benchmarks/results/bench-heldout-routed-H100.json 2>&1 | tail -30
     python benchmarks/reported_shapes.py --out /tmp/reported
     timeout 200 python -m kdispatch.cli bench --workloads /tmp/reported \

@@ -5,20 +5,20 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T19:51:44Z
-# workloads   11 (workload-set digest cec33edd32edf4b0)
+# measured    up to 2026-11-26T03:23:29Z
+# workloads   16 (workload-set digest 798ffe1a6b6400b2)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      15aab6b525ca8f55  8/8  1.00x
-#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  11/11  3.29x
-#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  11/11  3.66x
-#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  11/11  1.40x
-#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  11/11  3.23x
-#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  11/11  3.35x
-#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  11/11  3.66x
-#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  3.90x
-#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  3.61x
-#   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  3.95x
+#   sglang_flashinfer_prefill      add1e655e6d58061  16/16  1.00x
+#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  11/11  1.71x
+#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  11/11  1.83x
+#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  11/11  0.78x
+#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  11/11  1.74x
+#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  11/11  1.80x
+#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  11/11  1.92x
+#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.99x
+#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.92x
+#   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  2.00x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -34,37 +34,39 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.13% mean, 9.67% max;
-#             2.426x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 99.23% mean, 703.08% max;
-#             5.164x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.61% mean, 9.67% max;
+#             1.101x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 28.66% mean, 286.23% max;
+#             1.244x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 197: cuda_prefill_pool_rows.k4c8, 6 workloads, 7.28x (1.77x .. 13.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
-#   2. total_seq_len > 197: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 197: cuda_prefill_pool_rows.k4c8, 6 workloads, 7.25x (1.75x .. 13.06x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
+#   2. total_seq_len > 197: sglang_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 98: cuda_prefill_pool_rows.k16c8, 5 workloads, 18.35x (7.84x .. 28.21x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16
-#   2. 98 < total_seq_len <= 539: cuda_prefill_pool_rows.k8c16, 3 workloads, 4.57x (2.84x .. 7.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len > 539: sglang_flashinfer_prefill (baseline), 3 workloads
-# measured    1 <= total_seq_len <= 5804, 1 <= num_seqs <= 44, 1 <= mean_seq_len <= 1934
+#   1. total_seq_len <= 39: cuda_prefill_pool_rows.k16c8, 4 workloads, 14.06x (12.07x .. 16.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16
+#   2. 39 < total_seq_len <= 3044 and num_seqs <= 8: cuda_prefill_pool_rows.k8c16, 3 workloads, 4.10x (2.38x .. 8.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   3. 39 < total_seq_len <= 3720 and num_seqs > 8: cuda_prefill_pool_rows.k4c16, 3 workloads, 2.51x (1.33x .. 5.66x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16
+#   4. total_seq_len > 3720: sglang_flashinfer_prefill (baseline), 6 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 197)}, 'workloads': 6, 'speedup': (1.77, 7.28, 13.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 2, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (197, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 197)}, 'workloads': 6, 'speedup': (1.75, 7.25, 13.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 2, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (197, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'total_seq_len': (None, 98)}, 'workloads': 5, 'speedup': (7.84, 18.35, 28.21), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'total_seq_len': (98, 539)}, 'workloads': 3, 'speedup': (2.84, 4.57, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (539, None)}, 'workloads': 3, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'total_seq_len': (None, 39)}, 'workloads': 4, 'speedup': (12.07, 14.06, 16.14), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (39, 3044)}, 'workloads': 3, 'speedup': (2.38, 4.1, 8.32), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (39, 3720)}, 'workloads': 3, 'speedup': (1.33, 2.51, 5.66), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16')},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3720, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (1, 5804), 'num_seqs': (1, 44), 'mean_seq_len': (1, 1934)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 5804 and 1 <= num_seqs <= 44 and 1 <= mean_seq_len <= 1934  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 7.28x (1.77x .. 13.13x) over sglang_flashinfer_prefill
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 6 workloads, 7.25x (1.75x .. 13.06x) over sglang_flashinfer_prefill
     if total_seq_len <= 197:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'sglang_flashinfer_prefill'
@@ -72,11 +74,14 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 5804 and 1 <= num_seqs <= 44 and 1 <= mean_seq_len <= 1934  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 18.35x (7.84x .. 28.21x) over sglang_flashinfer_prefill
-    if total_seq_len <= 98:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 4.57x (2.84x .. 7.63x) over sglang_flashinfer_prefill
-    if 98 < total_seq_len <= 539:
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 4 workloads, 14.06x (12.07x .. 16.14x) over sglang_flashinfer_prefill
+    if total_seq_len <= 39:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 3 workloads, 4.10x (2.38x .. 8.32x) over sglang_flashinfer_prefill
+    if 39 < total_seq_len <= 3044 and num_seqs <= 8:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 3 workloads, 2.51x (1.33x .. 5.66x) over sglang_flashinfer_prefill
+    if 39 < total_seq_len <= 3720 and num_seqs > 8:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16') if inside else 'cuda_prefill_pool_rows.k4c16'
     return 'sglang_flashinfer_prefill'
