@@ -7,7 +7,8 @@ HookRegistry, at the head counts of TP 1, 2, 4 and 8.
 Per call: the outputs (and the pool or intermediate states written) of the two must agree (bf16
 output within 5e-2, states within 1e-2 relative to their norm); CUDA-graph time (one graph calls
 the method once per input set, the sets' slots rotated through a pool larger than 4x the L2) and
-eager time (host + device, synchronised) of each; host time (until the call returns, device idle:
+eager time (host + device, synchronised; the two sides alternate call by call, 60 calls or more
+each, so that drift on the shared host hits both); host time (until the call returns, device idle:
 benchmarks/hosttime.py); the plugin's speedup. Prints a table, then per family and mode the mean and
 minimum speedup. Writes JSON. With --profile, also where the plugin's host time goes (cProfile).
 
@@ -24,6 +25,7 @@ import datetime
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ EXTEND = ((1, 128), (1, 2048), (4, 512), (16, 1024), (64, 4096))  # (sequences, 
 VERIFY = ((1, 4), (16, 4), (64, 4), (128, 2))  # (requests, draft tokens each)
 STATE_BYTES = 128 * 128 * 4  # one head's fp32 state
 MAX_SETS = 32
+EAGER_REPS = 60  # eager calls per side, alternating
 
 
 def _sets(per_set_heads: int, l2: int) -> int:
@@ -151,35 +154,58 @@ def _run(method, call):
     return method(*args, **kw)
 
 
-def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False) -> dict:
+def _eager_interleaved(methods: dict, calls: list, reps: int) -> dict:
+    """Eager (host + device, synchronised) microseconds of each method, median over `reps` calls each,
+    the methods alternating call by call: machine drift (other tenants, clocks) hits both alike."""
+    samples = {who: [] for who in methods}
+    for i in range(reps):
+        for who, method in methods.items():
+            args, kw = calls[i % len(calls)]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            method(*args, **kw)
+            torch.cuda.synchronize()
+            samples[who].append((time.perf_counter() - t0) * 1e6)
+    return {who: statistics.median(xs) for who, xs in samples.items()}
+
+
+def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False, calls_before: int = 0) -> dict:
     module, cls_name, method_name, _, build, output_of = FAMILIES[family]
     cls = _kernel_class(module, cls_name)
     calls, written = build(hv, shape, l2, device)
     start = written.clone()
     row = {"family": family, "value_heads": hv, "shape": shape, "sets": len(calls)}
-    results = {}
-    for who in ("sglang", "kdispatch"):
-        undo = _hook_all() if who == "kdispatch" else (lambda: None)
-        try:
-            kernel = cls()  # as SGLang's backend builds it (FlashInfer's class loads its kernels here)
-            method = getattr(kernel, method_name)
-            written.copy_(start)
-            out = output_of(_run(method, calls[0])).clone()
-            results[who] = (out, written.clone())
-            if device.type == "cuda":
-                marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
-                sets = [[marker, c] for c in calls]
-                fn = lambda _, c, m=method: _run(m, c)  # noqa: E731
-                row[f"{who}_eager_us"] = statistics.median(timing.eager_times_us(fn, sets, max(10, 2 * len(sets))))
-                times, _ = timing.graph_times_us(fn, sets)
-                row[f"{who}_graph_us"] = statistics.median(times)
-                row[f"{who}_host_us"] = host_us(_run, (method, calls[0]))
-                if profile and who == "kdispatch":
-                    row["kdispatch_host_profile"] = host_breakdown(_run, (method, calls[0]))
-        except Exception as exc:
-            row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            undo()
+    results, methods = {}, {}
+    undo = lambda: None  # noqa: E731
+    try:
+        for who in ("sglang", "kdispatch"):
+            if who == "kdispatch":
+                undo = _hook_all()
+            # as SGLang's backend builds it (FlashInfer's class loads its kernels here); a bound method
+            # keeps the function it was bound to, so SGLang's stays unhooked after _hook_all
+            method = getattr(cls(), method_name)
+            try:
+                written.copy_(start)
+                out = output_of(_run(method, calls[0])).clone()
+                results[who] = (out, written.clone())
+                for i in range(calls_before):  # eager calls before the graph is captured (engines warm up)
+                    _run(method, calls[i % len(calls)])
+                if device.type == "cuda":
+                    marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
+                    sets = [[marker, c] for c in calls]
+                    times, _ = timing.graph_times_us(lambda _, c, m=method: _run(m, c), sets)
+                    row[f"{who}_graph_us"] = statistics.median(times)
+                    row[f"{who}_host_us"] = host_us(_run, (method, calls[0]))
+                    if profile and who == "kdispatch":
+                        row["kdispatch_host_profile"] = host_breakdown(_run, (method, calls[0]))
+                methods[who] = method
+            except Exception as exc:
+                row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if device.type == "cuda" and methods:
+            for who, us in _eager_interleaved(methods, calls, max(EAGER_REPS, 2 * len(calls))).items():
+                row[f"{who}_eager_us"] = us
+    finally:
+        undo()
     if len(results) == 2:
         (o1, s1), (o2, s2) = results["sglang"], results["kdispatch"]
         row["max_abs_out_diff"] = float((o1.float() - o2.float()).abs().max())
@@ -197,6 +223,7 @@ def main() -> None:
     ap.add_argument("--heads", nargs="*", type=int, default=[hv for _, hv in PACKED_HEADS.values()])
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/sglang-layer-H100.json"))
     ap.add_argument("--profile", action="store_true", help="where the plugin's host time goes, per shape")
+    ap.add_argument("--calls-before", type=int, default=0, help="eager calls of each side before its graph capture")
     opts = ap.parse_args()
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -206,7 +233,7 @@ def main() -> None:
     for family in opts.families:
         for hv in opts.heads:
             for shape in FAMILIES[family][3]:
-                r = measure(family, hv, shape, l2, device, opts.profile)
+                r = measure(family, hv, shape, l2, device, opts.profile, opts.calls_before)
                 rows.append(r)
                 f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
                 x = lambda k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
