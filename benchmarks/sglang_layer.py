@@ -16,7 +16,7 @@ Needs SGLang importable for real (benchmarks/stage_engines.sh: the engines bundl
 engines-deps bundle; on the GPU machine `. benchmarks/gpu_env.sh`).
 
     python benchmarks/sglang_layer.py [--families decode extend verify] [--heads 32 16 8 4] [--json out.json]
-                                      [--profile]
+                                      [--profile] [--calls-before N]
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import datetime
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -154,18 +153,15 @@ def _run(method, call):
     return method(*args, **kw)
 
 
-def _eager_interleaved(methods: dict, calls: list, reps: int) -> dict:
+def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
     """Eager (host + device, synchronised) microseconds of each method, median over `reps` calls each,
     the methods alternating call by call: machine drift (other tenants, clocks) hits both alike."""
+    marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
     samples = {who: [] for who in methods}
     for i in range(reps):
+        one = [[marker, calls[i % len(calls)]]]
         for who, method in methods.items():
-            args, kw = calls[i % len(calls)]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            method(*args, **kw)
-            torch.cuda.synchronize()
-            samples[who].append((time.perf_counter() - t0) * 1e6)
+            samples[who] += timing.eager_times_us(lambda _, c, m=method: _run(m, c), one, 1)
     return {who: statistics.median(xs) for who, xs in samples.items()}
 
 
@@ -202,7 +198,7 @@ def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False,
             except Exception as exc:
                 row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         if device.type == "cuda" and methods:
-            for who, us in _eager_interleaved(methods, calls, max(EAGER_REPS, 2 * len(calls))).items():
+            for who, us in _eager_interleaved(methods, calls, device, max(EAGER_REPS, 2 * len(calls))).items():
                 row[f"{who}_eager_us"] = us
     finally:
         undo()
