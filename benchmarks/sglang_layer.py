@@ -60,7 +60,8 @@ def decode_calls(hv: int, batch: int, l2: int, device) -> tuple[list, object]:
     w = {"axes": {"batch_size": batch, "num_slots": batch * n + 1}, "inputs": {}, "uuid": f"layer-decode-{hv}-{batch}"}
     mixed_qkv, a, b, A_log, dt_bias, pool, idx, _, scale = materialize(packed_name(hv // 2, hv), w, device=device)
     idx = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
-    calls = [((mixed_qkv, a, b), dict(A_log=A_log.to(torch.bfloat16), dt_bias=dt_bias, scale=scale, ssm_states=pool,
+    A_log = A_log.to(torch.bfloat16)  # one parameter tensor for every call, as the layer passes it
+    calls = [((mixed_qkv, a, b), dict(A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=pool,
                                      cache_indices=_rotated(idx, batch, i), num_v_heads=hv, head_v_dim=128))
              for i in range(n)]
     return calls, pool
@@ -96,7 +97,8 @@ def verify_calls(hv: int, seqs: int, steps: int, l2: int, device) -> tuple[list,
     row = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
     qs, ks, vs = row.split([hq * 128, hq * 128, hv * 128], dim=1)
     idx = torch.arange(1, seqs + 1, dtype=torch.int32, device=device)
-    calls = [((), dict(A_log=A_log, dt_bias=dt_bias.to(torch.bfloat16), q=qs.view(1, total, hq, 128),
+    dt_bias = dt_bias.to(torch.bfloat16)  # one parameter tensor for every call, as the layer passes it
+    calls = [((), dict(A_log=A_log, dt_bias=dt_bias, q=qs.view(1, total, hq, 128),
                        k=ks.view(1, total, hq, 128), v=vs.view(1, total, hv, 128), a=a, b=b, ssm_states=pool,
                        cache_indices=_rotated(idx, seqs, i), query_start_loc=cu, intermediate_states_buffer=inter,
                        intermediate_state_indices=rows, cache_steps=steps, retrieve_parent_token=None,

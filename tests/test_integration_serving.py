@@ -71,6 +71,23 @@ def test_layer_parameters_are_converted_per_tensor_and_version():
         assert as_fp32(torch.full((2,), value, dtype=torch.bfloat16)).tolist() == [value, value]
 
 
+def test_a_parameter_first_converted_during_capture_is_not_kept(monkeypatch):
+    """Under CUDA-graph capture the conversion is a captured kernel whose output exists only on replay:
+    it is used for that call but not cached; a conversion cached before capture is reused in it."""
+    from kdispatch import dispatch
+    from kdispatch.integrations.packed_decode import as_fp32
+
+    a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    monkeypatch.setattr(dispatch, "_captures", 1)
+    during = as_fp32(a)
+    assert during.tolist() == [1.0, 2.0] and as_fp32(a) is not during
+    monkeypatch.setattr(dispatch, "_captures", 0)
+    kept = as_fp32(a)
+    assert kept is not during and as_fp32(a) is kept
+    monkeypatch.setattr(dispatch, "_captures", 1)
+    assert as_fp32(a) is kept
+
+
 def test_a_call_routed_to_the_baseline_goes_to_the_engines_kernel(monkeypatch):
     """Inside attempt(), a shape the router sends to the baseline runs the engine's own call (nothing of
     kdispatch's runs); one sent to a variant runs kdispatch's; outside attempt() the baseline runs."""

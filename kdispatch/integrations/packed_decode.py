@@ -10,6 +10,7 @@ import weakref
 
 import torch
 
+from kdispatch import dispatch
 from kdispatch.integrations import serving
 
 HEADS = (4, 8, 16, 32)  # value heads of the gdn_decode_packed definitions (q/k heads: half)
@@ -36,12 +37,16 @@ def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int)
 def as_fp32(t: torch.Tensor) -> torch.Tensor:
     """A layer parameter (A_log, dt_bias) as float32, the definitions' dtype: converted once per
     tensor and version (a parameter loaded in place is converted again; a tensor that died is never
-    mistaken for a new one at its address)."""
+    mistaken for a new one at its address). A conversion made while a CUDA graph is captured is not
+    kept: its result exists only when the graph replays, and later eager calls would read it unset."""
     if t.dtype == torch.float32:
         return t
     held = _fp32.get(id(t))
     if held is None or held[0]() is not t or held[1] != t._version:
-        held = _fp32[id(t)] = (weakref.ref(t), t._version, t.float().contiguous())
+        fp32 = t.float().contiguous()
+        if dispatch.capturing():
+            return fp32
+        held = _fp32[id(t)] = (weakref.ref(t), t._version, fp32)
     return held[2]
 
 
