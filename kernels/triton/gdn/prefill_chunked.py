@@ -1,0 +1,368 @@
+"""GDN prefill, chunked: two Triton kernels that do the delta rule 64 tokens at a time on tensor cores.
+
+Definitions: gdn_prefill_pool_* (the engines' convention: q/k L2-normalised here, gates activated by
+the engine, states in a pool of slots updated in place) and gdn_prefill_qk4_v8_d128_k_last (the
+contest's: raw gates, a state per sequence).
+
+Within a chunk of C tokens of one sequence, with G the cumulative log decay from the chunk start
+(Gamma = exp(G)), S0 the state at the chunk start ([V, K], k-last) and the residual
+r_t = beta_t (v_t - exp(g_t) S_{t-1} k_t) of each token, unrolling the recurrence gives
+
+    R = U - W S0^T,  U = T diag(beta) V,  W = T diag(beta Gamma) K,
+    T = (I + strictly_lower(diag(beta) (K K^T) * exp(G_i - G_j)))^-1,
+    O = scale (diag(Gamma) Q S0^T + (Q K^T * exp(G_i - G_j), j <= i) R),
+    S_C = exp(G_C) S0 + (R * exp(G_C - G))^T K.
+
+T, W and U do not depend on the state, so they are computed for every chunk at once:
+`_wy_kernel`, one program per (64-token block of the packed batch, value head). A block may hold the
+tail of one sequence and the heads of others: every matrix is masked to pairs of tokens of the same
+sequence and G restarts where a sequence starts, so each (block, sequence) piece is a chunk of its
+own. T is inverted in 16-row blocks (forward substitution on the diagonal blocks, then the
+off-diagonal blocks from them), W and U go to bf16 scratch [T, HV, 128] and G to fp32 [T, HV].
+
+`_scan_kernel` then walks each sequence's pieces in order, one program per (sequence, value head,
+BV rows of V) with its [BV, K] state block in registers: the four products above per piece. Its
+time grows with the longest sequence's number of blocks (~64x fewer steps than a token-by-token
+recurrence), its work with the tokens. Both kernels check cu_seqlens on the device (no host sync,
+CUDA-graph safe): a malformed batch writes a zero output and no state; a sequence whose slot is
+outside the pool writes zeros and touches no state.
+
+DOT_FP32: Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies the raw bits in a
+bf16 x bf16 tl.dot, so off CUDA the bf16 operands stay fp32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
+from kdispatch.kernels.triton.launch import launch
+from kdispatch.registry import variant
+
+CHUNK = 64
+DIM = 128
+CU_BLOCK = 256  # cu_seqlens entries examined per vector step
+
+
+@triton.jit
+def _segments(cu_ptr, N, rows, CU_BLOCK: tl.constexpr):
+    """Per row: how many sequence boundaries cu[1..N] lie at or before it (its sequence index)."""
+    seg = tl.zeros(rows.shape, dtype=tl.int32)
+    for c0 in range(0, N + 1, CU_BLOCK):
+        offs = c0 + tl.arange(0, CU_BLOCK)
+        cu = tl.load(cu_ptr + offs, mask=(offs >= 1) & (offs <= N), other=2147483647).to(tl.int64)
+        seg += tl.sum((cu[None, :] <= rows[:, None]).to(tl.int32), axis=1)
+    return seg
+
+
+@triton.jit
+def _batch_ok(cu_ptr, N, T, CU_BLOCK: tl.constexpr):
+    """0 = cu[0] <= cu[1] <= ... <= cu[N] = T."""
+    bad = 0
+    for c0 in range(0, N + 1, CU_BLOCK):
+        offs = c0 + tl.arange(0, CU_BLOCK)
+        cu = tl.load(cu_ptr + offs, mask=offs <= N, other=0).to(tl.int64)
+        prev = tl.load(cu_ptr + offs - 1, mask=(offs >= 1) & (offs <= N), other=0).to(tl.int64)
+        b = ((offs == 0) & (cu != 0)) | ((offs <= N) & (cu < prev)) | ((offs == N) & (cu != T))
+        bad += tl.sum(b.to(tl.int32), axis=0)
+    return bad == 0
+
+
+@triton.jit
+def _pick(x, S: tl.constexpr):
+    """Rows 16 S .. 16 S + 15 of a [64] vector (register tensors cannot be sliced)."""
+    c = tl.arange(0, 64)
+    r = S * 16 + tl.arange(0, 16)
+    return tl.sum(tl.where(c[None, :] == r[:, None], x[None, :], 0), axis=1)
+
+
+@triton.jit
+def _rows16(ptr, row0, T, s_t, col0, NCOL: tl.constexpr, NORM: tl.constexpr):
+    """[16, NCOL] fp32 rows row0.. of a [T, ...] tensor (zeros past T), L2-normalised with NORM."""
+    r = row0 + tl.arange(0, 16)
+    x = tl.load(ptr + r[:, None].to(tl.int64) * s_t + col0 + tl.arange(0, NCOL)[None, :],
+                mask=(r < T)[:, None], other=0.0).to(tl.float32)
+    if NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=1)[:, None] + 1e-6)
+    return x
+
+
+@triton.jit
+def _low(x, DOT_FP32: tl.constexpr):
+    """A tl.dot operand in bf16 (fp32 accumulate), or fp32 under the interpreter (see the docstring)."""
+    if DOT_FP32:
+        return x
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _n_block(Ka, Kb, Ga, Gb, ba, sa, sb, A: tl.constexpr, B: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Block (A, B) of strictly_lower(diag(beta) K K^T * exp(G_i - G_j)), same-sequence pairs only."""
+    kk = tl.dot(_low(Ka, DOT_FP32), tl.trans(_low(Kb, DOT_FP32)))
+    i = A * 16 + tl.arange(0, 16)
+    j = B * 16 + tl.arange(0, 16)
+    m = (sa[:, None] == sb[None, :]) & (j[None, :] < i[:, None])
+    return tl.where(m, ba[:, None] * kk * tl.exp(tl.where(m, Ga[:, None] - Gb[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _inv_lower16(Nb):
+    """(I + Nb)^-1 for a strictly lower 16 x 16 Nb, by forward substitution (row i of the inverse is
+    e_i - sum_{m < i} Nb[i, m] row m)."""
+    r = tl.arange(0, 16)
+    inv = (r[:, None] == r[None, :]).to(tl.float32)
+    for i in tl.static_range(1, 16):
+        n_i = tl.sum(tl.where(r[:, None] == i, Nb, 0.0), axis=0)  # Nb[i, :]
+        acc = tl.sum(n_i[:, None] * inv, axis=0)
+        inv = inv - tl.where(r[:, None] == i, acc[None, :], 0.0)
+    return inv
+
+
+@triton.jit
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _wy_kernel(
+    k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, w_ptr, u_ptr, gc_ptr,
+    T, N,
+    s_kt, s_kh, s_vt, s_vh, s_gt, s_bt,  # token and head strides (elements); gates: head stride 1
+    HV: tl.constexpr, HQK: tl.constexpr, NORM: tl.constexpr, RAW_GATES: tl.constexpr,
+    CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    i_blk = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_hk = i_h // (HV // HQK)
+    row0 = i_blk * 64
+    rows = row0 + tl.arange(0, 64)
+    valid = rows < T
+    seg = _segments(cu_ptr, N, rows, CU_BLOCK)
+
+    if RAW_GATES:  # the contest's: log decay -exp(A_log) softplus(a + dt_bias), beta sigmoid(b)
+        x = tl.load(g_ptr + rows * s_gt + i_h, mask=valid, other=0.0).to(tl.float32) + tl.load(dt_bias_ptr + i_h)
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        g = -tl.exp(tl.load(A_log_ptr + i_h)) * softplus
+        beta = 1.0 / (1.0 + tl.exp(-tl.load(beta_ptr + rows * s_bt + i_h, mask=valid, other=0.0).to(tl.float32)))
+    else:
+        g = tl.load(g_ptr + rows * s_gt + i_h, mask=valid, other=0.0)
+        beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=valid, other=0.0)
+    g = tl.where(valid, g, 0.0)
+    beta = tl.where(valid, beta, 0.0)
+    c = tl.arange(0, 64)
+    G = tl.sum(tl.where((seg[None, :] == seg[:, None]) & (c[None, :] <= c[:, None]), g[None, :], 0.0), axis=1)
+    tl.store(gc_ptr + rows.to(tl.int64) * HV + i_h, G, mask=valid)
+
+    kp = k_ptr + i_hk * s_kh
+    vp = v_ptr + i_h * s_vh
+    K0 = _rows16(kp, row0, T, s_kt, 0, 128, NORM)
+    K1 = _rows16(kp, row0 + 16, T, s_kt, 0, 128, NORM)
+    K2 = _rows16(kp, row0 + 32, T, s_kt, 0, 128, NORM)
+    K3 = _rows16(kp, row0 + 48, T, s_kt, 0, 128, NORM)
+    G0, G1, G2, G3 = _pick(G, 0), _pick(G, 1), _pick(G, 2), _pick(G, 3)
+    b0, b1, b2, b3 = _pick(beta, 0), _pick(beta, 1), _pick(beta, 2), _pick(beta, 3)
+    s0, s1, s2, s3 = _pick(seg, 0), _pick(seg, 1), _pick(seg, 2), _pick(seg, 3)
+
+    T00 = _inv_lower16(_n_block(K0, K0, G0, G0, b0, s0, s0, 0, 0, DOT_FP32))
+    T11 = _inv_lower16(_n_block(K1, K1, G1, G1, b1, s1, s1, 1, 1, DOT_FP32))
+    T22 = _inv_lower16(_n_block(K2, K2, G2, G2, b2, s2, s2, 2, 2, DOT_FP32))
+    T33 = _inv_lower16(_n_block(K3, K3, G3, G3, b3, s3, s3, 3, 3, DOT_FP32))
+    N10 = _n_block(K1, K0, G1, G0, b1, s1, s0, 1, 0, DOT_FP32)
+    N20 = _n_block(K2, K0, G2, G0, b2, s2, s0, 2, 0, DOT_FP32)
+    N21 = _n_block(K2, K1, G2, G1, b2, s2, s1, 2, 1, DOT_FP32)
+    N30 = _n_block(K3, K0, G3, G0, b3, s3, s0, 3, 0, DOT_FP32)
+    N31 = _n_block(K3, K1, G3, G1, b3, s3, s1, 3, 1, DOT_FP32)
+    N32 = _n_block(K3, K2, G3, G2, b3, s3, s2, 3, 2, DOT_FP32)
+    # Off-diagonal blocks of the inverse: T_ab = -T_aa sum_{a > m >= b} N_am T_mb.
+    T10 = -_mm(T11, _mm(N10, T00))
+    T21 = -_mm(T22, _mm(N21, T11))
+    T20 = -_mm(T22, _mm(N20, T00) + _mm(N21, T10))
+    T32 = -_mm(T33, _mm(N32, T22))
+    T31 = -_mm(T33, _mm(N31, T11) + _mm(N32, T21))
+    T30 = -_mm(T33, _mm(N30, T00) + _mm(N31, T10) + _mm(N32, T20))
+
+    # W = T diag(beta Gamma) K and U = T diag(beta) V, one 16-row block at a time.
+    C0 = (b0 * tl.exp(G0))[:, None] * K0
+    C1 = (b1 * tl.exp(G1))[:, None] * K1
+    C2 = (b2 * tl.exp(G2))[:, None] * K2
+    C3 = (b3 * tl.exp(G3))[:, None] * K3
+    V0 = b0[:, None] * _rows16(vp, row0, T, s_vt, 0, 128, False)
+    V1 = b1[:, None] * _rows16(vp, row0 + 16, T, s_vt, 0, 128, False)
+    V2 = b2[:, None] * _rows16(vp, row0 + 32, T, s_vt, 0, 128, False)
+    V3 = b3[:, None] * _rows16(vp, row0 + 48, T, s_vt, 0, 128, False)
+    cols = tl.arange(0, 128)[None, :]
+    r16 = tl.arange(0, 16)[:, None]
+    base = (row0 + r16).to(tl.int64) * (HV * 128) + i_h * 128 + cols
+    tl.store(w_ptr + base, tl.dot(T00, C0).to(tl.bfloat16), mask=row0 + r16 < T)
+    tl.store(u_ptr + base, tl.dot(T00, V0).to(tl.bfloat16), mask=row0 + r16 < T)
+    base += 16 * HV * 128
+    tl.store(w_ptr + base, (tl.dot(T10, C0) + tl.dot(T11, C1)).to(tl.bfloat16), mask=row0 + 16 + r16 < T)
+    tl.store(u_ptr + base, (tl.dot(T10, V0) + tl.dot(T11, V1)).to(tl.bfloat16), mask=row0 + 16 + r16 < T)
+    base += 16 * HV * 128
+    tl.store(w_ptr + base, (tl.dot(T20, C0) + tl.dot(T21, C1) + tl.dot(T22, C2)).to(tl.bfloat16),
+             mask=row0 + 32 + r16 < T)
+    tl.store(u_ptr + base, (tl.dot(T20, V0) + tl.dot(T21, V1) + tl.dot(T22, V2)).to(tl.bfloat16),
+             mask=row0 + 32 + r16 < T)
+    base += 16 * HV * 128
+    tl.store(w_ptr + base, (tl.dot(T30, C0) + tl.dot(T31, C1) + tl.dot(T32, C2) + tl.dot(T33, C3)).to(tl.bfloat16),
+             mask=row0 + 48 + r16 < T)
+    tl.store(u_ptr + base, (tl.dot(T30, V0) + tl.dot(T31, V1) + tl.dot(T32, V2) + tl.dot(T33, V3)).to(tl.bfloat16),
+             mask=row0 + 48 + r16 < T)
+
+
+@triton.jit
+def _scan_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, state_ptr, slot_ptr, init_ptr, cu_ptr, out_ptr,
+    scale, T, N, num_slots,
+    s_qt, s_qh, s_kt, s_kh, s_sn, s_sh, s_sv,  # q/k token and head strides; state slot, head, V row
+    HV: tl.constexpr, HQK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr,
+    SLOTS: tl.constexpr,  # the pool convention: slot_ptr / init_ptr per sequence; else state n is sequence n's
+    HAS_STATE: tl.constexpr,  # without SLOTS: whether the initial states are read (else zeros)
+    CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    NVB: tl.constexpr = 128 // BV
+    pid = tl.program_id(0)
+    i_vb = pid % NVB
+    i_h = (pid // NVB) % HV
+    i_n = (pid // NVB // HV).to(tl.int64)
+    i_hk = i_h // (HV // HQK)
+    offs_v = i_vb * BV + tl.arange(0, BV)
+    cols = tl.arange(0, 128)
+    o_base = out_ptr + i_h * 128 + offs_v[None, :]
+
+    ok = _batch_ok(cu_ptr, N, T, CU_BLOCK)
+    if SLOTS:
+        slot = tl.load(slot_ptr + i_n).to(tl.int64)
+        live = (slot >= 0) & (slot < num_slots)
+    else:
+        slot = i_n
+        live = i_n >= 0
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    if not ok:  # malformed batch: zero rows [n T / N, (n + 1) T / N) of this head and V block, no state
+        for t0 in range(i_n * T // N, (i_n + 1) * T // N, 64):
+            r = t0 + tl.arange(0, 64)
+            tl.store(o_base + r[:, None].to(tl.int64) * (HV * 128), tl.zeros([64, BV], dtype=tl.bfloat16),
+                     mask=(r < (i_n + 1) * T // N)[:, None])
+    elif not live:  # padding sequence: zero output, no state read or written
+        for t0 in range(bos, eos, 64):
+            r = t0 + tl.arange(0, 64)
+            tl.store(o_base + r[:, None] * (HV * 128), tl.zeros([64, BV], dtype=tl.bfloat16),
+                     mask=(r < eos)[:, None])
+    else:
+        s_ptrs = state_ptr + slot * s_sn + i_h * s_sh + offs_v[:, None] * s_sv + cols[None, :]
+        if SLOTS:
+            if tl.load(init_ptr + i_n).to(tl.int32) != 0:  # a fresh sequence reads no state
+                S = tl.load(s_ptrs)  # [BV, K] fp32
+            else:
+                S = tl.zeros([BV, 128], dtype=tl.float32)
+        elif HAS_STATE:
+            S = tl.load(s_ptrs)
+        else:
+            S = tl.zeros([BV, 128], dtype=tl.float32)
+        c = tl.arange(0, 64)
+        for blk in range(bos // 64, (eos + 63) // 64):
+            rows = blk * 64 + c
+            m = (rows >= bos) & (rows < eos)
+            r64 = rows.to(tl.int64)[:, None]
+            Q = tl.load(q_ptr + r64 * s_qt + i_hk * s_qh + cols[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+            K = tl.load(k_ptr + r64 * s_kt + i_hk * s_kh + cols[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+            if NORM:
+                Q = Q / tl.sqrt(tl.sum(Q * Q, axis=1)[:, None] + 1e-6)
+                K = K / tl.sqrt(tl.sum(K * K, axis=1)[:, None] + 1e-6)
+            W = tl.load(w_ptr + r64 * (HV * 128) + i_h * 128 + cols[None, :], mask=m[:, None], other=0.0)
+            U = tl.load(u_ptr + r64 * (HV * 128) + i_h * 128 + offs_v[None, :], mask=m[:, None], other=0.0)
+            G = tl.load(gc_ptr + rows.to(tl.int64) * HV + i_h, mask=m, other=0.0)
+            g_last = tl.sum(tl.where(rows == tl.minimum(eos, blk * 64 + 64) - 1, G, 0.0), axis=0)
+            St = tl.trans(S)  # [K, BV]
+            R = U.to(tl.float32) - tl.dot(W.to(tl.float32), St)  # [64, BV]
+            QS = tl.dot(Q, St)
+            P = tl.dot(_low(Q, DOT_FP32), tl.trans(_low(K, DOT_FP32)))  # [64, 64]
+            causal = (c[None, :] <= c[:, None]) & m[None, :] & m[:, None]
+            P = tl.where(causal, P * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+            O = scale * (tl.exp(G)[:, None] * QS + tl.dot(P, R))
+            tl.store(o_base + r64 * (HV * 128), O.to(tl.bfloat16), mask=m[:, None])
+            decay = tl.where(m, tl.exp(g_last - G), 0.0)
+            S = tl.exp(g_last) * S + tl.dot(tl.trans(R * decay[:, None]), K)
+        tl.store(s_ptrs, S)
+
+
+# (BV, warps of the scan): the state rows per program trade parallelism (few sequences) for
+# redundant q/k/W loads (many); the tuner measures each.
+LAUNCH_CONFIGS = {"v32": dict(cfg=(32, 4)), "v64": dict(cfg=(64, 4)), "v64w8": dict(cfg=(64, 8))}
+
+
+def config(num_seqs: int, num_v_heads: int) -> tuple[int, int]:
+    """Default (BV, warps) of a direct call: enough programs to fill an H100's SMs twice."""
+    return (32, 4) if num_seqs * num_v_heads * 2 < 264 else (64, 4)
+
+
+def _chunked(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg):
+    """Both launches. `gates` = (g, beta, None, None), or the contest's (a, b, A_log, dt_bias) with
+    raw_gates; `slots` / `init`: the pool's slot and has_initial_state per sequence, or None (state n
+    is sequence n's, read when has_state)."""
+    T, HQK, _ = q.shape
+    HV = v.shape[1]
+    N = cu_seqlens.shape[0] - 1
+    if N <= 0:
+        return
+    g, beta, A_log, dt_bias = gates
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    beta = beta if beta.stride(-1) == 1 else beta.contiguous()
+    w = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=q.device)
+    u = torch.empty_like(w)
+    gc = torch.empty(T, HV, dtype=torch.float32, device=q.device)
+    bv, warps = cfg or config(N, HV)
+    dot_fp32 = q.device.type != "cuda"
+    if T > 0:
+        launch(_wy_kernel, (triton.cdiv(T, CHUNK), HV),
+               k, v, g, beta, A_log if raw_gates else g, dt_bias if raw_gates else g, cu_seqlens, w, u, gc,
+               T, N, k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+               HV, HQK, norm, raw_gates, CU_BLOCK, dot_fp32, num_warps=4, num_stages=1)
+    pooled = slots is not None
+    ss = state.stride()
+    launch(_scan_kernel, (N * HV * (DIM // bv),),
+           q, k, w, u, gc, state, slots if pooled else cu_seqlens, init if pooled else cu_seqlens, cu_seqlens, out,
+           scale, T, N, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), ss[0], ss[1], ss[2],
+           HV, HQK, bv, norm, pooled, has_state, CU_BLOCK, dot_fp32, num_warps=warps, num_stages=1)
+
+
+def _checked(q, k, v, out, state):
+    for name, t in (("q", q), ("k", k), ("v", v), ("state", state)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"triton_prefill_chunked: {name} needs a contiguous last dimension")
+    if out.stride() != (out.shape[1] * DIM, DIM, 1):
+        raise ValueError("triton_prefill_chunked: out must be contiguous")
+
+
+def gdn_prefill_pool_chunked(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+                             scale, cfg: tuple[int, int] | None = None):
+    """The engines' prefill (gdn_prefill_pool_*), chunked. Returns (out, state_pool)."""
+    _checked(q, k, v, out, state_pool)
+    _chunked(q, k, v, (g, beta, None, None), state_pool, state_indices, has_initial_state, cu_seqlens, out,
+             _resolve_scale(scale, DIM), raw_gates=False, norm=True, has_state=True, cfg=cfg)
+    return out, state_pool
+
+
+def gdn_prefill_chunked(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                        cfg: tuple[int, int] | None = None):
+    """The contest's prefill (gdn_prefill_qk4_v8_d128_k_last), chunked: the final states are written
+    into `state` in place (a new zero state when None). Returns (out, state)."""
+    T, HV, N = q.shape[0], v.shape[1], cu_seqlens.shape[0] - 1
+    given = state is not None
+    if not given:
+        state = torch.zeros(N, HV, DIM, DIM, dtype=torch.float32, device=q.device)
+    out = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=q.device)
+    _checked(q, k, v, out, state)
+    _chunked(q, k, v, (a, b, A_log.contiguous(), dt_bias.contiguous()), state, None, None, cu_seqlens, out,
+             _resolve_scale(scale, DIM), raw_gates=True, norm=False, has_state=given, cfg=cfg)
+    return out, state
+
+
+variant("gdn_prefill", "triton_prefill_chunked", backend="triton", archs=("sm90",), requires=("triton",),
+        configs=LAUNCH_CONFIGS)(gdn_prefill_chunked)
+for _hq, _hv in PACKED_HEADS.values():
+    variant(pool_prefill_name(_hq, _hv), "triton_prefill_chunked", backend="triton", archs=("sm90",),
+            requires=("triton",), configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_pool_chunked)
