@@ -28,6 +28,12 @@ recurrence), its work with the tokens. Both kernels check cu_seqlens on the devi
 CUDA-graph safe): a malformed batch writes a zero output and no state; a sequence whose slot is
 outside the pool writes zeros and touches no state.
 
+Status (H100, 2026-11-26, benchmarks/gdn_chunked_profile.py): correct, not yet competitive: the WY
+kernel takes ~20-25 us a program (24 small 16x16 products and their layout conversions), the scan
+~6 us a 64-token step (FlashInfer's chunked kernel ~0.6 us a chunk). Next: one 64x64 K K^T and a
+block-recursive inverse in the WY kernel, two [64,128]x[128,BV] products per scan step, the next
+block's loads in flight (num_stages), or a CUDA/wgmma version; then register and tune.
+
 DOT_FP32: Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies the raw bits in a
 bf16 x bf16 tl.dot, so off CUDA the bf16 operands stay fp32.
 """
