@@ -28,11 +28,20 @@ recurrence), its work with the tokens. Both kernels check cu_seqlens on the devi
 CUDA-graph safe): a malformed batch writes a zero output and no state; a sequence whose slot is
 outside the pool writes zeros and touches no state.
 
-Status (H100, 2026-11-26, benchmarks/gdn_chunked_profile.py): correct, not yet competitive: the WY
-kernel takes ~20-25 us a program (24 small 16x16 products and their layout conversions), the scan
-~6 us a 64-token step (FlashInfer's chunked kernel ~0.6 us a chunk). Next: one 64x64 K K^T and a
-block-recursive inverse in the WY kernel, two [64,128]x[128,BV] products per scan step, the next
-block's loads in flight (num_stages), or a CUDA/wgmma version; then register and tune.
+Status (H100, 2026-11-26, benchmarks/gdn_chunked_profile.py, 8 value heads): correct on the CPU
+(interpreter, both references), not competitive and not registered on main.
+- First version (16-row blocks: 24 small products, forward substitution, then a series inverse;
+  the scan recomputing norms, Q K^T and decays): WY ~20-25 us a program, scan ~6 us a 64-token
+  step; 1x1024 tokens 133 us (recurrence 398, FlashInfer ~100), 22x2141 132 us (FlashInfer 62).
+- This version (WY on whole 64 x 64 tiles with a block-doubling inverse in tf32x3, storing W, U,
+  P = masked Q K^T and the row scales; the scan down to four products a step): the scan is 1.8x
+  faster (1x1024: 56 us, 3.5 us a step; 255 registers, 20-84 spills) but the WY kernel regressed to
+  ~100 us a program (255 registers, 434 spills: the 64 x 64 fp32 inverse and three [64, 128] tiles
+  live at once), and compute-sanitizer still reports out-of-bounds shared-memory reads in the scan
+  (35 at 1 token; the tf32 P R below removed the first one).
+Next: split the WY kernel (K K^T and the inverse per 64 block with 8 warps, W/U products as a second
+pass reading T from scratch, as fla does), find the remaining smem fault (likely another product
+fed by a product: R^T K), then pipeline the scan's loads; FlashInfer's kernel needs ~0.6 us a chunk.
 
 DOT_FP32: Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies the raw bits in a
 bf16 x bf16 tl.dot, so off CUDA the bf16 operands stay fp32.
@@ -78,27 +87,11 @@ def _batch_ok(cu_ptr, N, T, CU_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _pick(x, S: tl.constexpr):
-    """Rows 16 S .. 16 S + 15 of a [64] vector (register tensors cannot be sliced)."""
-    c = tl.arange(0, 64)
-    r = S * 16 + tl.arange(0, 16)
-    return tl.sum(tl.where(c[None, :] == r[:, None], x[None, :], 0), axis=1)
-
-
-@triton.jit
 def _low(x, DOT_FP32: tl.constexpr):
     """A tl.dot operand in bf16 (fp32 accumulate), or fp32 under the interpreter (see the docstring)."""
     if DOT_FP32:
         return x.to(tl.float32)
     return x.to(tl.bfloat16)
-
-
-@triton.jit
-def _rows16(ptr, row0, T, s_t, DOT_FP32: tl.constexpr):
-    """Rows row0 .. row0 + 15 of a [T, ..., 128] tensor as a tl.dot operand (zeros past T)."""
-    r = row0 + tl.arange(0, 16)
-    x = tl.load(ptr + r[:, None].to(tl.int64) * s_t + tl.arange(0, 128)[None, :], mask=(r < T)[:, None], other=0.0)
-    return _low(x, DOT_FP32)
 
 
 @triton.jit
@@ -112,47 +105,36 @@ def _rnorm(x, NORM: tl.constexpr):
 
 
 @triton.jit
-def _n_block(Ka, Kb, ra, rb, Ga, Gb, ba, sa, sb, A: tl.constexpr, B: tl.constexpr):
-    """Block (A, B) of strictly_lower(diag(beta) K K^T * exp(G_i - G_j)), same-sequence pairs only."""
-    kk = tl.dot(Ka, tl.trans(Kb)) * ra[:, None] * rb[None, :]
-    i = A * 16 + tl.arange(0, 16)
-    j = B * 16 + tl.arange(0, 16)
-    m = (sa[:, None] == sb[None, :]) & (j[None, :] < i[:, None])
-    return tl.where(m, ba[:, None] * kk * tl.exp(tl.where(m, Ga[:, None] - Gb[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _inv_lower16(Nb):
-    """(I + Nb)^-1 for a strictly lower 16 x 16 Nb: the finite series sum_p (-Nb)^p (Nb^16 = 0) as
-    (I - N)(I + N^2)(I + N^4)(I + N^8), six fp32 products. |Nb| <= 1 entrywise (unit keys, beta <= 1,
-    decays <= 1), so the partial products stay far inside fp32's range."""
-    r = tl.arange(0, 16)
-    eye = (r[:, None] == r[None, :]).to(tl.float32)
-    n2 = _mm(Nb, Nb)
-    n4 = _mm(n2, n2)
-    n8 = _mm(n4, n4)
-    return _mm(_mm(eye - Nb, eye + n2), _mm(eye + n4, eye + n8))
+def _inv_unit_lower(N):
+    """(I + N)^-1 for a strictly lower 64 x 64 N, by doubling blocks: with Y the block-diagonal part
+    of I + N in b x b blocks (inverse Yi known) and C its b-blocks just below the diagonal inside each
+    2b block, (Y + C)^-1 = Yi - Yi C Yi. Each level is an exact inverse (no growing series); fp32
+    products in three tf32 passes."""
+    r = tl.arange(0, 64)
+    inv = (r[:, None] == r[None, :]).to(tl.float32)
+    for lg in tl.static_range(0, 6):
+        b = 1 << lg
+        below = (r[:, None] // (2 * b) == r[None, :] // (2 * b)) & (r[:, None] // b != r[None, :] // b) \
+            & (r[:, None] > r[None, :])
+        c = tl.where(below, N, 0.0)
+        inv = inv - tl.dot(inv, tl.dot(c, inv, input_precision="tf32x3"), input_precision="tf32x3")
+    return inv
 
 
 @triton.jit
 def _wy_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, w_ptr, u_ptr, gc_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, w_ptr, u_ptr, p_ptr, sc_ptr, gc_ptr,
     T, N,
-    s_kt, s_kh, s_vt, s_vh, s_gt, s_bt,  # token and head strides (elements); gates: head stride 1
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt,  # token and head strides (elements); gates: head stride 1
     HV: tl.constexpr, HQK: tl.constexpr, NORM: tl.constexpr, RAW_GATES: tl.constexpr,
     CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     i_blk = tl.program_id(0)
     i_h = tl.program_id(1)
     i_hk = i_h // (HV // HQK)
-    row0 = i_blk * 64
-    rows = row0 + tl.arange(0, 64)
+    rows = i_blk * 64 + tl.arange(0, 64)
     valid = rows < T
+    r64 = rows.to(tl.int64)
     seg = _segments(cu_ptr, N, rows, CU_BLOCK)
 
     if RAW_GATES:  # the contest's: log decay -exp(A_log) softplus(a + dt_bias), beta sigmoid(b)
@@ -166,79 +148,42 @@ def _wy_kernel(
     g = tl.where(valid, g, 0.0)
     beta = tl.where(valid, beta, 0.0)
     c = tl.arange(0, 64)
-    G = tl.sum(tl.where((seg[None, :] == seg[:, None]) & (c[None, :] <= c[:, None]), g[None, :], 0.0), axis=1)
-    tl.store(gc_ptr + rows.to(tl.int64) * HV + i_h, G, mask=valid)
+    same = seg[:, None] == seg[None, :]
+    G = tl.sum(tl.where(same & (c[None, :] <= c[:, None]), g[None, :], 0.0), axis=1)  # from the piece start
+    G_end = tl.sum(tl.where(same, g[None, :], 0.0), axis=1)  # at the piece's last row
+    tl.store(gc_ptr + r64 * HV + i_h, G, mask=valid)
 
-    kp = k_ptr + i_hk * s_kh
-    K0 = _rows16(kp, row0, T, s_kt, DOT_FP32)
-    K1 = _rows16(kp, row0 + 16, T, s_kt, DOT_FP32)
-    K2 = _rows16(kp, row0 + 32, T, s_kt, DOT_FP32)
-    K3 = _rows16(kp, row0 + 48, T, s_kt, DOT_FP32)
-    r0, r1, r2, r3 = _rnorm(K0, NORM), _rnorm(K1, NORM), _rnorm(K2, NORM), _rnorm(K3, NORM)
-    G0, G1, G2, G3 = _pick(G, 0), _pick(G, 1), _pick(G, 2), _pick(G, 3)
-    b0, b1, b2, b3 = _pick(beta, 0), _pick(beta, 1), _pick(beta, 2), _pick(beta, 3)
-    s0, s1, s2, s3 = _pick(seg, 0), _pick(seg, 1), _pick(seg, 2), _pick(seg, 3)
-
-    T00 = _inv_lower16(_n_block(K0, K0, r0, r0, G0, G0, b0, s0, s0, 0, 0))
-    T11 = _inv_lower16(_n_block(K1, K1, r1, r1, G1, G1, b1, s1, s1, 1, 1))
-    T22 = _inv_lower16(_n_block(K2, K2, r2, r2, G2, G2, b2, s2, s2, 2, 2))
-    T33 = _inv_lower16(_n_block(K3, K3, r3, r3, G3, G3, b3, s3, s3, 3, 3))
-    N10 = _n_block(K1, K0, r1, r0, G1, G0, b1, s1, s0, 1, 0)
-    N20 = _n_block(K2, K0, r2, r0, G2, G0, b2, s2, s0, 2, 0)
-    N21 = _n_block(K2, K1, r2, r1, G2, G1, b2, s2, s1, 2, 1)
-    N30 = _n_block(K3, K0, r3, r0, G3, G0, b3, s3, s0, 3, 0)
-    N31 = _n_block(K3, K1, r3, r1, G3, G1, b3, s3, s1, 3, 1)
-    N32 = _n_block(K3, K2, r3, r2, G3, G2, b3, s3, s2, 3, 2)
-    # Off-diagonal blocks of the inverse: T_ab = -T_aa sum_{a > m >= b} N_am T_mb.
-    T10 = -_mm(T11, _mm(N10, T00))
-    T21 = -_mm(T22, _mm(N21, T11))
-    T20 = -_mm(T22, _mm(N20, T00) + _mm(N21, T10))
-    T32 = -_mm(T33, _mm(N32, T22))
-    T31 = -_mm(T33, _mm(N31, T11) + _mm(N32, T21))
-    T30 = -_mm(T33, _mm(N30, T00) + _mm(N31, T10) + _mm(N32, T20))
-
-    # W = T diag(beta Gamma / |k|) K and U = T diag(beta) V, one 16-row block at a time: the diagonal
-    # scales the columns of T, so K and V stay bf16 operands.
-    w0, w1, w2, w3 = b0 * tl.exp(G0) * r0, b1 * tl.exp(G1) * r1, b2 * tl.exp(G2) * r2, b3 * tl.exp(G3) * r3
-    vp = v_ptr + i_h * s_vh
-    V0 = _rows16(vp, row0, T, s_vt, DOT_FP32)
-    V1 = _rows16(vp, row0 + 16, T, s_vt, DOT_FP32)
-    V2 = _rows16(vp, row0 + 32, T, s_vt, DOT_FP32)
-    V3 = _rows16(vp, row0 + 48, T, s_vt, DOT_FP32)
     cols = tl.arange(0, 128)[None, :]
-    r16 = tl.arange(0, 16)[:, None]
-    base = (row0 + r16).to(tl.int64) * (HV * 128) + i_h * 128 + cols
-    W = tl.dot(_low(T00 * w0[None, :], DOT_FP32), K0)
-    U = tl.dot(_low(T00 * b0[None, :], DOT_FP32), V0)
-    tl.store(w_ptr + base, W.to(tl.bfloat16), mask=row0 + r16 < T)
-    tl.store(u_ptr + base, U.to(tl.bfloat16), mask=row0 + r16 < T)
-    base += 16 * HV * 128
-    W = tl.dot(_low(T10 * w0[None, :], DOT_FP32), K0) + tl.dot(_low(T11 * w1[None, :], DOT_FP32), K1)
-    U = tl.dot(_low(T10 * b0[None, :], DOT_FP32), V0) + tl.dot(_low(T11 * b1[None, :], DOT_FP32), V1)
-    tl.store(w_ptr + base, W.to(tl.bfloat16), mask=row0 + 16 + r16 < T)
-    tl.store(u_ptr + base, U.to(tl.bfloat16), mask=row0 + 16 + r16 < T)
-    base += 16 * HV * 128
-    W = (tl.dot(_low(T20 * w0[None, :], DOT_FP32), K0) + tl.dot(_low(T21 * w1[None, :], DOT_FP32), K1)
-         + tl.dot(_low(T22 * w2[None, :], DOT_FP32), K2))
-    U = (tl.dot(_low(T20 * b0[None, :], DOT_FP32), V0) + tl.dot(_low(T21 * b1[None, :], DOT_FP32), V1)
-         + tl.dot(_low(T22 * b2[None, :], DOT_FP32), V2))
-    tl.store(w_ptr + base, W.to(tl.bfloat16), mask=row0 + 32 + r16 < T)
-    tl.store(u_ptr + base, U.to(tl.bfloat16), mask=row0 + 32 + r16 < T)
-    base += 16 * HV * 128
-    W = (tl.dot(_low(T30 * w0[None, :], DOT_FP32), K0) + tl.dot(_low(T31 * w1[None, :], DOT_FP32), K1)
-         + tl.dot(_low(T32 * w2[None, :], DOT_FP32), K2) + tl.dot(_low(T33 * w3[None, :], DOT_FP32), K3))
-    U = (tl.dot(_low(T30 * b0[None, :], DOT_FP32), V0) + tl.dot(_low(T31 * b1[None, :], DOT_FP32), V1)
-         + tl.dot(_low(T32 * b2[None, :], DOT_FP32), V2) + tl.dot(_low(T33 * b3[None, :], DOT_FP32), V3))
-    tl.store(w_ptr + base, W.to(tl.bfloat16), mask=row0 + 48 + r16 < T)
-    tl.store(u_ptr + base, U.to(tl.bfloat16), mask=row0 + 48 + r16 < T)
+    Q = tl.load(q_ptr + r64[:, None] * s_qt + i_hk * s_qh + cols, mask=valid[:, None], other=0.0)
+    K = tl.load(k_ptr + r64[:, None] * s_kt + i_hk * s_kh + cols, mask=valid[:, None], other=0.0)
+    V = tl.load(v_ptr + r64[:, None] * s_vt + i_h * s_vh + cols, mask=valid[:, None], other=0.0)
+    rq = _rnorm(Q, NORM)
+    rk = _rnorm(K, NORM)
+    Q = _low(Q, DOT_FP32)
+    K = _low(K, DOT_FP32)
+    decay = tl.exp(tl.where(same, G[:, None] - G[None, :], 0.0))
+    kk = tl.dot(K, tl.trans(K)) * rk[:, None] * rk[None, :]
+    Nm = tl.where(same & (c[None, :] < c[:, None]), beta[:, None] * kk * decay, 0.0)
+    Tinv = _inv_unit_lower(Nm)
+    W = tl.dot(_low(Tinv * (beta * tl.exp(G) * rk)[None, :], DOT_FP32), K)  # T diag(beta Gamma / |k|) K
+    U = tl.dot(_low(Tinv * beta[None, :], DOT_FP32), _low(V, DOT_FP32))  # T diag(beta) V
+    qk = tl.dot(Q, tl.trans(K)) * rq[:, None] * rk[None, :]
+    P = tl.where(same & (c[None, :] <= c[:, None]), qk * decay, 0.0)
+    base = r64[:, None] * (HV * 128) + i_h * 128 + cols
+    tl.store(w_ptr + base, W.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(u_ptr + base, U.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(p_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :], P.to(tl.bfloat16), mask=valid[:, None])
+    # per row: the scale of q S0^T (Gamma / |q|) and of the row's state update (exp(G_end - G) / |k|)
+    tl.store(sc_ptr + (r64 * HV + i_h) * 2, rq * tl.exp(G), mask=valid)
+    tl.store(sc_ptr + (r64 * HV + i_h) * 2 + 1, rk * tl.exp(G_end - G), mask=valid)
 
 
 @triton.jit
 def _scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, state_ptr, slot_ptr, init_ptr, cu_ptr, out_ptr,
+    q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, sc_ptr, gc_ptr, state_ptr, slot_ptr, init_ptr, cu_ptr, out_ptr,
     scale, T, N, num_slots,
     s_qt, s_qh, s_kt, s_kh, s_sn, s_sh, s_sv,  # q/k token and head strides; state slot, head, V row
-    HV: tl.constexpr, HQK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr,
+    HV: tl.constexpr, HQK: tl.constexpr, BV: tl.constexpr,
     SLOTS: tl.constexpr,  # the pool convention: slot_ptr / init_ptr per sequence; else state n is sequence n's
     HAS_STATE: tl.constexpr,  # without SLOTS: whether the initial states are read (else zeros)
     CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
@@ -287,27 +232,25 @@ def _scan_kernel(
         for blk in range(bos // 64, (eos + 63) // 64):
             rows = blk * 64 + c
             m = (rows >= bos) & (rows < eos)
-            r64 = rows.to(tl.int64)[:, None]
-            Q = tl.load(q_ptr + r64 * s_qt + i_hk * s_qh + cols[None, :], mask=m[:, None], other=0.0)
-            K = tl.load(k_ptr + r64 * s_kt + i_hk * s_kh + cols[None, :], mask=m[:, None], other=0.0)
-            W = tl.load(w_ptr + r64 * (HV * 128) + i_h * 128 + cols[None, :], mask=m[:, None], other=0.0)
-            U = tl.load(u_ptr + r64 * (HV * 128) + i_h * 128 + offs_v[None, :], mask=m[:, None], other=0.0)
-            G = tl.load(gc_ptr + rows.to(tl.int64) * HV + i_h, mask=m, other=0.0)
-            rq = _rnorm(Q, NORM)
-            rk = _rnorm(K, NORM)
-            Q = _low(Q, DOT_FP32)
-            K = _low(K, DOT_FP32)
-            g_last = tl.sum(tl.where(rows == tl.minimum(eos, blk * 64 + 64) - 1, G, 0.0), axis=0)
+            r64 = rows.to(tl.int64)
+            wu = r64[:, None] * (HV * 128) + i_h * 128
+            W = tl.load(w_ptr + wu + cols[None, :], mask=m[:, None], other=0.0)
+            U = tl.load(u_ptr + wu + offs_v[None, :], mask=m[:, None], other=0.0)
+            Q = tl.load(q_ptr + r64[:, None] * s_qt + i_hk * s_qh + cols[None, :], mask=m[:, None], other=0.0)
+            K = tl.load(k_ptr + r64[:, None] * s_kt + i_hk * s_kh + cols[None, :], mask=m[:, None], other=0.0)
+            P = tl.load(p_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :], mask=m[:, None] & m[None, :],
+                        other=0.0)
+            sq = tl.load(sc_ptr + (r64 * HV + i_h) * 2, mask=m, other=0.0)
+            sk = tl.load(sc_ptr + (r64 * HV + i_h) * 2 + 1, mask=m, other=0.0)
+            last = tl.minimum(eos, blk * 64 + 64) - 1
+            g_end = tl.load(gc_ptr + last * HV + i_h)
             St = tl.trans(_low(S, DOT_FP32))  # [K, BV]
             R = U.to(tl.float32) - tl.dot(_low(W, DOT_FP32), St)  # [64, BV]
-            QS = tl.dot(Q, St) * (rq * tl.exp(G))[:, None]
-            causal = (c[None, :] <= c[:, None]) & m[None, :] & m[:, None]
-            P = tl.dot(Q, tl.trans(K)) * rq[:, None] * rk[None, :]  # [64, 64]
-            P = tl.where(causal, P * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
-            O = scale * (QS + tl.dot(P, R))  # tf32: Triton 3.6 reads shared memory out of bounds with bf16 here
-            tl.store(o_base + r64 * (HV * 128), O.to(tl.bfloat16), mask=m[:, None])
-            decay = tl.where(m, tl.exp(g_last - G) * rk, 0.0)
-            S = tl.exp(g_last) * S + tl.dot(tl.trans(_low(R * decay[:, None], DOT_FP32)), K)
+            # P R in tf32: Triton 3.6 reads shared memory out of bounds for a bf16 product whose operand
+            # comes from another product (compute-sanitizer, H100)
+            O = tl.dot(_low(Q, DOT_FP32), St) * sq[:, None] + tl.dot(P.to(tl.float32), R)
+            tl.store(o_base + r64[:, None] * (HV * 128), (scale * O).to(tl.bfloat16), mask=m[:, None])
+            S = tl.exp(g_end) * S + tl.dot(tl.trans(_low(R * sk[:, None], DOT_FP32)), _low(K, DOT_FP32))
         tl.store(s_ptrs, S)
 
 
@@ -335,20 +278,22 @@ def _chunked(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     w = torch.empty(T, HV, DIM, dtype=torch.bfloat16, device=q.device)
     u = torch.empty_like(w)
+    p = torch.empty(T, HV, CHUNK, dtype=torch.bfloat16, device=q.device)
+    sc = torch.empty(T, HV, 2, dtype=torch.float32, device=q.device)
     gc = torch.empty(T, HV, dtype=torch.float32, device=q.device)
     bv, warps = cfg or config(N, HV)
     dot_fp32 = q.device.type != "cuda"
     if T > 0:
         launch(_wy_kernel, (triton.cdiv(T, CHUNK), HV),
-               k, v, g, beta, A_log if raw_gates else g, dt_bias if raw_gates else g, cu_seqlens, w, u, gc,
-               T, N, k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-               HV, HQK, norm, raw_gates, CU_BLOCK, dot_fp32, num_warps=4, num_stages=1)
+               q, k, v, g, beta, A_log if raw_gates else g, dt_bias if raw_gates else g, cu_seqlens, w, u, p, sc, gc,
+               T, N, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
+               beta.stride(0), HV, HQK, norm, raw_gates, CU_BLOCK, dot_fp32, num_warps=4, num_stages=1)
     pooled = slots is not None
     ss = state.stride()
     launch(_scan_kernel, (N * HV * (DIM // bv),),
-           q, k, w, u, gc, state, slots if pooled else cu_seqlens, init if pooled else cu_seqlens, cu_seqlens, out,
-           scale, T, N, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), ss[0], ss[1], ss[2],
-           HV, HQK, bv, norm, pooled, has_state, CU_BLOCK, dot_fp32, num_warps=warps, num_stages=1)
+           q, k, w, u, p, sc, gc, state, slots if pooled else cu_seqlens, init if pooled else cu_seqlens, cu_seqlens,
+           out, scale, T, N, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), ss[0], ss[1], ss[2],
+           HV, HQK, bv, pooled, has_state, CU_BLOCK, dot_fp32, num_warps=warps, num_stages=2)
 
 
 def _checked(q, k, v, out, state):
