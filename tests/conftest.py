@@ -25,6 +25,24 @@ DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions"
 
 
+# Interpreted Triton costs seconds per call (every program runs in Python). A variant named here runs
+# the CPU suites in one launch configuration on the definitions listed (its others differ only in
+# launch constants, its other definitions only in the head count); tests/gpu/ runs them all.
+INTERPRETED_ONLY = {"triton_prefill_chunked": {"gdn_prefill": "v64", "gdn_prefill_pool_qk2_v4": "v64"}}
+
+
+def interpreted_skip(v) -> str | None:
+    """Why the CPU suites skip this variant under the interpreter (see INTERPRETED_ONLY), else None."""
+    from kdispatch import definitions
+
+    family, _, label = v.name.partition(".")
+    if not (INTERPRETED and v.backend == "triton" and family in INTERPRETED_ONLY):
+        return None
+    if INTERPRETED_ONLY[family].get(definitions.get(v.definition).short) == label:
+        return None
+    return f"interpreted: {family} runs here as {INTERPRETED_ONLY[family]} only (tests/gpu/ runs all)"
+
+
 def kernel_module(name: str):
     """Import a kernel module (e.g. "kdispatch.kernels.triton.gdn.decode_splitv") whose kernels run
     where the tensors live. Triton decides at decoration time whether a kernel is interpreted, so a

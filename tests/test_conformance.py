@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INTERPRETED, kernel_module
+from conftest import INTERPRETED, interpreted_skip, kernel_module
 from kdispatch import definitions, registry
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
@@ -42,7 +42,7 @@ def runs_here(v: registry.Variant) -> str | None:
     if v.missing:
         return "missing package " + ", ".join(v.missing)
     if v.backend == "triton" and INTERPRETED:
-        return TOO_SLOW_INTERPRETED.get(definitions.get(v.definition).short)
+        return TOO_SLOW_INTERPRETED.get(definitions.get(v.definition).short) or interpreted_skip(v)
     return v.why_not("cpu")
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import kdispatch
+from conftest import interpreted_skip
 from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, WITH_CU, hostile
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
@@ -40,6 +41,8 @@ def _cases():
     for short in INDEXED:
         for v in registry.variants(short):
             if v.why_not("cpu") is not None and v.backend != "triton":  # Triton runs interpreted here
+                continue
+            if interpreted_skip(v):
                 continue
             for i, axes in enumerate(SHAPES[short]):
                 if v.declines(axes) is None:

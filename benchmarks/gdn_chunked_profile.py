@@ -1,0 +1,104 @@
+"""Where the chunked GDN prefill's time goes (kernels/triton/gdn/prefill_chunked.py): its WY kernel and
+its scan timed apart, beside the whole call, each scan configuration, and the token-by-token CUDA
+recurrence (`cuda_prefill_pool_rows`) on the same inputs, for the pool convention at one head count.
+Each timing is triton.testing.do_bench_cudagraph (graph replays, inputs L2-warm: a profile, not the
+tuner's measurement). Each shape is first checked against the recurrence (relative error of the
+output and of the updated states).
+
+    python benchmarks/gdn_chunked_profile.py [--heads 8] [--shapes 1x1 4x719 ...]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+from kdispatch import registry
+from kdispatch.definitions.gdn.spec import pool_prefill_name
+from kdispatch.kernels.triton.gdn import prefill_chunked as C
+from kdispatch.workloads import materialize
+
+SHAPES = ("1x1", "1x64", "1x1024", "1x8192", "4x719", "10x794", "22x2141", "64x4096", "103x114")
+
+
+def bench(fn) -> float:
+    fn()  # compile outside the capture
+    return do_bench_cudagraph(fn) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", type=int, default=8, help="value heads (q/k heads: half)")
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), help="SEQSxTOKENS")
+    ap.add_argument("--sweep", action="store_true", help="also other warps, precisions and scan layouts (first shape)")
+    opts = ap.parse_args()
+    hv = opts.heads
+    name = pool_prefill_name(hv // 2, hv)
+    print(f"{torch.cuda.get_device_name()}  {name}  (us, do_bench_cudagraph)")
+    print(f"{'shape':>10}{'wy':>10}{'scan v16':>10}{'scan v64':>10}{'call v16':>10}{'call v64':>10}"
+          f"{'recur k4c8':>12}")
+    for shape in opts.shapes:
+        n, t = (int(x) for x in shape.split("x"))
+        w = {"uuid": f"profile-{shape}", "axes": {"total_seq_len": t, "num_seqs": n, "num_slots": n + 1}, "inputs": {}}
+        q, k, v, g, beta, pool, idx, init, cu, out, scale = materialize(name, w, device="cuda")
+        ti = torch.empty(t, hv, 64, dtype=torch.bfloat16, device="cuda")
+        ta = torch.empty(t, hv, 64, dtype=torch.float32, device="cuda")
+        ws, us, qs, ks = (torch.empty(t, hv, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4))
+        ge = torch.empty(t, hv, dtype=torch.float32, device="cuda")
+        gate_args = (g, beta, g, g, cu)
+        compiled = {}
+
+        def wy(warps=8, prec=C.TRI_PRECISION):
+            def go():
+                compiled["wy"] = C._wy_kernel[(triton.cdiv(t, C.CHUNK), hv)](
+                    q, k, v, *gate_args, ta, ti, ws, us, qs, ks, ge, out, 128 ** -0.5, t, n, q.stride(0),
+                    q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+                    hv, hv // 2, True, False, C.CU_BLOCK, False, prec, num_warps=warps, num_stages=1)
+            return go
+
+        def scan(bv, warps, stages=2):
+            s = pool.stride()
+
+            def go():
+                compiled[f"scan{bv}"] = C._scan_kernel[(n * hv * (128 // bv),)](
+                    ws, us, qs, ks, ge, pool, idx, init, cu, out, t, n, pool.shape[0], s[0], s[1], s[2],
+                    hv, bv, True, True, C.CU_BLOCK, False, num_warps=warps, num_stages=stages)
+            return go
+
+        call = lambda bv: lambda: C.gdn_prefill_pool_chunked(q, k, v, g, beta, pool, idx, init, cu, out, scale,  # noqa: E731
+                                                            cfg=(bv, 4))
+        rec = registry.get(name, "cuda_prefill_pool_rows.k4c8").fn
+        pool0 = pool.clone()
+        want_out, want_pool = torch.empty_like(out), pool0.clone()  # the recurrence, gated correct by the tuner
+        rec(q, k, v, g, beta, want_pool, idx, init, cu, want_out, scale)
+        default_prec = C.TRI_PRECISION
+        for bv, prec in ((16, default_prec), (64, default_prec), (16, "tf32x3")):
+            C.TRI_PRECISION = prec
+            mine = pool0.clone()
+            out.fill_(float("nan"))
+            C.gdn_prefill_pool_chunked(q, k, v, g, beta, mine, idx, init, cu, out, scale, cfg=(bv, 4))
+            err_o = ((out.float() - want_out.float()).norm() / want_out.float().norm()).item()
+            err_s = ((mine - want_pool).norm() / want_pool.norm()).item()
+            print(f"{shape:>10} check v{bv} {prec}: output rel err {err_o:.2e}, states rel err {err_s:.2e}",
+                  flush=True)
+        C.TRI_PRECISION = default_prec
+        for f in (wy(), scan(16, 4), scan(64, 4)):
+            f()
+        times = [bench(f) for f in (wy(), scan(16, 4), scan(64, 4), call(16), call(64),
+                                              lambda: rec(q, k, v, g, beta, pool, idx, init, cu, out, scale))]
+        print(f"{shape:>10}" + "".join(f"{x:>10.1f}" for x in times), flush=True)
+        if shape == opts.shapes[0]:
+            print(" " * 10 + "  ".join(f"{name}: {kern.n_regs} regs, {kern.n_spills} spills"
+                                       for name, kern in compiled.items()), flush=True)
+        if opts.sweep and shape == opts.shapes[0]:
+            extra = {"wy tf32x3": wy(8, "tf32x3"), "wy w4": wy(4), "scan v16 s3": scan(16, 4, 3),
+                     "scan v16 w8": scan(16, 8), "scan v32": scan(32, 4)}
+            for label, f in extra.items():
+                print(f"{'':>10}{label}: ", end="", flush=True)
+                print(f"{bench(f):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
