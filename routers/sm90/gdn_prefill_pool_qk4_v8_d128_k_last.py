@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T03:25:31Z
+# measured    up to 2026-11-26T05:52:35Z
 # workloads   16 (workload-set digest 52fb823f1358956e)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,6 +19,8 @@
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  13/13  1.02x
 #   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  13/13  1.09x
 #   cuda_prefill_pool_rows.k8c8    231724ace8030011  13/13  1.10x
+#   triton_prefill_chunked.v16     4f5356ee9df791ad  16/16  0.89x
+#   triton_prefill_chunked.v64     66d68080e64a268a  16/16  0.92x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -29,39 +31,39 @@
 #   cuda_prefill_pool_rows.k4c8    cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c16   cfg=(8, 16, 16)
 #   cuda_prefill_pool_rows.k8c8    cfg=(8, 16, 8)
+#   triton_prefill_chunked.v16     cfg=(16, 4)
+#   triton_prefill_chunked.v64     cfg=(64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 152.93% mean, 1378.89% max;
-#             1.058x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 30.12% mean, 275.08% max;
-#             1.355x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 76.92% mean, 502.07% max;
+#             1.083x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.98% mean, 41.35% max;
+#             1.553x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 80 and num_seqs <= 18: cuda_prefill_pool_rows.k16c8, 3 workloads, 11.92x (8.60x .. 14.79x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 1735 and num_seqs > 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.40x (1.16x .. 3.98x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8
-#   3. total_seq_len > 80 and num_seqs <= 18: sglang_flashinfer_prefill (baseline), 7 workloads
-#   4. total_seq_len > 1735 and num_seqs > 18: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 2037 and mean_seq_len > 8: triton_prefill_chunked.v64, 4 workloads, 1.37x (1.08x .. 2.33x) over sglang_flashinfer_prefill
+#   2. mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   3. total_seq_len > 2037 and mean_seq_len > 8: sglang_flashinfer_prefill (baseline), 7 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1107 and num_seqs <= 6: cuda_prefill_pool_rows.k16c16, 4 workloads, 8.85x (3.22x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16
-#   2. total_seq_len <= 3482 and num_seqs > 9: cuda_prefill_pool_rows.k4c8, 5 workloads, 3.28x (1.56x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16
-#   3. total_seq_len > 1107 and num_seqs <= 6: sglang_flashinfer_prefill (baseline), 3 workloads
-#   4. total_seq_len > 3482 and num_seqs > 6: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 5501 and mean_seq_len > 27: triton_prefill_chunked.v64, 4 workloads, 2.10x (1.29x .. 4.01x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   2. num_seqs <= 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k16c16, 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. num_seqs > 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len > 5501 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 18), 'total_seq_len': (None, 80)}, 'workloads': 3, 'speedup': (8.6, 11.92, 14.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (20, None), 'total_seq_len': (None, 1735)}, 'workloads': 3, 'speedup': (1.16, 2.4, 3.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 18), 'total_seq_len': (80, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (1735, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (None, 2037)}, 'workloads': 4, 'speedup': (1.08, 1.37, 2.33), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8)}, 'workloads': 5, 'speedup': (2.82, 6.92, 14.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (2037, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 1107)}, 'workloads': 4, 'speedup': (3.22, 8.85, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (9, None), 'total_seq_len': (None, 3482)}, 'workloads': 5, 'speedup': (1.56, 3.28, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (1107, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (3482, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (None, 5501)}, 'workloads': 4, 'speedup': (1.29, 2.1, 4.01), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 20)}, 'workloads': 4, 'speedup': (3.55, 9.07, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (20, None)}, 'workloads': 3, 'speedup': (3.75, 4.35, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (5501, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -70,22 +72,25 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 11.92x (8.60x .. 14.79x) over sglang_flashinfer_prefill
-    if total_seq_len <= 80 and num_seqs <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 2.40x (1.16x .. 3.98x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1735 and num_seqs > 20:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 4 workloads, 1.37x (1.08x .. 2.33x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2037 and mean_seq_len > 8:
+        return 'triton_prefill_chunked.v64'
+    # region 2: 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.85x (3.22x .. 14.13x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1107 and num_seqs <= 6:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 2: 5 workloads, 3.28x (1.56x .. 5.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3482 and num_seqs > 9:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 4 workloads, 2.10x (1.29x .. 4.01x) over sglang_flashinfer_prefill
+    if total_seq_len <= 5501 and mean_seq_len > 27:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 2: 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill
+    if num_seqs <= 20 and mean_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 3: 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill
+    if num_seqs > 20 and mean_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T17:16:28Z
+# measured    up to 2026-11-26T05:53:43Z
 # workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -22,6 +22,8 @@
 #   cuda_prefill_thread_rows.k8c8    3eb6d4182748e2b9  236/236  0.82x
 #   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
+#   triton_prefill_chunked.v16       4f5356ee9df791ad  252/252  0.93x
+#   triton_prefill_chunked.v64       66d68080e64a268a  252/252  0.91x
 #   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
@@ -33,72 +35,76 @@
 #   cuda_prefill_thread_rows.k4c8    cfg=(4, 32, 8)
 #   cuda_prefill_thread_rows.k8c16   cfg=(8, 16, 16)
 #   cuda_prefill_thread_rows.k8c8    cfg=(8, 16, 8)
+#   triton_prefill_chunked.v16       cfg=(16, 4)
+#   triton_prefill_chunked.v64       cfg=(64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.95% mean, 160.05% max;
-#             1.163x over the baseline; 9 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.60% mean, 1332.10% max;
-#             2.554x over the baseline; 2 slower than the baseline beyond the spread, 3 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.18% mean, 223.64% max;
+#             1.259x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.64% mean, 415.96% max;
+#             2.831x over the baseline; 1 slower than the baseline beyond the spread, 1 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4: triton_prefill_recurrent, 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   2. total_seq_len <= 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32: cuda_prefill_thread_rows.k16c16, 23 workloads, 5.23x (3.72x .. 8.11x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   1. total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4: triton_prefill_recurrent, 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 4.86x (3.00x .. 8.11x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
-#   4. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 32: flashinfer (baseline), 3 workloads
-#   5. total_seq_len <= 167 and num_seqs <= 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.01x (1.29x .. 3.34x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
-#   6. total_seq_len <= 182 and num_seqs > 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k16c16, 18 workloads, 2.11x (1.28x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
-#   7. total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   8. total_seq_len > 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32: cuda_prefill_thread_rows.k8c16, 16 workloads, 2.83x (1.31x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   9. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 32: flashinfer (baseline), 18 workloads
-#   10. total_seq_len > 167 and num_seqs <= 1 and mean_seq_len > 32: flashinfer (baseline), 23 workloads
-#   11. 182 < total_seq_len <= 255 and num_seqs > 1 and mean_seq_len > 32: cuda_prefill_thread_rows.k8c16, 12 workloads, 1.56x (1.10x .. 2.81x) over flashinfer; then cuda_prefill_thread_rows.k16c16
-#   12. total_seq_len > 255 and num_seqs > 1 and mean_seq_len > 32: flashinfer (baseline), 108 workloads
+#   4. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
+#   5. total_seq_len <= 188 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 1.86x (1.28x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   7. total_seq_len > 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 25 workloads, 2.62x (1.31x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   8. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
+#   9. 188 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.08x (1.78x .. 2.29x) over flashinfer; then triton_prefill_chunked.v16
+#   10. 188 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 67 workloads, 1.50x (1.23x .. 1.89x) over flashinfer; then triton_prefill_chunked.v64
+#   11. total_seq_len > 1053 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 15 and num_seqs <= 20 and mean_seq_len <= 22: cuda_prefill_thread_rows.k16c8, 13 workloads, 13.03x (9.66x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   2. total_seq_len <= 91 and num_seqs <= 20 and 22 < mean_seq_len <= 39: cuda_prefill_thread_rows, 13 workloads, 11.43x (7.72x .. 17.60x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   3. total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len > 39: cuda_prefill_thread_rows.k16c16, 13 workloads, 10.09x (6.77x .. 17.37x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   4. total_seq_len <= 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14: cuda_prefill_thread_rows.k8c16, 7 workloads, 2.26x (1.21x .. 4.23x) over flashinfer
-#   5. total_seq_len <= 3044 and num_seqs > 107: cuda_prefill_thread_rows.k2c8, 4 workloads, 2.24x (1.78x .. 2.83x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   6. 20 < num_seqs <= 106 and mean_seq_len > 14: flashinfer (baseline), 22 workloads
-#   7. 15 < total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len <= 22: cuda_prefill_thread_rows.k16c16, 16 workloads, 10.57x (2.83x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   8. 91 < total_seq_len <= 1742 and num_seqs <= 1: cuda_prefill_thread_rows.k16c16, 28 workloads, 4.30x (1.47x .. 9.40x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8
-#   9. 91 < total_seq_len <= 1798 and 1 < num_seqs <= 20: cuda_prefill_thread_rows.k8c16, 95 workloads, 4.39x (1.18x .. 12.39x) over flashinfer; then cuda_prefill_thread_rows.k16c16
-#   10. total_seq_len > 687 and 20 < num_seqs <= 106 and mean_seq_len <= 13: cuda_prefill_thread_rows.k2c16, 3 workloads, 2.23x (1.99x .. 2.41x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   11. total_seq_len > 1798 and num_seqs <= 20: flashinfer (baseline), 32 workloads
-#   12. total_seq_len > 3044 and num_seqs > 106: flashinfer (baseline), 6 workloads
+#   1. total_seq_len <= 31 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k16c8, 26 workloads, 12.46x (4.78x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64
+#   2. total_seq_len <= 286 and num_seqs <= 1 and mean_seq_len > 232: cuda_prefill_thread_rows.k16c16, 3 workloads, 5.03x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   3. total_seq_len <= 978 and num_seqs > 1 and mean_seq_len > 232: triton_prefill_chunked.v64, 12 workloads, 3.52x (2.59x .. 5.24x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   4. total_seq_len <= 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232: triton_prefill_chunked.v64, 6 workloads, 1.69x (1.23x .. 2.42x) over flashinfer; then triton_prefill_chunked.v16
+#   5. 17 < num_seqs <= 82 and mean_seq_len <= 12: cuda_prefill_thread_rows.k8c16, 8 workloads, 2.41x (1.21x .. 4.23x) over flashinfer
+#   6. num_seqs > 82 and mean_seq_len <= 12: cuda_prefill_thread_rows.k2c16, 5 workloads, 2.30x (1.71x .. 2.88x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   7. 31 < total_seq_len <= 72 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k16c16, 19 workloads, 10.72x (3.11x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
+#   8. 72 < total_seq_len <= 91 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows, 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64
+#   9. total_seq_len > 91 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k8c16, 89 workloads, 5.18x (1.18x .. 12.39x) over flashinfer; then cuda_prefill_thread_rows.k16c16
+#   10. 286 < total_seq_len <= 8477 and num_seqs <= 1 and mean_seq_len > 232: triton_prefill_chunked.v16, 14 workloads, 3.36x (1.61x .. 5.73x) over flashinfer; then triton_prefill_chunked.v64
+#   11. 978 < total_seq_len <= 3149 and num_seqs > 1 and mean_seq_len > 238: triton_prefill_chunked.v16, 13 workloads, 2.08x (1.21x .. 6.28x) over flashinfer; then triton_prefill_chunked.v64
+#   12. total_seq_len > 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232: flashinfer (baseline), 19 workloads
+#   13. total_seq_len > 3149 and num_seqs > 1 and mean_seq_len > 232: flashinfer (baseline), 26 workloads
+#   14. total_seq_len > 8477 and num_seqs <= 1 and mean_seq_len > 232: flashinfer (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 8)}, 'workloads': 3, 'speedup': (9.79, 11.2, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 32), 'num_seqs': (None, 8), 'total_seq_len': (None, 41)}, 'workloads': 23, 'speedup': (3.72, 5.23, 8.11), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 8)}, 'workloads': 3, 'speedup': (9.79, 11.2, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 27, 'speedup': (3.0, 4.86, 8.11), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 32), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 167)}, 'workloads': 21, 'speedup': (1.29, 2.01, 3.34), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (None, 182)}, 'workloads': 18, 'speedup': (1.28, 2.11, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (8, None)}, 'workloads': 4, 'speedup': (8.66, 9.24, 9.97), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (4, 32), 'num_seqs': (None, 8), 'total_seq_len': (41, None)}, 'workloads': 16, 'speedup': (1.31, 2.83, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 32), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (None, 1), 'total_seq_len': (167, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (182, 255)}, 'workloads': 12, 'speedup': (1.1, 1.56, 2.81), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (1, None), 'total_seq_len': (255, None)}, 'workloads': 108, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 188)}, 'workloads': 27, 'speedup': (1.28, 1.86, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (8, None)}, 'workloads': 4, 'speedup': (8.66, 9.24, 9.97), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (4, 46), 'num_seqs': (None, 8), 'total_seq_len': (44, None)}, 'workloads': 25, 'speedup': (1.31, 2.62, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (188, 946)}, 'workloads': 10, 'speedup': (1.78, 2.08, 2.29), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (188, 1053)}, 'workloads': 67, 'speedup': (1.23, 1.5, 1.89), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1053, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 20), 'total_seq_len': (None, 15)}, 'workloads': 13, 'speedup': (9.66, 13.03, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (22, 39), 'num_seqs': (None, 20), 'total_seq_len': (None, 91)}, 'workloads': 13, 'speedup': (7.72, 11.43, 17.6), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (39, None), 'num_seqs': (None, 20), 'total_seq_len': (None, 91)}, 'workloads': 13, 'speedup': (6.77, 10.09, 17.37), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 14), 'num_seqs': (20, 106), 'total_seq_len': (None, 687)}, 'workloads': 7, 'speedup': (1.21, 2.26, 4.23), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'num_seqs': (107, None), 'total_seq_len': (None, 3044)}, 'workloads': 4, 'speedup': (1.78, 2.24, 2.83), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (14, None), 'num_seqs': (20, 106)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 20), 'total_seq_len': (15, 91)}, 'workloads': 16, 'speedup': (2.83, 10.57, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (91, 1742)}, 'workloads': 28, 'speedup': (1.47, 4.3, 9.4), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8')},
-    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'num_seqs': (1, 20), 'total_seq_len': (91, 1798)}, 'workloads': 95, 'speedup': (1.18, 4.39, 12.39), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
-    {'region': 10, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (20, 106), 'total_seq_len': (687, None)}, 'workloads': 3, 'speedup': (1.99, 2.23, 2.41), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 20), 'total_seq_len': (1798, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'num_seqs': (106, None), 'total_seq_len': (3044, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (None, 31)}, 'workloads': 26, 'speedup': (4.78, 12.46, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 286)}, 'workloads': 3, 'speedup': (3.68, 5.03, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (1, None), 'total_seq_len': (None, 978)}, 'workloads': 12, 'speedup': (2.59, 3.52, 5.24), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (12, 232), 'num_seqs': (17, None), 'total_seq_len': (None, 2140)}, 'workloads': 6, 'speedup': (1.23, 1.69, 2.42), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (17, 82)}, 'workloads': 8, 'speedup': (1.21, 2.41, 4.23), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (82, None)}, 'workloads': 5, 'speedup': (1.71, 2.3, 2.88), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (31, 72)}, 'workloads': 19, 'speedup': (3.11, 10.72, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (72, 91)}, 'workloads': 9, 'speedup': (6.7, 9.46, 15.17), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (91, None)}, 'workloads': 89, 'speedup': (1.18, 5.18, 12.39), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (286, 8477)}, 'workloads': 14, 'speedup': (1.61, 3.36, 5.73), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (238, None), 'num_seqs': (1, None), 'total_seq_len': (978, 3149)}, 'workloads': 13, 'speedup': (1.21, 2.08, 6.28), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (12, 232), 'num_seqs': (17, None), 'total_seq_len': (2140, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (1, None), 'total_seq_len': (3149, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (8477, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -109,59 +115,65 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer
     if total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'triton_prefill_recurrent'
-    # region 2: 23 workloads, 5.23x (3.72x .. 8.11x) over flashinfer
-    if total_seq_len <= 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_recurrent'
+    # region 2: 27 workloads, 4.86x (3.00x .. 8.11x) over flashinfer
+    if total_seq_len <= 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 3: 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer
     if total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3:
         return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 5: 21 workloads, 2.01x (1.29x .. 3.34x) over flashinfer
-    if total_seq_len <= 167 and num_seqs <= 1 and mean_seq_len > 32:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 18 workloads, 2.11x (1.28x .. 2.87x) over flashinfer
-    if total_seq_len <= 182 and num_seqs > 1 and mean_seq_len > 32:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 7: 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer
+    # region 5: 27 workloads, 1.86x (1.28x .. 2.87x) over flashinfer
+    if total_seq_len <= 188 and mean_seq_len > 46:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 6: 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer
     if total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 8: 16 workloads, 2.83x (1.31x .. 6.75x) over flashinfer
-    if total_seq_len > 41 and num_seqs <= 8 and 4 < mean_seq_len <= 32:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 11: 12 workloads, 1.56x (1.10x .. 2.81x) over flashinfer
-    if 182 < total_seq_len <= 255 and num_seqs > 1 and mean_seq_len > 32:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 7: 25 workloads, 2.62x (1.31x .. 6.75x) over flashinfer
+    if total_seq_len > 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 9: 10 workloads, 2.08x (1.78x .. 2.29x) over flashinfer
+    if 188 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 10: 67 workloads, 1.50x (1.23x .. 1.89x) over flashinfer
+    if 188 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 13 workloads, 13.03x (9.66x .. 18.68x) over flashinfer
-    if total_seq_len <= 15 and num_seqs <= 20 and mean_seq_len <= 22:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 2: 13 workloads, 11.43x (7.72x .. 17.60x) over flashinfer
-    if total_seq_len <= 91 and num_seqs <= 20 and 22 < mean_seq_len <= 39:
-        return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows'
-    # region 3: 13 workloads, 10.09x (6.77x .. 17.37x) over flashinfer
-    if total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len > 39:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 7 workloads, 2.26x (1.21x .. 4.23x) over flashinfer
-    if total_seq_len <= 687 and 20 < num_seqs <= 106 and mean_seq_len <= 14:
+    # region 1: 26 workloads, 12.46x (4.78x .. 18.68x) over flashinfer
+    if total_seq_len <= 31 and num_seqs <= 17 and mean_seq_len <= 232:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 2: 3 workloads, 5.03x (3.68x .. 6.87x) over flashinfer
+    if total_seq_len <= 286 and num_seqs <= 1 and mean_seq_len > 232:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 12 workloads, 3.52x (2.59x .. 5.24x) over flashinfer
+    if total_seq_len <= 978 and num_seqs > 1 and mean_seq_len > 232:
+        return ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 6 workloads, 1.69x (1.23x .. 2.42x) over flashinfer
+    if total_seq_len <= 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 5: 8 workloads, 2.41x (1.21x .. 4.23x) over flashinfer
+    if 17 < num_seqs <= 82 and mean_seq_len <= 12:
         return 'cuda_prefill_thread_rows.k8c16'
-    # region 5: 4 workloads, 2.24x (1.78x .. 2.83x) over flashinfer
-    if total_seq_len <= 3044 and num_seqs > 107:
-        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 7: 16 workloads, 10.57x (2.83x .. 27.13x) over flashinfer
-    if 15 < total_seq_len <= 91 and num_seqs <= 20 and mean_seq_len <= 22:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 8: 28 workloads, 4.30x (1.47x .. 9.40x) over flashinfer
-    if 91 < total_seq_len <= 1742 and num_seqs <= 1:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 9: 95 workloads, 4.39x (1.18x .. 12.39x) over flashinfer
-    if 91 < total_seq_len <= 1798 and 1 < num_seqs <= 20:
+    # region 6: 5 workloads, 2.30x (1.71x .. 2.88x) over flashinfer
+    if num_seqs > 82 and mean_seq_len <= 12:
+        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c16'
+    # region 7: 19 workloads, 10.72x (3.11x .. 27.13x) over flashinfer
+    if 31 < total_seq_len <= 72 and num_seqs <= 17 and mean_seq_len <= 232:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 8: 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer
+    if 72 < total_seq_len <= 91 and num_seqs <= 17 and mean_seq_len <= 232:
+        return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows'
+    # region 9: 89 workloads, 5.18x (1.18x .. 12.39x) over flashinfer
+    if total_seq_len > 91 and num_seqs <= 17 and mean_seq_len <= 232:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 10: 3 workloads, 2.23x (1.99x .. 2.41x) over flashinfer
-    if total_seq_len > 687 and 20 < num_seqs <= 106 and mean_seq_len <= 13:
-        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k2c16'
+    # region 10: 14 workloads, 3.36x (1.61x .. 5.73x) over flashinfer
+    if 286 < total_seq_len <= 8477 and num_seqs <= 1 and mean_seq_len > 232:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 11: 13 workloads, 2.08x (1.21x .. 6.28x) over flashinfer
+    if 978 < total_seq_len <= 3149 and num_seqs > 1 and mean_seq_len > 238:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     return 'flashinfer'
