@@ -37,8 +37,10 @@ on every call (validate.Checker.check_scalars).
 `explain(arch, axes)` tells which variant a shape gets and why, through the same code as a call.
 
 Engine plugins call the ops inside `handing_back_baseline()`: a call routed to the definition's
-baseline then raises `BaselineChosen` before anything runs, and the plugin calls the engine's own
-kernel instead, as the engine would have (no guard launch, no wrapper host time).
+baseline, or into a region the router marks as handed back (`hands_back`: a variant that beats the
+guarded baseline there but not the engine's own call), then raises `BaselineChosen` before anything
+runs, and the plugin calls the engine's own kernel instead, as the engine would have (no guard
+launch, no wrapper host time).
 """
 from __future__ import annotations
 
@@ -145,19 +147,23 @@ def make_guard(tensors):
 
 class _Entry:
     """One tensor signature's decision: `variant` for captured calls, `eager` for eager calls (None:
-    the same variant, and the call mode is never asked)."""
+    the same variant, and the call mode is never asked). `base` / `eager_base`: whether an engine
+    plugin gets the call back (`handing_back_baseline`): the baseline is chosen, or the router's
+    region hands its calls back to the engine's own kernel (`hand_back`, per mode)."""
 
-    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "base", "eager_base", "axes", "arch", "strided")
+    __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "base", "eager_base", "axes", "arch", "strided",
+                 "hand_back")
 
-    def __init__(self, guard, variant, eager, axes, arch, strided=False):
-        self.guard, self.axes, self.arch, self.strided = guard, axes, arch, strided
+    def __init__(self, guard, variant, eager, axes, arch, strided=False, hand_back=(False, False)):
+        self.guard, self.axes, self.arch, self.strided, self.hand_back = guard, axes, arch, strided, hand_back
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
-        self.variant, self.fn, self.base = variant, variant.fn, variant.baseline
-        self.eager = None if eager is variant else eager
+        graph_back, eager_back = self.hand_back
+        self.variant, self.fn, self.base = variant, variant.fn, variant.baseline or graph_back
+        self.eager = None if eager is variant and graph_back == eager_back else eager
         self.eager_fn = None if self.eager is None else eager.fn
-        self.eager_base = self.base if self.eager is None else eager.baseline
+        self.eager_base = self.base if self.eager is None else eager.baseline or eager_back
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
@@ -268,7 +274,8 @@ class Dispatcher:
         arch = _arch.arch_of(ts[0].device)
         strided = self.checker.is_strided(args)
         e = _Entry(make_guard(ts), self.choose(arch, axes, strided=strided),
-                   self.choose(arch, axes, "eager", strided=strided), tuple(axes.items()), arch, strided)
+                   self.choose(arch, axes, "eager", strided=strided), tuple(axes.items()), arch, strided,
+                   (self.hands_back(arch, axes), self.hands_back(arch, axes, "eager")))
         bucket = self._entries.setdefault(ts[0].shape, [])
         bucket.insert(0, e)
         del bucket[MAX_ENTRIES_PER_SHAPE:]
@@ -378,20 +385,41 @@ class Dispatcher:
         return self._copies[v.name]
 
     def router(self, arch: str) -> dict | None:
-        """{mode: route function} of `arch`'s generated router (None: no router)."""
+        """{mode: route function, ("hand_back", mode): its hand-back function or None} of `arch`'s
+        generated router (None: no router)."""
         if arch not in self._routers:
             try:
                 mod = importlib.import_module(f"kdispatch.routers.{arch}.{self.definition}")
-                self._routers[arch] = {"graph": mod.route, "eager": getattr(mod, "route_eager", mod.route)}
             except ModuleNotFoundError:
                 self._routers[arch] = None
+            else:
+                eager = hasattr(mod, "route_eager")  # then its hand-back answers are its own too
+                self._routers[arch] = self._routes(mod.route, getattr(mod, "route_eager", None),
+                                                   getattr(mod, "hand_back", None),
+                                                   getattr(mod, "hand_back_eager" if eager else "hand_back", None))
         return self._routers[arch]
 
-    def set_router(self, arch: str, route, route_eager=None) -> None:
+    @staticmethod
+    def _routes(route, route_eager, hand_back, hand_back_eager) -> dict:
+        return {"graph": route, "eager": route_eager or route, ("hand_back", "graph"): hand_back,
+                ("hand_back", "eager"): hand_back_eager}
+
+    def set_router(self, arch: str, route, route_eager=None, hand_back=None, hand_back_eager=None) -> None:
         """Replace the router of `arch` (None: baseline only; `route_eager`: eager calls' answers,
-        default `route`'s); forgets every cached decision."""
-        self._routers[arch] = None if route is None else {"graph": route, "eager": route_eager or route}
+        default `route`'s; `hand_back`: which shapes engine plugins give back to the engine's kernel,
+        default none, and `hand_back_eager` for eager calls, default `hand_back`'s); forgets every
+        cached decision."""
+        self._routers[arch] = None if route is None else self._routes(route, route_eager, hand_back,
+                                                                      hand_back_eager or hand_back)
         self.reset()
+
+    def hands_back(self, arch: str, axes: dict, mode: str = "graph") -> bool:
+        """Does the router send this shape's calls in `mode` back to the engine's own kernel when an
+        engine plugin asks (its region won against the guarded baseline only: tuner/fit.py
+        `hand_back`)? Never under KDISPATCH_DISABLE (the baseline anyway) or a forced variant."""
+        routes = None if self.disabled or self.forced is not None else self.router(arch)
+        fn = routes and routes.get(("hand_back", mode))
+        return bool(fn(**axes)) if fn is not None else False
 
     def reset(self) -> None:
         self._entries.clear()

@@ -27,7 +27,9 @@ device).
 A library baseline that makes the engine's call safe (an index guard launched first) can name the
 call as the engine makes it, `engine=`: the tuner gates the safe one and times the engine's, so that
 regions are fitted against what an engine user has (the plugins hand calls routed to the baseline
-back to the engine's own kernel), not against the guard's extra launch.
+back to the engine's own kernel), not against the guard's extra launch. It times the safe one too
+(the row's metrics, "guarded"): where the baseline keeps a region, `kdispatch.ops` calls, which run
+the safe one, take a variant that beats it there, and the plugins still hand them back (tuner/fit.py).
 """
 from __future__ import annotations
 

@@ -204,3 +204,27 @@ def test_capture_counter_follows_cuda_graph_captures(monkeypatch):
     with pytest.raises(Exception):
         graph.capture_end(object())
     assert not dispatch.capturing()
+
+
+def test_a_handed_back_region_raises_for_plugins_only(fake):
+    """A region the router marks `hand_back` (a variant that beat only the guarded baseline there):
+    kdispatch.ops calls take the variant; a plugin's call (handing_back_baseline) is given back, per
+    call mode."""
+    from kdispatch.dispatch import BaselineChosen, handing_back_baseline
+
+    calls, _ = fake
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", lambda batch_size: "fake_cpu", hand_back=lambda batch_size: batch_size <= 4)
+    kdispatch.ops.gdn_decode(*decode_args(2))
+    assert calls == [2]
+    with handing_back_baseline():
+        with pytest.raises(BaselineChosen):
+            kdispatch.ops.gdn_decode(*decode_args(2))
+        kdispatch.ops.gdn_decode(*decode_args(8))  # outside the handed-back region: the variant runs
+    assert calls == [2, 8]
+    # eager calls asked apart: handed back in graph mode only, so an eager plugin call keeps the variant
+    d.set_router("cpu", lambda batch_size: "fake_cpu", hand_back=lambda batch_size: True,
+                 hand_back_eager=lambda batch_size: False)
+    with handing_back_baseline():
+        kdispatch.ops.gdn_decode(*decode_args(2))
+    assert calls == [2, 8, 2]

@@ -474,3 +474,61 @@ def test_per_mode_choices_are_fitted_from_per_mode_times(tmp_path):
     graph, _ = codegen.load_route(codegen.write(pol, tmp_path))
     eager, _ = codegen.load_route(tmp_path / "sm90" / f"{DECODE}.py", "eager")
     assert graph(batch_size=8) == "A" and eager(batch_size=8) == "flashinfer"
+
+
+def test_guarded_baseline_refits_its_regions_for_ops_and_hands_them_back(tmp_path):
+    """A guarded library baseline (rows: the engine's own call; metrics: the guarded call): where the
+    baseline keeps a region, a variant that beats only the guarded call takes it for kdispatch.ops,
+    marked hand_back (plugins keep the engine's kernel); where it beats the engine too, no mark."""
+    store = Store(":memory:")
+    eid = store.add_env(ENV)
+    rows = []
+    for uuid, axes in decode_workloads():
+        b = axes["batch_size"]
+        engine = 10.0 + b
+        times = {"flashinfer": engine, "A": engine + 2.0 if b < 16 else engine * 0.5}
+        for name, t in times.items():
+            metrics = {"guarded": {"median_us": t + 6.0, "p10_us": (t + 6.0) * 0.99, "p90_us": (t + 6.0) * 1.01,
+                                   "eager_us": None, "eager_p10_us": None, "eager_p90_us": None}} \
+                if name == "flashinfer" else {}
+            rows.append(Result(env=eid, definition=DECODE, variant=name, variant_hash="h-" + name, uuid=uuid,
+                               axes=axes, status="PASSED", measured_at="2026-01-01T00:00:00Z",
+                               baseline=name == "flashinfer", method="graph", median_us=t, p10_us=t * 0.99,
+                               p90_us=t * 1.01, metrics=metrics))
+    store.put_many(rows)
+    pol = fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+    assert [(r.variant, r.bounds, r.hand_back) for r in pol.regions] == [
+        ("A", {"batch_size": (None, 12)}, True), ("A", {"batch_size": (12, None)}, False)]
+    assert pol.regions[0].stats["speedup"][0] > 1.0  # over the guarded call
+    assert pol.heldout["slower_than_baseline"] == 0  # scored as a plugin runs: the engine's kernel there
+    mod = _load_router(codegen.write(pol, tmp_path))
+    assert mod.route(batch_size=4) == "A" and mod.route(batch_size=64) == "A"
+    assert mod.hand_back(batch_size=4) is True and mod.hand_back(batch_size=64) is False
+    # without guarded times (rows measured before the tuner kept them) nothing is handed back
+    plain = fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), decode_latency), DECODE, "sm90"))
+    assert not any(r.hand_back for r in plain.regions)
+    assert "def hand_back" not in codegen.render(plain)
+
+
+def _load_router(path):
+    spec = importlib.util.spec_from_file_location("router_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_guarded_baseline_rows_without_guarded_times_are_measured_again():
+    from kdispatch.tuner.plan import _unguarded
+
+    store = Store(":memory:")
+    eid = store.add_env(ENV)
+    guarded = {"guarded": {"median_us": 9.0, "p10_us": 9.0, "p90_us": 9.0, "eager_us": None, "eager_p10_us": None,
+                           "eager_p90_us": None}}
+    rows = [("u1", "PASSED", guarded, "h"), ("u2", "PASSED", {}, "h"), ("u3", "INCORRECT_NUMERICAL", {}, "h"),
+            ("u4", "PASSED", guarded, "old")]
+    store.put_many([Result(env=eid, definition=DECODE, variant="base", variant_hash=h, uuid=u, axes={"batch_size": 1},
+                           status=st, measured_at="2026-01-01T00:00:00Z", baseline=True, method="graph",
+                           median_us=5.0 if st == "PASSED" else None, p10_us=5.0, p90_us=5.0, metrics=m)
+                    for u, st, m, h in rows])
+    # u2 passed without the guarded times; u3 failed (never timed); u4 is another hash (already missing)
+    assert _unguarded(store, eid, DECODE, "base", "h", ["u1", "u2", "u3", "u4"], {("base", "u4")}) == [("base", "u2")]

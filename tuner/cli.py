@@ -265,6 +265,9 @@ def cmd_explain(args) -> int:
         print(f"region {region['region']}: {cond} -> {region['variant']} (tuned on {region['workloads']} workloads"
               + (f"; speedup over the baseline {sp[1]:.2f}x geomean, {sp[0]:.2f}x .. {sp[2]:.2f}x" if sp else "")
               + ")")
+        if region.get("hand_back"):
+            print("engine plugins hand this shape back to the engine's own kernel: the variant beat only the "
+                  "guarded baseline that kdispatch.ops runs (tuner/fit.py)")
         if region.get("fallbacks") and choice.router_says is not None and not chained:
             print("outside the tuned range of a feature: only the region's choice is tried, not its fallbacks "
                   f"({', '.join(region['fallbacks'])})")

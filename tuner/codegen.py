@@ -100,7 +100,8 @@ def _region_lines(policy: Policy, d: str) -> list[str]:
         who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
         sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {policy.baseline}"
         then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
-        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}")
+        back = "; engine plugins keep the engine's kernel (`hand_back`)" if r.hand_back else ""
+        lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}{back}")
     return lines
 
 
@@ -109,13 +110,15 @@ def _regions_data(policy: Policy, name: str) -> list[str]:
     for i, r in enumerate(policy.regions, 1):
         bounds = {f: tuple(b) for f, b in sorted(r.bounds.items())}
         sp = r.stats.get("speedup")
+        back = ", 'hand_back': True" if r.hand_back else ""
         lines.append(f"    {{'region': {i}, 'variant': {r.variant!r}, 'bounds': {bounds!r}, "
                      f"'workloads': {r.stats.get('workloads', len(r.uuids))}, "
-                     f"'speedup': {tuple(sp) if sp else None!r}, 'fallbacks': {tuple(r.fallbacks)!r}}},")
+                     f"'speedup': {tuple(sp) if sp else None!r}, 'fallbacks': {tuple(r.fallbacks)!r}{back}}},")
     return lines + [")"]
 
 
-def _route_body(policy: Policy, d: str) -> list[str]:
+def _features_body(policy: Policy, d: str) -> list[str]:
+    """The lines computing the features the policy's regions read from the axes."""
     body = []
     used = _used_features(d, policy)
     consts = feats.constants_used(d, used)
@@ -124,6 +127,22 @@ def _route_body(policy: Policy, d: str) -> list[str]:
     for f in used:
         der = defs.get(d).spec.derived[f]
         body.append(f"    {f} = {der.expr}  # {der.doc}")
+    return body
+
+
+def _hand_back_body(policy: Policy, d: str) -> list[str]:
+    """True inside the regions engine plugins hand back to the engine's kernel (tuner/fit.py)."""
+    body = _features_body(policy, d)
+    for i, r in enumerate(policy.regions, 1):
+        if r.hand_back:
+            cond = _cond(d, r.bounds)
+            body += [f"    if {cond}:  # region {i}", "        return True"] if cond else \
+                [f"    return True  # region {i}"]
+    return body + ["    return False"]
+
+
+def _route_body(policy: Policy, d: str) -> list[str]:
+    body = _features_body(policy, d)
     if _chains(policy):
         inside = " and ".join(f"{lo} <= {f} <= {hi}" for f, (lo, hi) in policy.measured.items()) or "True"
         body.append(f"    inside = {inside}  # within the measured ranges: fallbacks apply")
@@ -145,8 +164,8 @@ def _route_body(policy: Policy, d: str) -> list[str]:
 
 
 def _same_choices(a: Policy, b: Policy) -> bool:
-    return [(r.bounds, r.variant, r.fallbacks) for r in a.regions] == [(r.bounds, r.variant, r.fallbacks)
-                                                                          for r in b.regions]
+    return ([(r.bounds, r.variant, r.fallbacks, r.hand_back) for r in a.regions]
+            == [(r.bounds, r.variant, r.fallbacks, r.hand_back) for r in b.regions])
 
 
 def _answer(policy: Policy, r) -> str:
@@ -221,6 +240,10 @@ def render(policy: Policy) -> str:
               "", "", f"def route({', '.join(axes)}):"] + _route_body(policy, d)
     if eager:
         lines += ["", "", f"def route_eager({', '.join(axes)}):"] + _route_body(eager, d)
+    if any(r.hand_back for r in policy.regions):
+        lines += ["", "", f"def hand_back({', '.join(axes)}):"] + _hand_back_body(policy, d)
+    if eager and any(r.hand_back for r in eager.regions):
+        lines += ["", "", f"def hand_back_eager({', '.join(axes)}):"] + _hand_back_body(eager, d)
     return "\n".join(lines) + "\n"
 
 

@@ -33,6 +33,16 @@ with their own 10-90 spread; there a variant that cannot be captured is admissib
 holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
 choices differ.
 
+Guarded library baselines. A library baseline that makes the engine's call safe (an index guard
+launched first; registry `engine=`) is timed twice by the tuner: its row holds the engine's own
+call, what engine plugins hand the baseline's calls to, and its metrics the guarded call's
+("guarded"), what `kdispatch.ops` runs. Regions are fitted on the engine's times as for any
+baseline; then each region left to the baseline is refitted on its own workloads against the
+guarded times (`_ops_regions`): where a variant beats the guarded call there, `kdispatch.ops` calls
+take it, and the sub-region is marked `hand_back`: plugins keep the engine's kernel there. Held-out
+regret and "slower than the baseline" are scored as a plugin runs (the rows' engine times). Rows
+measured before the tuner recorded guarded times have none: then nothing changes.
+
 Regions (`fit`). A workload's cost under a variant is its latency over the fastest admissible
 variant's there (1 = the best choice; a 20% slower choice costs 1.2), times the workload's weight,
 so that short calls count as much as long ones (summed microseconds let a few long calls decide for
@@ -189,6 +199,8 @@ class Region:
     # the region's other admissible variants, fastest first: where `variant` declines a shape (or is
     # unavailable, or raises) the dispatcher tries these before the baseline
     fallbacks: list[str] = field(default_factory=list)
+    # engine plugins hand the region's calls back to the engine's own kernel (see `hand_back`)
+    hand_back: bool = False
 
     def contains(self, f: dict) -> bool:
         for name, (lo, hi) in self.bounds.items():
@@ -220,6 +232,10 @@ class Policy:
         """Is the shape within the measured range of every feature (no extrapolation)?"""
         return all(lo <= features[f] <= hi for f, (lo, hi) in self.measured.items())
 
+    def hands_back(self, features: dict) -> bool:
+        """Do engine plugins give this shape back to the engine's own kernel (`hand_back`)?"""
+        return any(r.hand_back for r in self.regions if r.contains(features))
+
     def chain(self, features: dict) -> tuple[str, ...]:
         """The region's choice, then its fallbacks (only inside the measured ranges: beyond them
         nothing but the nearest region's best measured variant is trusted, then the baseline)."""
@@ -232,7 +248,7 @@ class Policy:
 class _Matrix:
     """Dense arrays over (variant, workload) for one table."""
 
-    def __init__(self, t: Table, params: FitParams, mode: str = "graph"):
+    def __init__(self, t: Table, params: FitParams, mode: str = "graph", guarded: bool = False):
         self.t = t
         self.names = t.variants
         self.fit = list(feats.fit_names(t.definition))
@@ -246,15 +262,15 @@ class _Matrix:
         unsafe = {v for (v, _u), r in t.rows.items() if r.passed and not r.routable} if mode == "graph" else set()
         for i, u in enumerate(t.uuids):
             b = t.rows.get((t.baseline, u))
+            tb = timed(b, mode, guarded)  # guarded: what kdispatch.ops runs (see `_ops_regions`)
             for j, name in enumerate(self.names):
                 r = t.rows.get((name, u))
-                x = timed(r, mode)
+                x = tb if j == 0 else timed(r, mode)
                 if x is not None:
                     self.lat[j, i] = x.median_us
                 if j == 0:
                     self.ok[j, i] = True
                 elif x is not None and name not in unsafe and b is not None and (mode == "eager" or r.routable):
-                    tb = timed(b, mode)
                     self.ok[j, i] = not b.passed or (tb is not None and
                                                      beats(x, tb, required_gain(params, t.definition, name)))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
@@ -315,21 +331,13 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     params = params or FitParams()
-    m = _Matrix(table, params, mode)
-    n = len(table.uuids)
-    regions: list[Region] = []
-    if n:
-        tree = _grow(m, np.arange(n), 0, params)
-        boxes = _leaves(tree, {})
-        boxes = _tighten(_merge_boxes(boxes, m.fit), m)
-        for bounds, vj, idx in boxes:
-            regions.append(Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)],
-                                  fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else []))
-    else:
-        regions.append(Region({}, table.baseline, []))
+    regions, m = _regions(table, params, mode)
+    if any((r.metrics or {}).get("guarded") for r in table.rows.values() if r.baseline):
+        regions = _ops_regions(table, params, mode, regions)
     regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
     for r in regions:
-        r.stats = region_stats(table, r, mode)
+        r.stats = region_stats(table, r, mode, guarded=r.hand_back)
+    n = len(table.uuids)
     measured = {f: (int(m.X[:, i].min()), int(m.X[:, i].max())) for i, f in enumerate(m.fit)
                 if n and not feats.is_bool(table.definition, f)}
     pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
@@ -339,6 +347,48 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     if mode == "graph":
         pol.eager = fit(table, params, with_heldout, "eager")
     return pol
+
+
+def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False) -> tuple[list[Region], _Matrix]:
+    """The fitted regions (tree, merge, tighten) against the baseline's row times, or its guarded
+    times (`guarded`)."""
+    m = _Matrix(table, params, mode, guarded)
+    n = len(table.uuids)
+    if not n:
+        return [Region({}, table.baseline, [])], m
+    boxes = _tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m)
+    return [Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)],
+                   fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else [])
+            for bounds, vj, idx in boxes], m
+
+
+def _ops_regions(table: Table, params: FitParams, mode: str, regions: list[Region]) -> list[Region]:
+    """The regions of a definition whose baseline is a guarded library call (its rows time the
+    engine's own call, their metrics the guarded call: see the module docstring): each region left to
+    the baseline refitted on its own workloads against the guarded times, so that `kdispatch.ops`
+    calls take a variant that beats the guard's extra launch there. Those sub-regions are marked
+    `hand_back`: engine plugins keep the engine's kernel in them, as before."""
+    out = []
+    for r in regions:
+        if r.variant != table.baseline or not r.uuids:
+            out.append(r)
+            continue
+        sub, _ = _regions(table.subset(r.uuids), params, mode, guarded=True)
+        for s in sub:
+            bounds = _intersect(r.bounds, s.bounds)
+            out.append(Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks, hand_back=s.variant != table.baseline)
+                       if s.variant != table.baseline else Region(bounds, r.variant, s.uuids))
+    return out
+
+
+def _intersect(a: dict, b: dict) -> dict:
+    """The bounds of both boxes (feature -> (lo exclusive or None, hi inclusive or None))."""
+    out = dict(a)
+    for f, (lo, hi) in b.items():
+        alo, ahi = out.get(f, (None, None))
+        out[f] = (lo if alo is None else alo if lo is None else max(alo, lo),
+                  hi if ahi is None else ahi if hi is None else min(ahi, hi))
+    return out
 
 
 def _grow(m: _Matrix, idx: np.ndarray, depth: int, p: FitParams):
@@ -460,11 +510,12 @@ def _box_key(bounds: dict, fit_names):
 # Numbers for the header and the report
 # ----------------------------------------------------------------------------------------------
 
-def region_stats(t: Table, r: Region, mode: str = "graph") -> dict:
-    """Speedup of the region's choice over the baseline on its workloads (min, geomean, max), in `mode`."""
+def region_stats(t: Table, r: Region, mode: str = "graph", guarded: bool = False) -> dict:
+    """Speedup of the region's choice over the baseline on its workloads (min, geomean, max), in `mode`
+    (`guarded`: over the guarded baseline's times, what kdispatch.ops would run instead)."""
     sp = []
     for u in r.uuids:
-        b, v = timed(t.rows.get((t.baseline, u)), mode), timed(t.rows.get((r.variant, u)), mode)
+        b, v = timed(t.rows.get((t.baseline, u)), mode, guarded), timed(t.rows.get((r.variant, u)), mode)
         if b is not None and v is not None and v.median_us > 0:
             sp.append(b.median_us / v.median_us)
     if not sp:
@@ -525,7 +576,8 @@ def measured_regret(policy: Policy, t: Table, mode: str = "graph") -> dict:
 
 class _RegretSum:
     """Routed vs best vs baseline over workloads, as the dispatcher would route them: the first
-    variant of the region's chain that accepts the shape (its `supports`)."""
+    variant of the region's chain that accepts the shape (its `supports`), or, in a region that
+    hands calls back, the engine's own kernel (what a plugin runs; every time here is the row's)."""
 
     def __init__(self):
         self.regrets, self.chosen, self.best, self.base = [], 0.0, 0.0, 0.0
@@ -536,7 +588,7 @@ class _RegretSum:
             b = timed(t.rows.get((t.baseline, u)), mode)
             if b is None:
                 continue
-            name = _dispatched(pol, t, u)
+            name = t.baseline if pol.hands_back(t.features[u]) else _dispatched(pol, t, u)
             row = t.rows.get((name, u))
             r = timed(row, mode)
             if name != t.baseline and (r is None or (mode == "graph" and not row.routable)):

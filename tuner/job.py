@@ -61,6 +61,13 @@ def timed_fn(definition: str, name: str, fn: Callable) -> Callable:
     return registry.get(definition, name).engine_fn or fn
 
 
+def guarded_times(t) -> dict:
+    """A guarded library baseline's own times (what `kdispatch.ops` runs; the row's times are the
+    engine's call): the fitter's baseline for the ops' choices (tuner/fit.py, `hand_back`)."""
+    return {"median_us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us, "eager_us": t.eager_us,
+            "eager_p10_us": t.eager_p10_us, "eager_p90_us": t.eager_p90_us}
+
+
 def run_job(job: Job, emit: Callable) -> None:
     """Measures every pending (variant, workload) of the job; emits ("start", name, uuid) before and
     ("result", row dict) after each. Raises gate.ContextLost after emitting the row whose error
@@ -123,10 +130,11 @@ def run_job(job: Job, emit: Callable) -> None:
             if verdict.passed:
                 try:
                     timed = timed_fn(definition, name, fn)
+                    graph = d.spec.reference_graph_safe or name != registry.REFERENCE
+                    timing = measure(definition, timed, trials[0][0], budget, l2, graph=graph)
                     if timed is not fn:
                         extra["timed"] = "the engine's own call, without the index guard"
-                    timing = measure(definition, timed, trials[0][0], budget, l2,
-                                     graph=d.spec.reference_graph_safe or name != registry.REFERENCE)
+                        extra["guarded"] = guarded_times(measure(definition, fn, trials[0][0], budget, l2, graph=graph))
                 except gate.ContextLost as exc:
                     emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"timing: {exc} (CUDA context lost)"[:500])))
                     raise

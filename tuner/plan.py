@@ -157,6 +157,8 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
     hashes = {n: c["hash"] for n, c in chosen.items()}
     pairs = ([(n, u) for n in sorted(hashes) for u in sorted(uuids)] if force
              else store.missing(env_id, definition, hashes, uuids))
+    if not force and base.engine_fn is not None and base.name in hashes:
+        pairs += _unguarded(store, env_id, definition, base.name, hashes[base.name], uuids, set(pairs))
     axes = {w["uuid"]: w["axes"] for w in workloads}
     pending, skipped = [], 0
     for n, u in pairs:
@@ -167,6 +169,14 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
         pending.append((n, u))
     info = {n: {k: c[k] for k in ("hash", "backend", "baseline")} for n, c in chosen.items()}
     return Plan(definition, base.name, info, workloads, pending, skipped)
+
+
+def _unguarded(store: Store, env_id: str, definition: str, base: str, h: str, uuids, planned: set) -> list:
+    """A guarded library baseline's passing rows without the guarded call's times (measured before the
+    tuner kept them, tuner/job.py): measured again, since the fit needs both (tuner/fit.py)."""
+    done = {r.uuid for r in store.results(definition, env_id) if r.variant == base and r.variant_hash == h
+            and (not r.passed or (r.metrics or {}).get("guarded"))}
+    return [(base, u) for u in sorted(uuids) if u not in done and (base, u) not in planned]
 
 
 def _router_hash(definition: str, arch: str) -> str:

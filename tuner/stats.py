@@ -19,11 +19,18 @@ class Timed:
     p90_us: float | None
 
 
-def timed(r, mode: str):
+def timed(r, mode: str, guarded: bool = False):
     """Row r's time in `mode`: graph = the routing latency (graph replay, or events where the row could
-    not be captured); eager = host + device time of a synchronised eager call. None: not timed so."""
+    not be captured); eager = host + device time of a synchronised eager call. None: not timed so.
+    `guarded`: for a guarded library baseline (its row times the engine's own call), the guarded
+    call's times, which the tuner records beside them (metrics "guarded"); other rows as they are."""
     if r is None or not r.passed:
         return None
+    g = (r.metrics or {}).get("guarded") if guarded else None
+    if g is not None:
+        if mode == "graph":
+            return Timed(g["median_us"], g["p10_us"], g["p90_us"])
+        return None if g.get("eager_us") is None else Timed(g["eager_us"], g["eager_p10_us"], g["eager_p90_us"])
     if mode == "graph":
         return r
     if r.eager_us is None:
