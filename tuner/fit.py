@@ -199,7 +199,7 @@ class Region:
     # the region's other admissible variants, fastest first: where `variant` declines a shape (or is
     # unavailable, or raises) the dispatcher tries these before the baseline
     fallbacks: list[str] = field(default_factory=list)
-    # engine plugins hand the region's calls back to the engine's own kernel (see `hand_back`)
+    # engine plugins hand the region's calls back to the engine's own kernel (see `_ops_regions`)
     hand_back: bool = False
 
     def contains(self, f: dict) -> bool:
@@ -376,8 +376,8 @@ def _ops_regions(table: Table, params: FitParams, mode: str, regions: list[Regio
         sub, _ = _regions(table.subset(r.uuids), params, mode, guarded=True)
         for s in sub:
             bounds = _intersect(r.bounds, s.bounds)
-            out.append(Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks, hand_back=s.variant != table.baseline)
-                       if s.variant != table.baseline else Region(bounds, r.variant, s.uuids))
+            out.append(Region(bounds, s.variant, s.uuids) if s.variant == table.baseline
+                       else Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks, hand_back=True))
     return out
 
 
