@@ -98,11 +98,16 @@ def _region_lines(policy: Policy, d: str) -> list[str]:
     for i, r in enumerate(policy.regions, 1):
         cond = _cond(d, r.bounds) or "every shape"
         who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
-        sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {policy.baseline}"
+        sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {_base(policy, r)}"
         then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
         back = "; engine plugins keep the engine's kernel (`hand_back`)" if r.hand_back else ""
         lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}{back}")
     return lines
+
+
+def _base(policy: Policy, r) -> str:
+    """What a region's speedup is over: the baseline, or its guarded call in a `hand_back` region."""
+    return f"{policy.baseline}'s guarded call" if r.hand_back else policy.baseline
 
 
 def _regions_data(policy: Policy, name: str) -> list[str]:
@@ -152,7 +157,7 @@ def _route_body(policy: Policy, d: str) -> list[str]:
             continue
         cond = _cond(d, r.bounds)
         body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, "
-                    f"{_speedup(r.stats)} over {policy.baseline}")
+                    f"{_speedup(r.stats)} over {_base(policy, r)}")
         if cond:
             body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
         else:
