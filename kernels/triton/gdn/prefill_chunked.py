@@ -113,18 +113,25 @@ def _put(t_ptr, X, row0, col0, T, i_h, HV: tl.constexpr):
 
 
 @triton.jit
-def _diag_inv(a_ptr, row0, col0, T, i_h, HV: tl.constexpr):
-    """(I + A_dd)^-1 of a strictly lower 16 x 16 diagonal block of the scratch A, by forward
-    substitution, row i = e_i - sum_{j<i} A_ij X_j: built as its transpose Y = X^T, column by column,
-    so that each step reduces along a row (within a warp); A's rows are loaded, not extracted."""
-    ri = tl.arange(0, 16)
-    Y = (ri[:, None] == ri[None, :]).to(tl.float32)
+def _diag_inverses(a_ptr, r0, T, i_h, HV: tl.constexpr):
+    """(I + A_dd)^-1 of the four strictly lower 16 x 16 diagonal blocks of the scratch A at block rows
+    r0.., written over them. Forward substitution for all four at once: row (d, r) of a [64, 16] tile
+    holds row r of block d's inverse transposed (Y_d = X_d^T), built column by column,
+    Y_d[:, i] = e_i - sum_{j<i} Y_d[:, j] A_d[i, j]: 15 steps of one row-wise reduction each."""
+    rr = tl.arange(0, 64)
+    d16 = (rr // 16) * 16  # the row's block, times 16
+    r = rr % 16
+    j = tl.arange(0, 16)
+    Y = (r[:, None] == j[None, :]).to(tl.float32)
     for i in tl.static_range(1, 16):
-        row = (row0 + i).to(tl.int64)
-        a = tl.load(a_ptr + row * (HV * 64) + i_h * 64 + col0 + ri, mask=(ri < i) & (row + ri * 0 < T), other=0.0)
-        y = (ri == i).to(tl.float32) - tl.sum(Y * a[None, :], axis=1)
-        Y = tl.where(ri[None, :] == i, y[:, None], Y)
-    return tl.trans(Y)
+        row = (r0 + d16 + i).to(tl.int64)  # block d's row i, for every row of the tile
+        a = tl.load(a_ptr + row[:, None] * (HV * 64) + i_h * 64 + d16[:, None] + j[None, :],
+                    mask=(j[None, :] < i) & (row[:, None] < T), other=0.0)
+        y = (r == i).to(tl.float32) - tl.sum(Y * a, axis=1)
+        Y = tl.where(j[None, :] == i, y[:, None], Y)
+    tl.debug_barrier()  # every row of A_dd read before any is overwritten
+    rows = (r0 + d16[:, None] + j[None, :]).to(tl.int64)  # X_d[c, r] = Y_d[r, c]
+    tl.store(a_ptr + rows * (HV * 64) + i_h * 64 + d16[:, None] + r[:, None], Y, mask=rows < T)
 
 
 @triton.jit
@@ -154,12 +161,14 @@ def _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, rows, N, T, i_h, s_g
 @triton.jit
 def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexpr):
     """T = (I + A)^-1 of the strictly lower 64 x 64 A in fp32 scratch at block rows r0.., to bf16
-    scratch: four diagonal 16 x 16 inverses by forward substitution, then the six blocks below them
-    by 16 x 16 products (as fla's solve_tril), zeros above."""
-    X00 = _diag_inv(a_ptr, r0, 0, T, i_h, HV)
-    X11 = _diag_inv(a_ptr, r0 + 16, 16, T, i_h, HV)
-    X22 = _diag_inv(a_ptr, r0 + 32, 32, T, i_h, HV)
-    X33 = _diag_inv(a_ptr, r0 + 48, 48, T, i_h, HV)
+    scratch: the four diagonal 16 x 16 inverses by forward substitution (in place in the scratch),
+    then the six blocks below them by 16 x 16 products (as fla's solve_tril), zeros above."""
+    _diag_inverses(a_ptr, r0, T, i_h, HV)
+    tl.debug_barrier()
+    X00 = _sub(a_ptr, r0, 0, T, i_h, HV)
+    X11 = _sub(a_ptr, r0 + 16, 16, T, i_h, HV)
+    X22 = _sub(a_ptr, r0 + 32, 32, T, i_h, HV)
+    X33 = _sub(a_ptr, r0 + 48, 48, T, i_h, HV)
     A10 = _sub(a_ptr, r0 + 16, 0, T, i_h, HV)
     A20 = _sub(a_ptr, r0 + 32, 0, T, i_h, HV)
     A21 = _sub(a_ptr, r0 + 32, 16, T, i_h, HV)
