@@ -162,7 +162,8 @@ def _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, rows, N, T, i_h, s_g
 def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexpr):
     """T = (I + A)^-1 of the strictly lower 64 x 64 A in fp32 scratch at block rows r0.., to bf16
     scratch: the four diagonal 16 x 16 inverses by forward substitution (in place in the scratch),
-    then the six blocks below them by 16 x 16 products (as fla's solve_tril), zeros above."""
+    then the six blocks below them by 16 x 16 products (as fla's solve_tril); the blocks above are
+    never written (_wy_kernel masks them out)."""
     _diag_inverses(a_ptr, r0, T, i_h, HV)
     tl.debug_barrier()
     X00 = _sub(a_ptr, r0, 0, T, i_h, HV)
@@ -185,19 +186,12 @@ def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexp
                   input_precision=PREC)
     X30 = -tl.dot(X33, tl.dot(A30, X00, input_precision=PREC) + tl.dot(A31, X10, input_precision=PREC)
                   + tl.dot(A32, X20, input_precision=PREC), input_precision=PREC)
-    zero = tl.zeros([16, 16], dtype=tl.float32)
     _put(t_ptr, X00, r0, 0, T, i_h, HV)
-    _put(t_ptr, zero, r0, 16, T, i_h, HV)
-    _put(t_ptr, zero, r0, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0, 48, T, i_h, HV)
     _put(t_ptr, X10, r0 + 16, 0, T, i_h, HV)
     _put(t_ptr, X11, r0 + 16, 16, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 16, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 16, 48, T, i_h, HV)
     _put(t_ptr, X20, r0 + 32, 0, T, i_h, HV)
     _put(t_ptr, X21, r0 + 32, 16, T, i_h, HV)
     _put(t_ptr, X22, r0 + 32, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 32, 48, T, i_h, HV)
     _put(t_ptr, X30, r0 + 48, 0, T, i_h, HV)
     _put(t_ptr, X31, r0 + 48, 16, T, i_h, HV)
     _put(t_ptr, X32, r0 + 48, 32, T, i_h, HV)
@@ -206,8 +200,8 @@ def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexp
 
 @triton.jit
 def _wy_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, a_ptr, t_ptr, w_ptr, u_ptr, qp_ptr, kt_ptr, ge_ptr,
-    out_ptr, scale, T, N,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, a_ptr, t_ptr,
+    w_ptr, u_ptr, qp_ptr, kt_ptr, ge_ptr, out_ptr, scale, T, N,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt,  # token and head strides (elements); gates: head stride 1
     HV: tl.constexpr, HQK: tl.constexpr, NORM: tl.constexpr, RAW_GATES: tl.constexpr,
     CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, PREC: tl.constexpr,
@@ -245,7 +239,8 @@ def _wy_kernel(
     tl.debug_barrier()
     _block_inverse(a_ptr, t_ptr, i_blk * 64, T, i_h, HV, PREC)
     tl.debug_barrier()
-    Ti = tl.load(t_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :], mask=valid[:, None], other=0.0)
+    Ti = tl.load(t_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :],  # lower blocks only: none above
+                 mask=valid[:, None] & (c[None, :] // 16 <= c[:, None] // 16), other=0.0)
     Ti = _low(Ti, DOT_FP32)
     gam = tl.exp(G)
     tl.store(kt_ptr + base, (K.to(tl.float32) * (rk * tl.exp(G_end - G))[:, None]).to(tl.bfloat16),
