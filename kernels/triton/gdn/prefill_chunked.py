@@ -113,18 +113,25 @@ def _put(t_ptr, X, row0, col0, T, i_h, HV: tl.constexpr):
 
 
 @triton.jit
-def _diag_inv(a_ptr, row0, col0, T, i_h, HV: tl.constexpr):
-    """(I + A_dd)^-1 of a strictly lower 16 x 16 diagonal block of the scratch A, by forward
-    substitution, row i = e_i - sum_{j<i} A_ij X_j: built as its transpose Y = X^T, column by column,
-    so that each step reduces along a row (within a warp); A's rows are loaded, not extracted."""
-    ri = tl.arange(0, 16)
-    Y = (ri[:, None] == ri[None, :]).to(tl.float32)
+def _diag_inverses(a_ptr, r0, T, i_h, HV: tl.constexpr):
+    """(I + A_dd)^-1 of the four strictly lower 16 x 16 diagonal blocks of the scratch A at block rows
+    r0.., written over them. Forward substitution for all four at once: row (d, r) of a [64, 16] tile
+    holds row r of block d's inverse transposed (Y_d = X_d^T), built column by column,
+    Y_d[:, i] = e_i - sum_{j<i} Y_d[:, j] A_d[i, j]: 15 steps of one row-wise reduction each."""
+    rr = tl.arange(0, 64)
+    d16 = (rr // 16) * 16  # the row's block, times 16
+    r = rr % 16
+    j = tl.arange(0, 16)
+    Y = (r[:, None] == j[None, :]).to(tl.float32)
     for i in tl.static_range(1, 16):
-        row = (row0 + i).to(tl.int64)
-        a = tl.load(a_ptr + row * (HV * 64) + i_h * 64 + col0 + ri, mask=(ri < i) & (row + ri * 0 < T), other=0.0)
-        y = (ri == i).to(tl.float32) - tl.sum(Y * a[None, :], axis=1)
-        Y = tl.where(ri[None, :] == i, y[:, None], Y)
-    return tl.trans(Y)
+        row = (r0 + d16 + i).to(tl.int64)  # block d's row i, for every row of the tile
+        a = tl.load(a_ptr + row[:, None] * (HV * 64) + i_h * 64 + d16[:, None] + j[None, :],
+                    mask=(j[None, :] < i) & (row[:, None] < T), other=0.0)
+        y = (r == i).to(tl.float32) - tl.sum(Y * a, axis=1)
+        Y = tl.where(j[None, :] == i, y[:, None], Y)
+    tl.debug_barrier()  # every row of A_dd read before any is overwritten
+    rows = (r0 + d16[:, None] + j[None, :]).to(tl.int64)  # X_d[c, r] = Y_d[r, c]
+    tl.store(a_ptr + rows * (HV * 64) + i_h * 64 + d16[:, None] + r[:, None], Y, mask=rows < T)
 
 
 @triton.jit
@@ -154,12 +161,15 @@ def _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, rows, N, T, i_h, s_g
 @triton.jit
 def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexpr):
     """T = (I + A)^-1 of the strictly lower 64 x 64 A in fp32 scratch at block rows r0.., to bf16
-    scratch: four diagonal 16 x 16 inverses by forward substitution, then the six blocks below them
-    by 16 x 16 products (as fla's solve_tril), zeros above."""
-    X00 = _diag_inv(a_ptr, r0, 0, T, i_h, HV)
-    X11 = _diag_inv(a_ptr, r0 + 16, 16, T, i_h, HV)
-    X22 = _diag_inv(a_ptr, r0 + 32, 32, T, i_h, HV)
-    X33 = _diag_inv(a_ptr, r0 + 48, 48, T, i_h, HV)
+    scratch: the four diagonal 16 x 16 inverses by forward substitution (in place in the scratch),
+    then the six blocks below them by 16 x 16 products (as fla's solve_tril); the blocks above are
+    never written (_wy_kernel masks them out)."""
+    _diag_inverses(a_ptr, r0, T, i_h, HV)
+    tl.debug_barrier()
+    X00 = _sub(a_ptr, r0, 0, T, i_h, HV)
+    X11 = _sub(a_ptr, r0 + 16, 16, T, i_h, HV)
+    X22 = _sub(a_ptr, r0 + 32, 32, T, i_h, HV)
+    X33 = _sub(a_ptr, r0 + 48, 48, T, i_h, HV)
     A10 = _sub(a_ptr, r0 + 16, 0, T, i_h, HV)
     A20 = _sub(a_ptr, r0 + 32, 0, T, i_h, HV)
     A21 = _sub(a_ptr, r0 + 32, 16, T, i_h, HV)
@@ -176,19 +186,12 @@ def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexp
                   input_precision=PREC)
     X30 = -tl.dot(X33, tl.dot(A30, X00, input_precision=PREC) + tl.dot(A31, X10, input_precision=PREC)
                   + tl.dot(A32, X20, input_precision=PREC), input_precision=PREC)
-    zero = tl.zeros([16, 16], dtype=tl.float32)
     _put(t_ptr, X00, r0, 0, T, i_h, HV)
-    _put(t_ptr, zero, r0, 16, T, i_h, HV)
-    _put(t_ptr, zero, r0, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0, 48, T, i_h, HV)
     _put(t_ptr, X10, r0 + 16, 0, T, i_h, HV)
     _put(t_ptr, X11, r0 + 16, 16, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 16, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 16, 48, T, i_h, HV)
     _put(t_ptr, X20, r0 + 32, 0, T, i_h, HV)
     _put(t_ptr, X21, r0 + 32, 16, T, i_h, HV)
     _put(t_ptr, X22, r0 + 32, 32, T, i_h, HV)
-    _put(t_ptr, zero, r0 + 32, 48, T, i_h, HV)
     _put(t_ptr, X30, r0 + 48, 0, T, i_h, HV)
     _put(t_ptr, X31, r0 + 48, 16, T, i_h, HV)
     _put(t_ptr, X32, r0 + 48, 32, T, i_h, HV)
@@ -197,8 +200,8 @@ def _block_inverse(a_ptr, t_ptr, r0, T, i_h, HV: tl.constexpr, PREC: tl.constexp
 
 @triton.jit
 def _wy_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, a_ptr, t_ptr, w_ptr, u_ptr, qp_ptr, kt_ptr, ge_ptr,
-    out_ptr, scale, T, N,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, cu_ptr, a_ptr, t_ptr,
+    w_ptr, u_ptr, qp_ptr, kt_ptr, ge_ptr, out_ptr, scale, T, N,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt,  # token and head strides (elements); gates: head stride 1
     HV: tl.constexpr, HQK: tl.constexpr, NORM: tl.constexpr, RAW_GATES: tl.constexpr,
     CU_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, PREC: tl.constexpr,
@@ -236,7 +239,8 @@ def _wy_kernel(
     tl.debug_barrier()
     _block_inverse(a_ptr, t_ptr, i_blk * 64, T, i_h, HV, PREC)
     tl.debug_barrier()
-    Ti = tl.load(t_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :], mask=valid[:, None], other=0.0)
+    Ti = tl.load(t_ptr + r64[:, None] * (HV * 64) + i_h * 64 + c[None, :],  # lower blocks only: none above
+                 mask=valid[:, None] & (c[None, :] // 16 <= c[:, None] // 16), other=0.0)
     Ti = _low(Ti, DOT_FP32)
     gam = tl.exp(G)
     tl.store(kt_ptr + base, (K.to(tl.float32) * (rk * tl.exp(G_end - G))[:, None]).to(tl.bfloat16),
