@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T05:44:35Z
+# measured    up to 2026-11-26T07:41:34Z
 # workloads   16 (workload-set digest a173f90013288ff2)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,8 +19,8 @@
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.27x
 #   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.18x
 #   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  1.27x
-#   triton_prefill_chunked.v16     4f5356ee9df791ad  16/16  0.68x
-#   triton_prefill_chunked.v64     66d68080e64a268a  16/16  0.76x
+#   triton_prefill_chunked.v16     79c5d18fff537ae6  7/7  1.48x
+#   triton_prefill_chunked.v64     e458f95817acf6d9  7/7  1.70x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,9 +38,9 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 21.96% mean, 294.87% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 21.22% mean, 294.87% max;
 #             1.149x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.19% mean, 44.80% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.86% mean, 44.80% max;
 #             1.310x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 396 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 6.97x (2.18x .. 12.78x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
@@ -48,7 +48,7 @@
 #   3. total_seq_len > 570: sglang_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 153: cuda_prefill_pool_rows.k4c8, 4 workloads, 8.72x (5.50x .. 15.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. 153 < total_seq_len <= 897: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (1.39x .. 3.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64
+#   2. 153 < total_seq_len <= 897: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (1.39x .. 3.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   3. total_seq_len > 897: sglang_flashinfer_prefill (baseline), 9 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -60,7 +60,7 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 153)}, 'workloads': 4, 'speedup': (5.5, 8.72, 15.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (153, 897)}, 'workloads': 3, 'speedup': (1.39, 2.62, 3.94), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (153, 897)}, 'workloads': 3, 'speedup': (1.39, 2.62, 3.94), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (897, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
@@ -87,5 +87,5 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 3 workloads, 2.62x (1.39x .. 3.94x) over sglang_flashinfer_prefill
     if 153 < total_seq_len <= 897:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T05:46:42Z
+# measured    up to 2026-11-26T07:47:53Z
 # workloads   16 (workload-set digest d14b0881fe1d9253)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,8 +19,8 @@
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  12/12  1.53x
 #   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  12/12  1.78x
 #   cuda_prefill_pool_rows.k8c8    231724ace8030011  12/12  1.75x
-#   triton_prefill_chunked.v16     4f5356ee9df791ad  16/16  1.19x
-#   triton_prefill_chunked.v64     66d68080e64a268a  16/16  1.15x
+#   triton_prefill_chunked.v16     79c5d18fff537ae6  16/16  1.32x
+#   triton_prefill_chunked.v64     e458f95817acf6d9  16/16  1.29x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,36 +38,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.72% mean, 43.71% max;
-#             1.260x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 32.57% mean, 200.91% max;
-#             1.936x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 13.69% mean, 43.71% max;
+#             1.290x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.38% mean, 65.26% max;
+#             2.096x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 373 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 373 and mean_seq_len > 3: cuda_prefill_pool_rows.k8c16, 3 workloads, 4.60x (2.12x .. 8.29x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 373 < total_seq_len <= 3716: triton_prefill_chunked.v16, 5 workloads, 1.68x (1.27x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len > 3716: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 211 and mean_seq_len <= 110: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 13210 and mean_seq_len > 110: triton_prefill_chunked.v16, 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
+#   3. total_seq_len > 211 and mean_seq_len <= 110: triton_prefill_chunked.v64, 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
+#   4. total_seq_len > 13210 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 373 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 373 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. 373 < total_seq_len <= 10412 and num_seqs <= 6: triton_prefill_chunked.v16, 3 workloads, 3.30x (2.96x .. 3.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16
-#   4. 373 < total_seq_len <= 13210 and num_seqs > 6: triton_prefill_chunked.v64, 4 workloads, 1.83x (1.17x .. 3.44x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   5. total_seq_len > 13210: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 373 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 373 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 373 < total_seq_len <= 13210: triton_prefill_chunked.v16, 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len > 13210: sglang_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (3.95, 8.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (2.12, 4.6, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (373, 3716)}, 'workloads': 5, 'speedup': (1.27, 1.68, 2.59), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3716, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 110), 'total_seq_len': (None, 211)}, 'workloads': 5, 'speedup': (3.95, 7.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (110, None), 'total_seq_len': (None, 13210)}, 'workloads': 5, 'speedup': (1.12, 1.78, 2.9), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 110), 'total_seq_len': (211, None)}, 'workloads': 3, 'speedup': (1.09, 1.65, 2.34), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'total_seq_len': (13210, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.65, 11.28, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (373, 10412)}, 'workloads': 3, 'speedup': (2.96, 3.3, 3.62), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (373, 13210)}, 'workloads': 4, 'speedup': (1.17, 1.83, 3.44), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (13210, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.65, 11.28, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (373, 13210)}, 'workloads': 7, 'speedup': (1.38, 2.36, 3.9), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (13210, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -76,15 +74,15 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill
-    if total_seq_len <= 373 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 4.60x (2.12x .. 8.29x) over sglang_flashinfer_prefill
-    if total_seq_len <= 373 and mean_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 5 workloads, 1.68x (1.27x .. 2.59x) over sglang_flashinfer_prefill
-    if 373 < total_seq_len <= 3716:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 1: 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill
+    if total_seq_len <= 211 and mean_seq_len <= 110:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
+    if total_seq_len <= 13210 and mean_seq_len > 110:
+        return 'triton_prefill_chunked.v16'
+    # region 3: 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
+    if total_seq_len > 211 and mean_seq_len <= 110:
+        return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
@@ -93,14 +91,11 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill
     if total_seq_len <= 373 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c16'
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
     # region 2: 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill
     if total_seq_len <= 373 and num_seqs > 3:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 3 workloads, 3.30x (2.96x .. 3.62x) over sglang_flashinfer_prefill
-    if 373 < total_seq_len <= 10412 and num_seqs <= 6:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 4 workloads, 1.83x (1.17x .. 3.44x) over sglang_flashinfer_prefill
-    if 373 < total_seq_len <= 13210 and num_seqs > 6:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 3: 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill
+    if 373 < total_seq_len <= 13210:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

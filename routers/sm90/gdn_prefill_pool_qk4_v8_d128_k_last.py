@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T05:52:35Z
+# measured    up to 2026-11-26T07:48:59Z
 # workloads   16 (workload-set digest 52fb823f1358956e)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,8 +19,8 @@
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  13/13  1.02x
 #   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  13/13  1.09x
 #   cuda_prefill_pool_rows.k8c8    231724ace8030011  13/13  1.10x
-#   triton_prefill_chunked.v16     4f5356ee9df791ad  16/16  0.89x
-#   triton_prefill_chunked.v64     66d68080e64a268a  16/16  0.92x
+#   triton_prefill_chunked.v16     79c5d18fff537ae6  16/16  1.00x
+#   triton_prefill_chunked.v64     e458f95817acf6d9  16/16  1.03x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,32 +38,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 76.92% mean, 502.07% max;
-#             1.083x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.98% mean, 41.35% max;
-#             1.553x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 68.64% mean, 393.54% max;
+#             1.095x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 48.24% mean, 489.40% max;
+#             1.101x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 2037 and mean_seq_len > 8: triton_prefill_chunked.v64, 4 workloads, 1.37x (1.08x .. 2.33x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 2037 and mean_seq_len > 8: triton_prefill_chunked.v64, 4 workloads, 1.52x (1.19x .. 2.61x) over sglang_flashinfer_prefill
 #   2. mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len > 2037 and mean_seq_len > 8: sglang_flashinfer_prefill (baseline), 7 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 5501 and mean_seq_len > 27: triton_prefill_chunked.v64, 4 workloads, 2.10x (1.29x .. 4.01x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   2. num_seqs <= 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k16c16, 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. num_seqs > 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len > 5501 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 12677 and num_seqs <= 8 and mean_seq_len > 27: triton_prefill_chunked.v16, 3 workloads, 2.26x (1.10x .. 4.00x) over sglang_flashinfer_prefill
+#   2. total_seq_len <= 12677 and num_seqs > 8 and mean_seq_len > 27: triton_prefill_chunked.v64, 3 workloads, 1.40x (1.19x .. 1.72x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   3. num_seqs <= 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k16c16, 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. num_seqs > 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len > 12677 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (None, 2037)}, 'workloads': 4, 'speedup': (1.08, 1.37, 2.33), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (None, 2037)}, 'workloads': 4, 'speedup': (1.19, 1.52, 2.61), 'fallbacks': ()},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8)}, 'workloads': 5, 'speedup': (2.82, 6.92, 14.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (2037, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (None, 5501)}, 'workloads': 4, 'speedup': (1.29, 2.1, 4.01), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 20)}, 'workloads': 4, 'speedup': (3.55, 9.07, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (20, None)}, 'workloads': 3, 'speedup': (3.75, 4.35, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (5501, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (27, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 12677)}, 'workloads': 3, 'speedup': (1.1, 2.26, 4.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'num_seqs': (8, None), 'total_seq_len': (None, 12677)}, 'workloads': 3, 'speedup': (1.19, 1.4, 1.72), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 20)}, 'workloads': 4, 'speedup': (3.55, 9.07, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (20, None)}, 'workloads': 3, 'speedup': (3.75, 4.35, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (12677, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -72,7 +74,7 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.37x (1.08x .. 2.33x) over sglang_flashinfer_prefill
+    # region 1: 4 workloads, 1.52x (1.19x .. 2.61x) over sglang_flashinfer_prefill
     if total_seq_len <= 2037 and mean_seq_len > 8:
         return 'triton_prefill_chunked.v64'
     # region 2: 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill
@@ -84,13 +86,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 2.10x (1.29x .. 4.01x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5501 and mean_seq_len > 27:
+    # region 1: 3 workloads, 2.26x (1.10x .. 4.00x) over sglang_flashinfer_prefill
+    if total_seq_len <= 12677 and num_seqs <= 8 and mean_seq_len > 27:
+        return 'triton_prefill_chunked.v16'
+    # region 2: 3 workloads, 1.40x (1.19x .. 1.72x) over sglang_flashinfer_prefill
+    if total_seq_len <= 12677 and num_seqs > 8 and mean_seq_len > 27:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 2: 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill
+    # region 3: 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill
     if num_seqs <= 20 and mean_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 3: 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill
+    # region 4: 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill
     if num_seqs > 20 and mean_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T05:53:43Z
+# measured    up to 2026-11-26T07:41:12Z
 # workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -22,8 +22,8 @@
 #   cuda_prefill_thread_rows.k8c8    3eb6d4182748e2b9  236/236  0.82x
 #   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_chunked.v16       4f5356ee9df791ad  252/252  0.93x
-#   triton_prefill_chunked.v64       66d68080e64a268a  252/252  0.91x
+#   triton_prefill_chunked.v16       79c5d18fff537ae6  252/252  1.04x
+#   triton_prefill_chunked.v64       e458f95817acf6d9  252/252  1.03x
 #   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
@@ -43,68 +43,64 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.18% mean, 223.64% max;
-#             1.259x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.64% mean, 415.96% max;
-#             2.831x over the baseline; 1 slower than the baseline beyond the spread, 1 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.68% mean, 223.64% max;
+#             1.303x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.01% mean, 1332.10% max;
+#             2.887x over the baseline; 2 slower than the baseline beyond the spread, 3 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4: triton_prefill_recurrent, 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 4.86x (3.00x .. 8.11x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   1. total_seq_len <= 44 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 130 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
 #   4. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
-#   5. total_seq_len <= 188 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 1.86x (1.28x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_thread_rows.k16c8, 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   7. total_seq_len > 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 25 workloads, 2.62x (1.31x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 44 < total_seq_len <= 224 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. 130 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer; then triton_prefill_chunked.v16
+#   7. 130 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer; then triton_prefill_chunked.v64
 #   8. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
-#   9. 188 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.08x (1.78x .. 2.29x) over flashinfer; then triton_prefill_chunked.v16
-#   10. 188 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 67 workloads, 1.50x (1.23x .. 1.89x) over flashinfer; then triton_prefill_chunked.v64
-#   11. total_seq_len > 1053 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
+#   9. total_seq_len > 224 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   10. total_seq_len > 1053 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 31 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k16c8, 26 workloads, 12.46x (4.78x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64
-#   2. total_seq_len <= 286 and num_seqs <= 1 and mean_seq_len > 232: cuda_prefill_thread_rows.k16c16, 3 workloads, 5.03x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
-#   3. total_seq_len <= 978 and num_seqs > 1 and mean_seq_len > 232: triton_prefill_chunked.v64, 12 workloads, 3.52x (2.59x .. 5.24x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   4. total_seq_len <= 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232: triton_prefill_chunked.v64, 6 workloads, 1.69x (1.23x .. 2.42x) over flashinfer; then triton_prefill_chunked.v16
-#   5. 17 < num_seqs <= 82 and mean_seq_len <= 12: cuda_prefill_thread_rows.k8c16, 8 workloads, 2.41x (1.21x .. 4.23x) over flashinfer
-#   6. num_seqs > 82 and mean_seq_len <= 12: cuda_prefill_thread_rows.k2c16, 5 workloads, 2.30x (1.71x .. 2.88x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   7. 31 < total_seq_len <= 72 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k16c16, 19 workloads, 10.72x (3.11x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8
-#   8. 72 < total_seq_len <= 91 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows, 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64
-#   9. total_seq_len > 91 and num_seqs <= 17 and mean_seq_len <= 232: cuda_prefill_thread_rows.k8c16, 89 workloads, 5.18x (1.18x .. 12.39x) over flashinfer; then cuda_prefill_thread_rows.k16c16
-#   10. 286 < total_seq_len <= 8477 and num_seqs <= 1 and mean_seq_len > 232: triton_prefill_chunked.v16, 14 workloads, 3.36x (1.61x .. 5.73x) over flashinfer; then triton_prefill_chunked.v64
-#   11. 978 < total_seq_len <= 3149 and num_seqs > 1 and mean_seq_len > 238: triton_prefill_chunked.v16, 13 workloads, 2.08x (1.21x .. 6.28x) over flashinfer; then triton_prefill_chunked.v64
-#   12. total_seq_len > 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232: flashinfer (baseline), 19 workloads
-#   13. total_seq_len > 3149 and num_seqs > 1 and mean_seq_len > 232: flashinfer (baseline), 26 workloads
-#   14. total_seq_len > 8477 and num_seqs <= 1 and mean_seq_len > 232: flashinfer (baseline), 3 workloads
+#   1. total_seq_len <= 31 and mean_seq_len <= 144: cuda_prefill_thread_rows.k16c8, 27 workloads, 11.98x (4.33x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 286 and mean_seq_len > 144: cuda_prefill_thread_rows.k16c16, 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   3. 31 < total_seq_len <= 75 and mean_seq_len <= 144: cuda_prefill_thread_rows.k16c16, 20 workloads, 10.03x (2.83x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64
+#   4. 75 < total_seq_len <= 91 and mean_seq_len <= 144: cuda_prefill_thread_rows, 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. 91 < total_seq_len <= 758 and mean_seq_len <= 144: cuda_prefill_thread_rows.k8c16, 82 workloads, 5.11x (1.21x .. 12.39x) over flashinfer
+#   6. 286 < total_seq_len <= 1652 and mean_seq_len > 144: triton_prefill_chunked.v16, 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   7. 758 < total_seq_len <= 966 and mean_seq_len <= 144: triton_prefill_chunked.v64, 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer; then triton_prefill_chunked.v16
+#   8. 966 < total_seq_len <= 1643 and mean_seq_len <= 144: cuda_prefill_thread_rows.k4c16, 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   9. 1643 < total_seq_len <= 2259 and mean_seq_len <= 144: triton_prefill_chunked.v64, 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
+#   10. 1652 < total_seq_len <= 3644 and 144 < mean_seq_len <= 599: triton_prefill_chunked.v64, 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16
+#   11. 1652 < total_seq_len <= 3644 and mean_seq_len > 599: triton_prefill_chunked.v16, 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
+#   12. total_seq_len > 2259 and mean_seq_len <= 144: flashinfer (baseline), 10 workloads
+#   13. total_seq_len > 3644 and mean_seq_len > 144: flashinfer (baseline), 36 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 8)}, 'workloads': 3, 'speedup': (9.79, 11.2, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (4, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 27, 'speedup': (3.0, 4.86, 8.11), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 34, 'speedup': (3.0, 5.56, 10.98), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 130)}, 'workloads': 21, 'speedup': (1.4, 2.0, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
     {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 188)}, 'workloads': 27, 'speedup': (1.28, 1.86, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (8, None)}, 'workloads': 4, 'speedup': (8.66, 9.24, 9.97), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (4, 46), 'num_seqs': (None, 8), 'total_seq_len': (44, None)}, 'workloads': 25, 'speedup': (1.31, 2.62, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (44, 224)}, 'workloads': 22, 'speedup': (1.67, 2.7, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (130, 946)}, 'workloads': 10, 'speedup': (1.96, 2.37, 2.67), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (130, 1053)}, 'workloads': 73, 'speedup': (1.34, 1.69, 2.12), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (188, 946)}, 'workloads': 10, 'speedup': (1.78, 2.08, 2.29), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (188, 1053)}, 'workloads': 67, 'speedup': (1.23, 1.5, 1.89), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1053, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (224, None)}, 'workloads': 3, 'speedup': (2.36, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1053, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (None, 31)}, 'workloads': 26, 'speedup': (4.78, 12.46, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 286)}, 'workloads': 3, 'speedup': (3.68, 5.03, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (1, None), 'total_seq_len': (None, 978)}, 'workloads': 12, 'speedup': (2.59, 3.52, 5.24), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (12, 232), 'num_seqs': (17, None), 'total_seq_len': (None, 2140)}, 'workloads': 6, 'speedup': (1.23, 1.69, 2.42), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (17, 82)}, 'workloads': 8, 'speedup': (1.21, 2.41, 4.23), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (82, None)}, 'workloads': 5, 'speedup': (1.71, 2.3, 2.88), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (31, 72)}, 'workloads': 19, 'speedup': (3.11, 10.72, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (72, 91)}, 'workloads': 9, 'speedup': (6.7, 9.46, 15.17), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 232), 'num_seqs': (None, 17), 'total_seq_len': (91, None)}, 'workloads': 89, 'speedup': (1.18, 5.18, 12.39), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (286, 8477)}, 'workloads': 14, 'speedup': (1.61, 3.36, 5.73), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (238, None), 'num_seqs': (1, None), 'total_seq_len': (978, 3149)}, 'workloads': 13, 'speedup': (1.21, 2.08, 6.28), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (12, 232), 'num_seqs': (17, None), 'total_seq_len': (2140, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (1, None), 'total_seq_len': (3149, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (232, None), 'num_seqs': (None, 1), 'total_seq_len': (8477, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (None, 31)}, 'workloads': 27, 'speedup': (4.33, 11.98, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (None, 286)}, 'workloads': 6, 'speedup': (3.68, 5.33, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (31, 75)}, 'workloads': 20, 'speedup': (2.83, 10.03, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (75, 91)}, 'workloads': 9, 'speedup': (6.7, 9.46, 15.17), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (91, 758)}, 'workloads': 82, 'speedup': (1.21, 5.11, 12.39), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (286, 1652)}, 'workloads': 38, 'speedup': (2.73, 3.81, 6.64), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (758, 966)}, 'workloads': 4, 'speedup': (1.45, 3.44, 6.27), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (966, 1643)}, 'workloads': 4, 'speedup': (1.5, 1.82, 2.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (1643, 2259)}, 'workloads': 3, 'speedup': (1.23, 1.32, 1.45), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (144, 599), 'total_seq_len': (1652, 3644)}, 'workloads': 3, 'speedup': (1.75, 1.99, 2.32), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (599, None), 'total_seq_len': (1652, 3644)}, 'workloads': 10, 'speedup': (1.11, 2.0, 3.01), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (2259, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (3644, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -113,67 +109,64 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 11.20x (9.79x .. 13.08x) over flashinfer
-    if total_seq_len <= 8 and num_seqs <= 8 and mean_seq_len <= 4:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_recurrent'
-    # region 2: 27 workloads, 4.86x (3.00x .. 8.11x) over flashinfer
-    if total_seq_len <= 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46:
+    # region 1: 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer
+    if total_seq_len <= 44 and num_seqs <= 8 and mean_seq_len <= 46:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 2: 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer
+    if total_seq_len <= 130 and mean_seq_len > 46:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 3: 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer
     if total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3:
         return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 5: 27 workloads, 1.86x (1.28x .. 2.87x) over flashinfer
-    if total_seq_len <= 188 and mean_seq_len > 46:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 4 workloads, 9.24x (8.66x .. 9.97x) over flashinfer
-    if total_seq_len > 8 and num_seqs <= 8 and mean_seq_len <= 4:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 7: 25 workloads, 2.62x (1.31x .. 6.75x) over flashinfer
-    if total_seq_len > 44 and num_seqs <= 8 and 4 < mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 9: 10 workloads, 2.08x (1.78x .. 2.29x) over flashinfer
-    if 188 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46:
+    # region 5: 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer
+    if 44 < total_seq_len <= 224 and num_seqs <= 8 and mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 6: 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer
+    if 130 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 10: 67 workloads, 1.50x (1.23x .. 1.89x) over flashinfer
-    if 188 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46:
+    # region 7: 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer
+    if 130 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 9: 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer
+    if total_seq_len > 224 and num_seqs <= 8 and mean_seq_len <= 46:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 26 workloads, 12.46x (4.78x .. 18.68x) over flashinfer
-    if total_seq_len <= 31 and num_seqs <= 17 and mean_seq_len <= 232:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 2: 3 workloads, 5.03x (3.68x .. 6.87x) over flashinfer
-    if total_seq_len <= 286 and num_seqs <= 1 and mean_seq_len > 232:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 12 workloads, 3.52x (2.59x .. 5.24x) over flashinfer
-    if total_seq_len <= 978 and num_seqs > 1 and mean_seq_len > 232:
-        return ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 6 workloads, 1.69x (1.23x .. 2.42x) over flashinfer
-    if total_seq_len <= 2140 and num_seqs > 17 and 12 < mean_seq_len <= 232:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 8 workloads, 2.41x (1.21x .. 4.23x) over flashinfer
-    if 17 < num_seqs <= 82 and mean_seq_len <= 12:
+    # region 1: 27 workloads, 11.98x (4.33x .. 18.68x) over flashinfer
+    if total_seq_len <= 31 and mean_seq_len <= 144:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 2: 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer
+    if total_seq_len <= 286 and mean_seq_len > 144:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 20 workloads, 10.03x (2.83x .. 27.13x) over flashinfer
+    if 31 < total_seq_len <= 75 and mean_seq_len <= 144:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer
+    if 75 < total_seq_len <= 91 and mean_seq_len <= 144:
+        return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows'
+    # region 5: 82 workloads, 5.11x (1.21x .. 12.39x) over flashinfer
+    if 91 < total_seq_len <= 758 and mean_seq_len <= 144:
         return 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 5 workloads, 2.30x (1.71x .. 2.88x) over flashinfer
-    if num_seqs > 82 and mean_seq_len <= 12:
-        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c16'
-    # region 7: 19 workloads, 10.72x (3.11x .. 27.13x) over flashinfer
-    if 31 < total_seq_len <= 72 and num_seqs <= 17 and mean_seq_len <= 232:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 8: 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer
-    if 72 < total_seq_len <= 91 and num_seqs <= 17 and mean_seq_len <= 232:
-        return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows'
-    # region 9: 89 workloads, 5.18x (1.18x .. 12.39x) over flashinfer
-    if total_seq_len > 91 and num_seqs <= 17 and mean_seq_len <= 232:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 10: 14 workloads, 3.36x (1.61x .. 5.73x) over flashinfer
-    if 286 < total_seq_len <= 8477 and num_seqs <= 1 and mean_seq_len > 232:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 11: 13 workloads, 2.08x (1.21x .. 6.28x) over flashinfer
-    if 978 < total_seq_len <= 3149 and num_seqs > 1 and mean_seq_len > 238:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer
+    if 286 < total_seq_len <= 1652 and mean_seq_len > 144:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
+    # region 7: 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer
+    if 758 < total_seq_len <= 966 and mean_seq_len <= 144:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 8: 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer
+    if 966 < total_seq_len <= 1643 and mean_seq_len <= 144:
+        return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k4c16'
+    # region 9: 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
+    if 1643 < total_seq_len <= 2259 and mean_seq_len <= 144:
+        return 'triton_prefill_chunked.v64'
+    # region 10: 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer
+    if 1652 < total_seq_len <= 3644 and 144 < mean_seq_len <= 599:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16') if inside else 'triton_prefill_chunked.v64'
+    # region 11: 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
+    if 1652 < total_seq_len <= 3644 and mean_seq_len > 599:
+        return 'triton_prefill_chunked.v16'
     return 'flashinfer'
