@@ -96,15 +96,24 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
     """AROUND hook of the GDN kernels' `extend`: same arguments (q/k/v [1, T, H, 128], g/beta
     [1, T, HV]), same result: (output [1, T, HV, 128], None, None)."""
     output = kwargs.get("output")
-    slots = cache_indices[: query_start_loc.shape[0] - 1]  # a CUDA-graph bucket may pass more
+    n = query_start_loc.shape[0] - 1
     why = ("state checkpoints" if kwargs.get("num_state_checkpoints") or kwargs.get("track_state") is not None
            else "no in-place state update" if kwargs.get("inplace_update", True) is False
-           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or g.dim() != 3
+           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or g.dim() != 3 or v.dim() != 4
            else "an output buffer other than contiguous bf16 [1, T, HV, 128]"
            if output is not None and (tuple(output.shape) != tuple(v.shape) or output.dtype != torch.bfloat16
                                       or not output.is_contiguous())
-           else "fewer slots than sequences" if cache_indices.shape[0] < query_start_loc.shape[0] - 1
-           else pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots, query_start_loc))
+           else "fewer slots than sequences" if cache_indices.shape[0] < n
+           else None)
+    if why is None:
+        short = serving.gdn_short("prefill_pool", v.shape[2])
+        if v.shape[2] in packed_decode.HEADS and serving.not_served(short, v.device) is None and \
+                serving.gives_back(short, v.device, pool_prefill.axes(v.shape[1], n, ssm_states)):
+            _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
+            return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
+                            query_start_loc=query_start_loc, **kwargs)
+        q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
+        why = pool_prefill.not_covered(q0, k0, v0, g0, beta0, ssm_states, slots, query_start_loc)
     if why is not None:
         _passed(EXTEND_STATS, why)
         return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
@@ -112,11 +121,11 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
 
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
-        pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots,
-                           pool_prefill.all_true(slots.shape[0], slots.device), query_start_loc, out[0])
+        pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, pool_prefill.all_true(n, slots.device),
+                           query_start_loc, out[0])
         return out, None, None
 
-    return serving.attempt(EXTEND_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, ours,
+    return serving.attempt(EXTEND_STATS, short, v.device, ours,
                            lambda: original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
                                             query_start_loc=query_start_loc, **kwargs))
 
