@@ -305,7 +305,7 @@ class Dispatcher:
             except (IndexError, AttributeError, TypeError):
                 pass  # too malformed to read: checked below, which names the problem
             else:
-                if self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode):
+                if self.gives_back(arch, axes, mode, strided):
                     raise BaselineChosen(self.short)
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
         arch = _arch.arch_of(self._tensors(args)[0].device)
@@ -467,6 +467,11 @@ class Dispatcher:
         routes = None if self.disabled or self.forced is not None else self.router(arch)
         fn = routes and routes.get(("hand_back", mode))
         return bool(fn(**axes)) if fn is not None else False
+
+    def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
+        """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to
+        the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?"""
+        return self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode)
 
     def reset(self) -> None:
         self._entries.clear()

@@ -60,8 +60,7 @@ def gives_back(short: str, device, axes: dict) -> bool:
 
     d = kdispatch.ops.DISPATCHERS[short]
     here = _archs.get(device) or _archs.setdefault(device, arch.arch_of(device))
-    mode = "graph" if dispatch.capturing() else "eager"
-    return d.choose(here, axes, mode).baseline or d.hands_back(here, axes, mode)
+    return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager")
 
 
 _archs: dict = {}  # device -> its architecture
