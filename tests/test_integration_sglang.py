@@ -222,6 +222,8 @@ def test_verify_shapes_routed_to_the_baseline_go_to_sglangs_kernel(kernels_here,
     guarded = registry.Variant(d.definition, "sglang_verify", lambda *a: pytest.fail("the guarded baseline ran"),
                                "library", ("*",), baseline=True)
     monkeypatch.setattr(d, "choose", lambda *a, **k: guarded)
+    from kdispatch.integrations import verify
+    monkeypatch.setattr(verify, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
     d.reset()
     kw, _ = sglang_verify_call()
     args = [kw.pop(n) for n in ("A_log", "dt_bias", "q", "k", "v", "a", "b")]
