@@ -20,6 +20,7 @@ lookup key, misses and calls the fallback). Medians over repeated timing rounds,
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import shutil
@@ -97,7 +98,9 @@ def main() -> None:
     opts = ap.parse_args()
 
     registry.discover()
-    result = {"host": platform.processor() or platform.machine(), "python": platform.python_version(),
+    result = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU",
+              "date": datetime.date.today().isoformat(),
+              "host": platform.processor() or platform.machine(), "python": platform.python_version(),
               "torch": torch.__version__, "ops": {}}
     try:
         from flashinfer_bench import apply as fib_apply

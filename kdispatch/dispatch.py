@@ -4,6 +4,9 @@ Hot path (a signature seen before): one dict lookup on the first tensor's shape,
 check of every tensor's dtype, device, sizes and strides, and the variant call. Everything else
 (argument checking, shape features, the router, `supports`, the baseline) runs once per new
 signature. Nothing here reads device memory, so dispatch is safe under CUDA-graph capture.
+A first tensor's shape seen for the first time gets a one-off decision: checked and routed for
+this call's mode only, without a guard (building one costs more than the checks, and an engine's
+prefill brings a new token count nearly every call); seen again, the signature is cached.
 
 Call modes: a router may answer differently for calls captured in a CUDA graph (`route`, fitted on
 graph times) and for eager calls (`route_eager`, fitted on eager host + device times). A signature
@@ -66,6 +69,7 @@ except Exception:  # pragma: no cover - older or stripped torch builds
     _TensorGuards = None
 
 MAX_ENTRIES_PER_SHAPE = 8
+MAX_SEEN_ONCE = 4096  # first tensors' shapes remembered as seen once (oldest forgotten first)
 MODES = ("graph", "eager")
 
 _HAND_BACK = contextvars.ContextVar("kdispatch_hand_back_baseline", default=False)
@@ -128,6 +132,11 @@ if torch.backends.cuda.is_built():
 
 def _py_signature(tensors):
     return tuple((t.dtype, t.device, t.shape, t.stride(), t.requires_grad) for t in tensors)
+
+
+def _never(*tensors) -> bool:
+    """The guard of a one-off decision: it serves its own call only."""
+    return False
 
 
 def make_guard(tensors):
@@ -200,6 +209,7 @@ class Dispatcher:
         self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
+        self._seen_once: dict = {}  # first tensors' shapes that had a one-off decision (keys only)
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._copies: dict = {}  # variant name -> it on contiguous copies of strided views
@@ -245,8 +255,9 @@ class Dispatcher:
         """Routes this call signature now and runs the variant of each call mode once, so that what
         they compile (Triton, NVRTC) and the decision itself happen before a CUDA graph is captured.
         Writes the in-place outputs of `args`. Returns the (graph, eager) variant names."""
-        self(*args)
         ts = self._tensors(args)
+        self._seen_once[ts[0].shape] = None  # cached on this call, not decided once
+        self(*args)
         e = next(e for e in self._entries[ts[0].shape] if e.guard(*ts))
         if e.eager_fn is not None:  # the call above ran one mode's variant; run the other's
             fn = e.fn if not capturing() else e.eager_fn
@@ -268,7 +279,43 @@ class Dispatcher:
 
     # ---- slow path -------------------------------------------------------------------------
     def _new_signature(self, args) -> _Entry:
-        """Validates a call signature not seen before, routes both call modes and caches the entry."""
+        """The decision for a call signature not cached: one-off where its first tensor's shape is new
+        (`_one_off`), else validated, routed for both call modes and cached."""
+        try:
+            key = self._tensors(args)[0].shape
+        except (IndexError, AttributeError, TypeError):
+            key = None  # malformed: the checker says how
+        if key is not None and key not in self._seen_once and key not in self._entries:
+            self._seen_once[key] = None
+            if len(self._seen_once) > MAX_SEEN_ONCE:
+                del self._seen_once[next(iter(self._seen_once))]
+            return self._one_off(args)
+        return self._cached_signature(args)
+
+    def _one_off(self, args) -> _Entry:
+        """This call's decision, for its call mode only, with a guard that never matches. Inside
+        `handing_back_baseline()` a call the router gives back raises BaselineChosen before any
+        argument is checked: the engine's own kernel serves it, as without kdispatch."""
+        mode = "graph" if capturing() else "eager"
+        if _HAND_BACK.get():
+            try:
+                axes = self.checker.axes(args)
+                arch = _arch.arch_of(self._tensors(args)[0].device)
+                strided = self.checker.is_strided(args)
+            except (IndexError, AttributeError, TypeError):
+                pass  # too malformed to read: checked below, which names the problem
+            else:
+                if self.gives_back(arch, axes, mode, strided):
+                    raise BaselineChosen(self.short)
+        axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
+        arch = _arch.arch_of(self._tensors(args)[0].device)
+        strided = self.checker.is_strided(args)
+        v = self.choose(arch, axes, mode, strided)
+        back = self.hands_back(arch, axes, mode)
+        return _Entry(_never, v, v, tuple(axes.items()), arch, strided, (back, back))
+
+    def _cached_signature(self, args) -> _Entry:
+        """Validates a call signature, routes both call modes and caches the entry."""
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
         ts = self._tensors(args)
         arch = _arch.arch_of(ts[0].device)
@@ -421,8 +468,14 @@ class Dispatcher:
         fn = routes and routes.get(("hand_back", mode))
         return bool(fn(**axes)) if fn is not None else False
 
+    def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
+        """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to
+        the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?"""
+        return self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode)
+
     def reset(self) -> None:
         self._entries.clear()
+        self._seen_once.clear()
         self._last = None  # the entry of the previous call (a fast path; always guarded)
         self._failed.clear()
         self._copies.clear()

@@ -228,3 +228,45 @@ def test_a_handed_back_region_raises_for_plugins_only(fake):
     with handing_back_baseline():
         kdispatch.ops.gdn_decode(*decode_args(2))
     assert calls == [2, 8, 2]
+
+
+def test_a_shape_seen_once_is_decided_once_and_cached_when_seen_again(fake, monkeypatch):
+    """A first tensor's shape new to the dispatcher gets a one-off decision (no guard is built: an
+    engine's prefill brings a new token count nearly every call); seen again, it is cached."""
+    from kdispatch import dispatch
+
+    calls, _ = fake
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    built = []
+    monkeypatch.setattr(dispatch, "make_guard", lambda ts, _make=dispatch.make_guard: built.append(1) or _make(ts))
+    args = decode_args(3)
+    kdispatch.ops.gdn_decode(*args)
+    assert calls == [3] and not built and not d._entries
+    for _ in range(3):
+        kdispatch.ops.gdn_decode(*args)
+    assert calls == [3] * 4 and len(built) == 1 and sum(map(len, d._entries.values())) == 1
+    bad = list(decode_args(5))
+    bad[0] = bad[0].float()
+    with pytest.raises(ValueError, match="'q'"):  # a one-off call is checked in full too
+        kdispatch.ops.gdn_decode(*bad)
+
+
+def test_a_handed_back_new_shape_is_given_back_before_any_check(fake):
+    """Inside handing_back_baseline a new shape the router gives back raises BaselineChosen without
+    being checked (the engine's own kernel serves the engine's call), and costs no cache entry; a
+    shape kdispatch serves is still checked."""
+    from kdispatch.dispatch import BaselineChosen, handing_back_baseline
+
+    calls, _ = fake
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    d.set_router("cpu", lambda batch_size: "fake_cpu", hand_back=lambda batch_size: batch_size <= 4)
+    odd = list(decode_args(2))
+    odd[4] = odd[4].double()  # A_log of a dtype no kdispatch kernel takes
+    with handing_back_baseline():
+        with pytest.raises(BaselineChosen):
+            kdispatch.ops.gdn_decode(*odd)
+        bad = list(decode_args(8))
+        bad[4] = bad[4].double()
+        with pytest.raises(ValueError, match="'A_log'"):
+            kdispatch.ops.gdn_decode(*bad)
+    assert calls == [] and not d._entries

@@ -222,6 +222,8 @@ def test_verify_shapes_routed_to_the_baseline_go_to_sglangs_kernel(kernels_here,
     guarded = registry.Variant(d.definition, "sglang_verify", lambda *a: pytest.fail("the guarded baseline ran"),
                                "library", ("*",), baseline=True)
     monkeypatch.setattr(d, "choose", lambda *a, **k: guarded)
+    from kdispatch.integrations import verify
+    monkeypatch.setattr(verify, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
     d.reset()
     kw, _ = sglang_verify_call()
     args = [kw.pop(n) for n in ("A_log", "dt_bias", "q", "k", "v", "a", "b")]
@@ -229,3 +231,24 @@ def test_verify_shapes_routed_to_the_baseline_go_to_sglangs_kernel(kernels_here,
     assert plugin.verify_hook(lambda self, *a, **k: "sglang", None, *args, **kw) == "sglang"
     assert plugin.VERIFY_STATS["passed"] == passed + 1
     d.reset()
+
+
+def test_extend_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels_here, monkeypatch):
+    """An extend call the router gives back (SGLang's FlashInfer path measured fastest there) is asked
+    before kdispatch's views and checks are built: SGLang's kernel gets it for a few microseconds of
+    host time (prefill brings a new token count nearly every call, so no decision is cached)."""
+    from kdispatch.integrations import pool_prefill
+    from kdispatch.ops import DISPATCHERS
+
+    d = DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    engine = registry.Variant(d.definition, "sglang_flashinfer_prefill", lambda *a: pytest.fail("kdispatch ran"),
+                              "library", ("*",), baseline=True)
+    asked = []
+    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    monkeypatch.setattr(pool_prefill, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
+    sg, kw, _ = sglang_extend_call(total=40, seqs=4, slots=7)
+    passed = plugin.EXTEND_STATS["passed"]
+    assert plugin.extend_hook(lambda self, *a, **k: "sglang", None, *sg, **kw) == "sglang"
+    assert plugin.EXTEND_STATS["passed"] == passed + 1
+    assert asked == [{"total_seq_len": 40, "num_seqs": 4, "len_cu_seqlens": 5, "num_slots": 7}]
+    assert list(asked[0]) == d.checker.var_axes, "the definition's variable axes, as its router takes them"

@@ -35,6 +35,12 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.fl
     return serving.not_served(serving.gdn_short("prefill_pool", hv), v.device)
 
 
+def axes(total_seq_len: int, num_seqs: int, pool) -> dict:
+    """The gdn_prefill_pool definitions' variable axes of a call (for `serving.gives_back`)."""
+    return {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
+            "num_slots": pool.shape[0]}
+
+
 def all_true(n: int, device) -> torch.Tensor:
     """[n] bool ones (SGLang starts every sequence from its slot: new slots are zeroed on allocation)."""
     buf = _all_true.get(device)

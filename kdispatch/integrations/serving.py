@@ -49,6 +49,23 @@ def not_served(short: str, device) -> str | None:
     return _decided[key]
 
 
+def gives_back(short: str, device, axes: dict) -> bool:
+    """Would the router give a plugin call of `short` with these variable axes back to the engine
+    (its baseline's region, or one it hands back, in this call's mode)? Asked before the call's
+    arguments are built, so that such a call costs the engine a few microseconds of host time, not
+    the views, buffers and checks of a kdispatch call. A False here is no promise: `attempt` still
+    gives back whatever the dispatcher decides to."""
+    import kdispatch.ops
+    from kdispatch import arch
+
+    d = kdispatch.ops.DISPATCHERS[short]
+    here = _archs.get(device) or _archs.setdefault(device, arch.arch_of(device))
+    return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager")
+
+
+_archs: dict = {}  # device -> its architecture
+
+
 def attempt(stats: dict, short: str, device, serve, engine):
     """serve() (kdispatch), counted in `stats`; engine() (the engine's own kernel) where the router
     sends the call to the baseline, and if serve() raises, for this call and every later one of

@@ -95,30 +95,38 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
 def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
     """AROUND hook of the GDN kernels' `extend`: same arguments (q/k/v [1, T, H, 128], g/beta
     [1, T, HV]), same result: (output [1, T, HV, 128], None, None)."""
-    output = kwargs.get("output")
-    slots = cache_indices[: query_start_loc.shape[0] - 1]  # a CUDA-graph bucket may pass more
-    why = ("state checkpoints" if kwargs.get("num_state_checkpoints") or kwargs.get("track_state") is not None
-           else "no in-place state update" if kwargs.get("inplace_update", True) is False
-           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or g.dim() != 3
-           else "an output buffer other than contiguous bf16 [1, T, HV, 128]"
-           if output is not None and (tuple(output.shape) != tuple(v.shape) or output.dtype != torch.bfloat16
-                                      or not output.is_contiguous())
-           else "fewer slots than sequences" if cache_indices.shape[0] < query_start_loc.shape[0] - 1
-           else pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots, query_start_loc))
-    if why is not None:
-        _passed(EXTEND_STATS, why)
+    def engine():
         return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
                         query_start_loc=query_start_loc, **kwargs)
 
+    output = kwargs.get("output")
+    n = query_start_loc.shape[0] - 1
+    why = ("state checkpoints" if kwargs.get("num_state_checkpoints") or kwargs.get("track_state") is not None
+           else "no in-place state update" if kwargs.get("inplace_update", True) is False
+           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or g.dim() != 3 or v.dim() != 4
+           else "an output buffer other than contiguous bf16 [1, T, HV, 128]"
+           if output is not None and (tuple(output.shape) != tuple(v.shape) or output.dtype != torch.bfloat16
+                                      or not output.is_contiguous())
+           else "fewer slots than sequences" if cache_indices.shape[0] < n
+           else None)
+    if why is None:
+        short = serving.gdn_short("prefill_pool", v.shape[2])
+        if _given_back(short, v, lambda: pool_prefill.axes(v.shape[1], n, ssm_states)):
+            _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
+            return engine()
+        q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
+        why = pool_prefill.not_covered(q0, k0, v0, g0, beta0, ssm_states, slots, query_start_loc)
+    if why is not None:
+        _passed(EXTEND_STATS, why)
+        return engine()
+
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
-        pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], ssm_states, slots,
-                           pool_prefill.all_true(slots.shape[0], slots.device), query_start_loc, out[0])
+        pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, pool_prefill.all_true(n, slots.device),
+                           query_start_loc, out[0])
         return out, None, None
 
-    return serving.attempt(EXTEND_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, ours,
-                           lambda: original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
-                                            query_start_loc=query_start_loc, **kwargs))
+    return serving.attempt(EXTEND_STATS, short, v.device, ours, engine)
 
 
 def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
@@ -126,25 +134,39 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
                 **kwargs):
     """AROUND hook of TritonGDNKernel.target_verify: same arguments (q/k/v [1, T, H, 128], a/b
     [T, HV]), same result: the output [1, T, HV, 128]; the pool is not written."""
-    n = query_start_loc.shape[0] - 1
-    slots = cache_indices[:n]  # a CUDA-graph bucket may pass more
-    rows = intermediate_state_indices[:n] if intermediate_state_indices is not None else None
-    why = ("a draft tree (retrieve_parent_token)" if retrieve_parent_token is not None
-           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1
-           else "fewer slots than requests" if cache_indices.shape[0] < n
-           else verify.not_covered(q[0], k[0], v[0], a, b, ssm_states, slots, query_start_loc,
-                                   intermediate_states_buffer, rows))
-    if why is not None:
-        _passed(VERIFY_STATS, why)
+    def engine():
         return original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
                         query_start_loc=query_start_loc, intermediate_states_buffer=intermediate_states_buffer,
                         intermediate_state_indices=intermediate_state_indices,
                         retrieve_parent_token=retrieve_parent_token, **kwargs)
+
+    buffer = intermediate_states_buffer
+    n = query_start_loc.shape[0] - 1
+    why = ("a draft tree (retrieve_parent_token)" if retrieve_parent_token is not None
+           else "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or v.dim() != 4
+           else "fewer slots than requests" if cache_indices.shape[0] < n
+           else None)
+    if why is None:
+        short = serving.gdn_short("verify", v.shape[2])
+        if buffer is not None and buffer.dim() == 5 and \
+                _given_back(short, v, lambda: verify.axes(v.shape[1], n, ssm_states, buffer)):
+            _passed(VERIFY_STATS, f"{short}: routed to the baseline for this shape")
+            return engine()
+        q0, k0, v0, slots = q[0], k[0], v[0], cache_indices[:n]  # a CUDA-graph bucket may pass more
+        rows = intermediate_state_indices[:n] if intermediate_state_indices is not None else None
+        why = verify.not_covered(q0, k0, v0, a, b, ssm_states, slots, query_start_loc, buffer, rows)
+    if why is not None:
+        _passed(VERIFY_STATS, why)
+        return engine()
     return serving.attempt(
-        VERIFY_STATS, serving.gdn_short("verify", v.shape[2]), v.device,
-        lambda: verify.serve(q[0], k[0], v[0], a, b, A_log, dt_bias, ssm_states, slots, query_start_loc,
-                             intermediate_states_buffer, rows)[None],
-        lambda: original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
-                         query_start_loc=query_start_loc, intermediate_states_buffer=intermediate_states_buffer,
-                         intermediate_state_indices=intermediate_state_indices,
-                         retrieve_parent_token=retrieve_parent_token, **kwargs))
+        VERIFY_STATS, short, v.device,
+        lambda: verify.serve(q0, k0, v0, a, b, A_log, dt_bias, ssm_states, slots, query_start_loc, buffer, rows)[None],
+        engine)
+
+
+def _given_back(short: str, v, axes) -> bool:
+    """Does the router give this call back to SGLang's kernel (asked before kdispatch's views are
+    built)? `axes()`: the definition's variable axes of the call; only for head counts it covers, on
+    devices where kdispatch serves."""
+    return v.shape[2] in packed_decode.HEADS and serving.not_served(short, v.device) is None and \
+        serving.gives_back(short, v.device, axes())

@@ -30,6 +30,12 @@ def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | N
     return serving.not_served(serving.gdn_short("verify", hv), v.device)
 
 
+def axes(total_seq_len: int, num_seqs: int, pool, buffer) -> dict:
+    """The gdn_verify definitions' variable axes of a call (for `serving.gives_back`)."""
+    return {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
+            "num_slots": pool.shape[0], "num_cache_rows": buffer.shape[0], "cache_steps": buffer.shape[1]}
+
+
 def _inputs_not_covered(q, k, v, a, b, pool) -> str | None:
     hv = v.shape[-2] if v.dim() >= 2 else None
     if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
