@@ -8,8 +8,10 @@ Per call: the outputs (and the pool or intermediate states written) of the two m
 output within 5e-2, states within 1e-2 relative to their norm); CUDA-graph time (one graph calls
 the method once per input set, the sets' slots rotated through a pool larger than 4x the L2) and
 eager time (host + device, synchronised; the two sides alternate call by call, 60 calls or more
-each, so that drift on the shared host hits both); host time (until the call returns, device idle:
-benchmarks/hosttime.py); the plugin's speedup. Prints a table, then per family and mode the mean and
+each, so that drift on the shared host hits both); for extend also eager time with a new token
+count every call (`eager_new`: the calls cut to T - 1, T - 2, ... tokens, each seen once, as an
+engine's prefills come); host time (until the call returns, device idle: benchmarks/hosttime.py);
+the plugin's speedup. Prints a table, then per family and mode the mean and
 minimum speedup. Writes JSON. With --profile, also where the plugin's host time goes (cProfile).
 
 Needs SGLang importable for real (benchmarks/stage_engines.sh: the engines bundle and its
@@ -42,6 +44,7 @@ VERIFY = ((1, 4), (16, 4), (64, 4), (128, 2))  # (requests, draft tokens each)
 STATE_BYTES = 128 * 128 * 4  # one head's fp32 state
 MAX_SETS = 32
 EAGER_REPS = 60  # eager calls per side, alternating
+MODES = ("graph", "eager", "eager_new")  # eager_new: extend only, a new token count every call
 
 
 def _sets(per_set_heads: int, l2: int) -> int:
@@ -84,6 +87,15 @@ def extend_calls(hv: int, seqs: int, total: int, l2: int, device) -> tuple[list,
                          output=out, layer_id=0, extend_prefix_lens=None, track_state=None, track_chunk_idx=None))
              for i in range(n)]
     return calls, pool
+
+
+def trimmed_extend(call, drop: int):
+    """An extend call on its first T - drop tokens (boundaries clamped: the last sequences shorter):
+    a prefill of a token count the dispatcher has not seen, as engines send nearly every call."""
+    (q, k, v, g, beta), kw = call
+    t = q.shape[1] - drop
+    return ((q[:, :t], k[:, :t], v[:, :t], g[:, :t], beta[:, :t]),
+            {**kw, "query_start_loc": kw["query_start_loc"].clamp(max=t), "output": kw["output"][:, :t]})
 
 
 def verify_calls(hv: int, seqs: int, steps: int, l2: int, device) -> tuple[list, object]:
@@ -200,8 +212,13 @@ def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False,
             except Exception as exc:
                 row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         if device.type == "cuda" and methods:
-            for who, us in _eager_interleaved(methods, calls, device, max(EAGER_REPS, 2 * len(calls))).items():
+            reps = max(EAGER_REPS, 2 * len(calls))
+            for who, us in _eager_interleaved(methods, calls, device, reps).items():
                 row[f"{who}_eager_us"] = us
+            if family == "extend":  # every call a new token count, as engines prefill
+                fresh = [trimmed_extend(calls[i % len(calls)], 1 + i) for i in range(reps)]
+                for who, us in _eager_interleaved(methods, fresh, device, reps).items():
+                    row[f"{who}_eager_new_us"] = us
     finally:
         undo()
     if len(results) == 2:
@@ -209,7 +226,7 @@ def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False,
         row["max_abs_out_diff"] = float((o1.float() - o2.float()).abs().max())
         row["state_rel_diff"] = float((s1 - s2).norm() / s1.norm().clamp_min(1e-30))
         row["agree"] = bool(row["max_abs_out_diff"] <= 5e-2 and row["state_rel_diff"] <= 1e-2)
-    for mode in ("graph", "eager"):
+    for mode in MODES:
         if f"sglang_{mode}_us" in row and f"kdispatch_{mode}_us" in row:
             row[f"speedup_{mode}"] = row[f"sglang_{mode}_us"] / row[f"kdispatch_{mode}_us"]
     return row
@@ -244,7 +261,7 @@ def main() -> None:
                 print("\n".join(f"    {line}" for line in r.get("kdispatch_host_profile", [])))
     print("\nsummary: the plugin's speedup over SGLang's kernel class (mean, min over shapes and head counts)")
     for family in opts.families:
-        for mode in ("graph", "eager"):
+        for mode in MODES:
             xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
             if xs:
                 print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes)")

@@ -297,17 +297,22 @@ class Dispatcher:
         `handing_back_baseline()` a call the router gives back raises BaselineChosen before any
         argument is checked: the engine's own kernel serves it, as without kdispatch."""
         mode = "graph" if capturing() else "eager"
+        decided = None
         if _HAND_BACK.get():
             try:
-                axes = self.checker.axes(args)
-                arch = _arch.arch_of(self._tensors(args)[0].device)
-                strided = self.checker.is_strided(args)
+                decided = self._decide(self.checker.axes(args), args, mode)
             except (IndexError, AttributeError, TypeError):
                 pass  # too malformed to read: checked below, which names the problem
             else:
-                if self.gives_back(arch, axes, mode, strided):
+                if decided.base:
                     raise BaselineChosen(self.short)
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
+        if decided is None or decided.axes != tuple(axes.items()):
+            decided = self._decide(axes, args, mode)
+        return decided
+
+    def _decide(self, axes: dict, args, mode: str) -> _Entry:
+        """A one-off entry: the choice for these shape features in `mode`."""
         arch = _arch.arch_of(self._tensors(args)[0].device)
         strided = self.checker.is_strided(args)
         v = self.choose(arch, axes, mode, strided)

@@ -33,3 +33,15 @@ def test_verify_call_agrees_hooked_and_unhooked(monkeypatch):
     assert "sglang_error" not in row and "kdispatch_error" not in row, row
     assert row["agree"] is True and row["sets"] == 2
     assert plugin.SWITCH not in os.environ, "the benchmark leaves the switch as it found it"
+
+
+def test_trimmed_extend_calls_are_valid_new_shapes():
+    """The eager_new measurement's calls: each a token count of its own, the boundaries still valid."""
+    calls, _ = sglang_layer.extend_calls(8, 3, 40, 0, torch.device("cpu"))
+    for drop in (1, 5, 20):
+        (q, k, v, g, beta), kw = sglang_layer.trimmed_extend(calls[0], drop)
+        t = 40 - drop
+        assert q.shape[1] == k.shape[1] == v.shape[1] == g.shape[1] == beta.shape[1] == kw["output"].shape[1] == t
+        cu = kw["query_start_loc"]
+        assert cu.dtype == torch.int32 and int(cu[0]) == 0 and int(cu[-1]) == t and bool((cu[1:] >= cu[:-1]).all())
+        assert kw["output"].is_contiguous() and g.is_contiguous() and beta.is_contiguous()
