@@ -12,9 +12,11 @@ sequence, with G the running sum of the log decays from the chunk's start and S0
     S_end   = exp(G_end) S0 + sum_s exp(G_end - G_s) outer(delta_s, k_s)
 
 Steps past a sequence's end get no decay and no write (a no-op), so the sequences a chunk reaches
-advance through it together, as the references advance them through a step. Everything else (the gates, the
-normalisation, padding and malformed batches, where final states are written) is the references'.
-tests/test_oracles.py holds each oracle to its reference on fresh random inputs.
+advance through it together, as the references advance them through a step. Everything else (the
+gates, the normalisation, padding and malformed batches, where final states are written) restates
+the references' code: a reference's text is its definition's, run standalone by FlashInfer-Bench, so
+it cannot share helpers; tests/test_oracles.py holds each oracle to its reference on fresh random
+inputs, those cases included.
 """
 import math
 
