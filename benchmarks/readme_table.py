@@ -96,6 +96,11 @@ def heldout_table(path: Path) -> str:
                      f"{g['regret_mean_pct']:.2f}% / {g['regret_max_pct']:.2f}% | {g['slower_than_baseline']} | "
                      f"{e['speedup_vs_baseline']:.2f}x | {e['regret_mean_pct']:.2f}% / {e['regret_max_pct']:.2f}% | "
                      f"{e['slower_than_baseline']} |")
+    stale = {definitions.get(d).short: summ["stale_variants"] for d, summ in sorted(check["regret"].items())
+             if summ.get("stale_variants")}
+    if stale:  # the check scored these variants' old code
+        lines += ["", "Measured before their code last changed (a re-tune of the held-out store is due): " +
+                  "; ".join(f"`{op}`: {', '.join(f'`{v}`' for v in vs)}" for op, vs in stale.items()) + "."]
     return "\n".join(lines + ["", HELDOUT_END])
 
 

@@ -124,3 +124,26 @@ def test_launch_configurations_are_variants_of_their_own(toy):
     finally:
         registry.unregister(NAME, "toy_cfg.e0")
         registry.unregister(NAME, "toy_cfg.e1")
+
+
+def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, monkeypatch):
+    """`kdispatch route --check` scores routers on a store measured by other code than the variants'
+    now: it warns and its summary names those variants (README's held-out table then says so)."""
+    import io
+
+    traces = tmp_path / "traces" / "workloads" / "toy"
+    traces.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in (2, 5)]
+    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = tmp_path / "store" / "cpu.sqlite"
+    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
+               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
+    check = Store.open(store)
+    done = flows.compile_all(check, tmp_path / "routers", "cpu", ["toy_scale"], stream=io.StringIO())
+    assert "stale_variants" not in flows.check_routers(done, check, io.StringIO())[NAME]
+    monkeypatch.setitem(registry.get(NAME, "toy_fast").__dict__, "provenance", "0" * 16)  # its code changed
+    said = io.StringIO()
+    summary = flows.check_routers(done, check, said)[NAME]
+    assert summary["stale_variants"] == ["toy_fast"]
+    assert "[check] warning: toy_scale toy_fast: provenance changed" in said.getvalue()

@@ -153,7 +153,11 @@ def check_routers(done, check: Store, stream) -> dict:
         if t is None:
             continue
         out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
-        for m, h in out[d].items():
+        stale = _warn_stale(t, stream, "check")
+        if stale:  # the check scores these variants' old code: the JSON says so
+            out[d]["stale_variants"] = stale
+        for m in MODES:
+            h = out[d][m]
             if h.get("workloads"):
                 stream.write(f"[check] {defs.get(d).short} {m}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
                              f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
@@ -161,18 +165,30 @@ def check_routers(done, check: Store, stream) -> dict:
     return out
 
 
-def _warn_stale(table, stream) -> None:
-    try:
-        for name, h in sorted(table.hashes.items()):
-            try:
-                v = registry.get(table.definition, name)
-            except KeyError:
-                continue
-            if v.provenance != h:
-                stream.write(f"[route] warning: {defs.get(table.definition).short} {name}: provenance changed since "
-                             f"it was measured ({h} -> {v.provenance}); re-run `kdispatch tune`\n")
-    except Exception:
-        pass
+def _warn_stale(table, stream, step: str = "route") -> list[str]:
+    """Warns of each variant whose measurements in `table` predate its current code; returns their
+    names. Library-backed variants are judged only on the kind of machine that measured them: their
+    hashes hold the library versions installed there (a development machine's differ)."""
+    stale = []
+    here = _device_name()
+    for name, h in sorted(table.hashes.items()):
+        try:
+            v = registry.get(table.definition, name)
+        except KeyError:
+            continue
+        if v.backend == "library" and here != table.env.get("device"):
+            continue
+        if v.provenance != h:
+            stale.append(name)
+            stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: provenance changed since "
+                         f"it was measured ({h} -> {v.provenance}); re-run `kdispatch tune`\n")
+    return stale
+
+
+def _device_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def summarize(policy, path) -> str:
