@@ -73,8 +73,8 @@ def decode_policy(params=None, **kw):
 def test_recovers_a_one_feature_policy():
     pol = decode_policy()
     assert [(r.variant, r.bounds) for r in pol.regions] == [
-        ("A", {"batch_size": (None, 12)}),  # midway between the tuned 8 and 16
-        ("B", {"batch_size": (12, None)}),
+        ("A", {"batch_size": (None, 11)}),  # midway by ratio between the tuned 8 and 16: isqrt(128)
+        ("B", {"batch_size": (11, None)}),
     ]
     assert pol.regions[0].stats["speedup"] == (2.0, 2.0, 2.0)
     # Held out: a fold without both batch-16 workloads puts the threshold at 20 and misroutes 16.
@@ -85,7 +85,7 @@ def test_unseen_shapes_route_to_their_region(tmp_path):
     pol = decode_policy()
     path = codegen.write(pol, tmp_path)
     route, regions = codegen.load_route(path)
-    assert [route(batch_size=b) for b in (1, 3, 12, 13, 100, 100000)] == ["A", "A", "A", "B", "B", "B"]
+    assert [route(batch_size=b) for b in (1, 3, 11, 12, 100, 100000)] == ["A", "A", "A", "B", "B", "B"]
     for b in (0, 5, 11, 12, 13, 500):
         assert route(batch_size=b) == pol.route({"batch_size": b})
     assert len(regions) == 2
@@ -165,9 +165,9 @@ def test_recovers_a_two_feature_prefill_policy():
 def test_a_region_ends_midway_to_the_nearest_shape_the_baseline_won():
     """The shapes of a pool-prefill tune (H100, 2026-11-26): A wins few-sequence calls up to 74 tokens,
     B many short sequences, the baseline the rest. The tree splits total tokens between 421 (75
-    sequences) and 719 (4 sequences), then sequences; A's region ends midway between 74 and 719,
-    where the baseline won: a 4-sequence, 512-token call goes to the baseline, a 300-token one
-    (nearer 74) to A; B's region keeps the split's bound."""
+    sequences) and 719 (4 sequences), then sequences; A's region ends midway by ratio between 74 and
+    719 (230), where the baseline won: a 4-sequence, 300-token call goes to the baseline, a 200-token
+    one (nearer 74 by ratio) to A; B's region keeps the split's bound."""
     a_wins, b_wins = [(1, 1), (2, 1), (74, 2)], [(12, 10), (232, 217), (421, 75)]
     loses = [(719, 4), (1075, 97), (1243, 4), (2397, 26), (3840, 7), (9753, 3), (18048, 19), (24995, 225),
              (32768, 1), (32768, 256)]
@@ -185,9 +185,9 @@ def test_a_region_ends_midway_to_the_nearest_shape_the_baseline_won():
     pol = fitting.fit(fitting.load_table(build_store(PREFILL, wl, lat), PREFILL, "sm90"), with_heldout=False)
     assert [route(t, n) for t, n in a_wins + b_wins] == ["A"] * len(a_wins) + ["B"] * len(b_wins)
     assert [route(t, n) for t, n in loses] == ["flashinfer"] * len(loses)
-    assert route(512, 4) == "flashinfer"
-    assert route(300, 4) == "A"
-    assert route(560, 100) == "B"
+    assert route(300, 4) == "flashinfer"
+    assert route(200, 4) == "A"
+    assert route(540, 100) == "B"  # below the split between 421 and 719 (550)
 
 
 def test_determinism_byte_identical(tmp_path):
@@ -498,7 +498,7 @@ def test_guarded_baseline_refits_its_regions_for_ops_and_hands_them_back(tmp_pat
     store.put_many(rows)
     pol = fitting.fit(fitting.load_table(store, DECODE, "sm90"))
     assert [(r.variant, r.bounds, r.hand_back) for r in pol.regions] == [
-        ("A", {"batch_size": (None, 12)}, True), ("A", {"batch_size": (12, None)}, False)]
+        ("A", {"batch_size": (None, 11)}, True), ("A", {"batch_size": (11, None)}, False)]
     assert pol.regions[0].stats["speedup"][0] > 1.0  # over the guarded call
     assert pol.heldout["slower_than_baseline"] == 0  # scored as a plugin runs: the engine's kernel there
     mod = _load_router(codegen.write(pol, tmp_path))

@@ -56,9 +56,13 @@ best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of 
 at least `min_leaf` workloads (3: two let one length mix decide a region), and depth <= `max_depth` (4, so at most 16 regions). Sibling
 leaves with the same choice are merged, then adjacent boxes with the same choice. Ties between
 splits go to the earlier feature and the lower threshold, so the result is deterministic. Thresholds
-sit midway between the two tuned values they separate, t = (a + b) // 2, so untuned shapes between
-them go to the nearer side and shapes beyond the tuned range get the outermost region's choice. A
-region of a variant other than the baseline then has each split bound pulled in to midway between
+sit midway between the two tuned values they separate on a log scale, t = isqrt(a b) (`_midway`):
+the features are sizes, tuned on log-spaced grids, whose effect on time is multiplicative, so
+untuned shapes between go to the nearer side by ratio (a pool prefill at 4 value heads won by the
+chunked kernel at 8,692 tokens and lost at 17,728 sent 12,700 tokens to it, 2.8x slower than the
+baseline, with the arithmetic midpoint 13,210; H100, 2026-11-26); shapes beyond the tuned range get
+the outermost region's choice. A region of a variant other than the baseline then has each split
+bound pulled in to midway (the same) between
 its own workloads and the nearest workload beyond them where the baseline was chosen (among those
 inside its other bounds): a split found between workloads elsewhere in the feature space does not
 hand the variant shapes far from any it won on, nearer to where the baseline won; they go to the
@@ -317,7 +321,7 @@ class _Matrix:
                 if wl < min_leaf or tot_w - wl < min_leaf:
                     continue
                 a, b = int(vals[cut - 1]), int(vals[cut])
-                yield fi, (a + b) // 2, order[:cut], order[cut:], float(lc[k]), float(rc[k])
+                yield fi, _midway(a, b), order[:cut], order[cut:], float(lc[k]), float(rc[k])
 
     def best_split_cost(self, idx, min_leaf) -> float:
         best = math.inf
@@ -490,12 +494,18 @@ def _tighten(boxes, m: _Matrix):
             x, own = m.X[near, m.fit.index(name)], m.X[idx, m.fit.index(name)]
             above, below = x[x > own.max()], x[x < own.min()]
             if hi is not None and above.size:
-                hi = min(hi, (int(own.max()) + int(above.min())) // 2)
+                hi = min(hi, _midway(int(own.max()), int(above.min())))
             if lo is not None and below.size:
-                lo = max(lo, (int(below.max()) + int(own.min())) // 2)
+                lo = max(lo, _midway(int(below.max()), int(own.min())))
             tight[name] = (lo, hi)
         out.append((tight, vj, idx))
     return out
+
+
+def _midway(a: int, b: int) -> int:
+    """The threshold between tuned values a < b (a <= t < b): their geometric mean, rounded down
+    (the arithmetic one where a value is not positive)."""
+    return math.isqrt(a * b) if a > 0 else (a + b) // 2
 
 
 def _box_key(bounds: dict, fit_names):

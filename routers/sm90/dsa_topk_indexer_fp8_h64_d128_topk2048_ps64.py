@@ -26,37 +26,37 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 5.16% mean, 53.38% max;
 #             12.963x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 125: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
-#   2. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 33.01x) over reference
-#   3. kv_fits_topk and max_num_pages <= 125: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
+#   2. max_num_pages > 124: triton_fp8_torch_topk, 12 workloads, 6.75x (1.75x .. 33.01x) over reference
+#   3. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_torch_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 93: triton_passthrough, 27 workloads, 23.40x (11.78x .. 37.33x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   2. batch_size <= 8 and max_num_pages <= 31 and kv_pages > 93: triton_passthrough, 15 workloads, 21.09x (16.49x .. 29.88x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   3. batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
-#   4. batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93: cuda_wgmma_radix, 19 workloads, 19.71x (9.28x .. 28.01x) over reference; then cuda_radix_select, triton_fp8_radix
-#   5. max_num_pages > 125: triton_fp8_torch_topk, 12 workloads, 3.35x (1.27x .. 28.74x) over reference
+#   1. batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 92: triton_passthrough, 27 workloads, 23.40x (11.78x .. 37.33x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   2. batch_size <= 8 and max_num_pages <= 31 and kv_pages > 92: triton_passthrough, 15 workloads, 21.09x (16.49x .. 29.88x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   3. batch_size <= 8 and 17 < max_num_pages <= 124 and kv_pages <= 92: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk
+#   4. batch_size <= 8 and 31 < max_num_pages <= 124 and kv_pages > 92: cuda_wgmma_radix, 19 workloads, 19.71x (9.28x .. 28.01x) over reference; then cuda_radix_select, triton_fp8_radix
+#   5. max_num_pages > 124: triton_fp8_torch_topk, 12 workloads, 3.35x (1.27x .. 28.74x) over reference
 #   6. batch_size > 8 and max_num_pages <= 1: triton_passthrough, 5 workloads, 27.54x (14.58x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   7. batch_size > 8 and 1 < max_num_pages <= 6: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_torch_topk
-#   8. batch_size > 8 and 6 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   9. batch_size > 8 and 30 < max_num_pages <= 125: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
+#   7. batch_size > 8 and 1 < max_num_pages <= 5: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_torch_topk
+#   8. batch_size > 8 and 5 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
+#   9. batch_size > 8 and 30 < max_num_pages <= 124: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 125)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
-    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 33.01), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 125)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 2, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (1.75, 6.75, 33.01), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (None, 17)}, 'workloads': 27, 'speedup': (11.78, 23.4, 37.33), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (None, 31)}, 'workloads': 15, 'speedup': (16.49, 21.09, 29.88), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 93), 'max_num_pages': (17, 125)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
-    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (93, None), 'max_num_pages': (31, 125)}, 'workloads': 19, 'speedup': (9.28, 19.71, 28.01), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (125, None)}, 'workloads': 12, 'speedup': (1.27, 3.35, 28.74), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 92), 'max_num_pages': (None, 17)}, 'workloads': 27, 'speedup': (11.78, 23.4, 37.33), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (92, None), 'max_num_pages': (None, 31)}, 'workloads': 15, 'speedup': (16.49, 21.09, 29.88), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 92), 'max_num_pages': (17, 124)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (92, None), 'max_num_pages': (31, 124)}, 'workloads': 19, 'speedup': (9.28, 19.71, 28.01), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (1.27, 3.35, 28.74), 'fallbacks': ()},
     {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (None, 1)}, 'workloads': 5, 'speedup': (14.58, 27.54, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 7, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 6)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk')},
-    {'region': 8, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (6, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 9, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 125)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 7, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 5)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 8, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (5, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
+    {'region': 9, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 124)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -68,13 +68,13 @@ def route(batch_size, max_num_pages, num_pages):
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
     # region 1: 64 workloads, 29.80x (15.40x .. 68.75x) over reference
-    if not kv_fits_topk and max_num_pages <= 125:
+    if not kv_fits_topk and max_num_pages <= 124:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 2: 12 workloads, 6.75x (1.75x .. 33.01x) over reference
-    if max_num_pages > 125:
+    if max_num_pages > 124:
         return 'triton_fp8_torch_topk'
     # region 3: 82 workloads, 79.31x (48.12x .. 144.89x) over reference
-    if kv_fits_topk and max_num_pages <= 125:
+    if kv_fits_topk and max_num_pages <= 124:
         return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
     return 'reference'
 
@@ -83,30 +83,30 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
     # region 1: 27 workloads, 23.40x (11.78x .. 37.33x) over reference
-    if batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 93:
+    if batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 92:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     # region 2: 15 workloads, 21.09x (16.49x .. 29.88x) over reference
-    if batch_size <= 8 and max_num_pages <= 31 and kv_pages > 93:
+    if batch_size <= 8 and max_num_pages <= 31 and kv_pages > 92:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     # region 3: 4 workloads, 25.35x (16.44x .. 32.30x) over reference
-    if batch_size <= 8 and 17 < max_num_pages <= 125 and kv_pages <= 93:
+    if batch_size <= 8 and 17 < max_num_pages <= 124 and kv_pages <= 92:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 4: 19 workloads, 19.71x (9.28x .. 28.01x) over reference
-    if batch_size <= 8 and 31 < max_num_pages <= 125 and kv_pages > 93:
+    if batch_size <= 8 and 31 < max_num_pages <= 124 and kv_pages > 92:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
     # region 5: 12 workloads, 3.35x (1.27x .. 28.74x) over reference
-    if max_num_pages > 125:
+    if max_num_pages > 124:
         return 'triton_fp8_torch_topk'
     # region 6: 5 workloads, 27.54x (14.58x .. 39.82x) over reference
     if batch_size > 8 and max_num_pages <= 1:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     # region 7: 3 workloads, 22.14x (14.15x .. 30.40x) over reference
-    if batch_size > 8 and 1 < max_num_pages <= 6:
+    if batch_size > 8 and 1 < max_num_pages <= 5:
         return ('cuda_wgmma_radix', 'triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
     # region 8: 17 workloads, 23.77x (16.93x .. 36.28x) over reference
-    if batch_size > 8 and 6 < max_num_pages <= 30:
+    if batch_size > 8 and 5 < max_num_pages <= 30:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
     # region 9: 56 workloads, 19.28x (11.13x .. 36.82x) over reference
-    if batch_size > 8 and 30 < max_num_pages <= 125:
+    if batch_size > 8 and 30 < max_num_pages <= 124:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
     return 'reference'

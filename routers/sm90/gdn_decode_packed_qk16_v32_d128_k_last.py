@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T01:32:25Z
+# measured    up to 2026-11-26T10:09:08Z
 # workloads   16 (workload-set digest 7bca5c58c910b5da)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -13,9 +13,9 @@
 #   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.00x
 #   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.05x
 #   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.03x
-#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.01x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.00x
 #   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.08x
-#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.08x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.07x
 #   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.95x
 #   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.09x
 #   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.11x
@@ -38,52 +38,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.53% mean, 5.30% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.60% mean, 5.30% max;
 #             1.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.81% mean, 32.59% max;
-#             1.157x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.29% mean, 12.90% max;
+#             1.274x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 41: cuda_decode_pool_rows.r4cs, 9 workloads, 1.23x (1.04x .. 1.71x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4
-#   2. batch_size > 41: sglang_packed_decode (baseline), 7 workloads
+#   1. batch_size <= 18: cuda_decode_pool_rows.r4cs, 7 workloads, 1.27x (1.03x .. 1.71x) over sglang_packed_decode
+#   2. 18 < batch_size <= 59: cuda_decode_pool_rows.r8cs, 3 workloads, 1.06x (1.03x .. 1.09x) over sglang_packed_decode
+#   3. batch_size > 59: sglang_packed_decode (baseline), 6 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 6: cuda_decode_pool_rows.r8cs, 4 workloads, 2.69x (2.44x .. 2.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
-#   2. 6 < batch_size <= 19: cuda_decode_pool_rows.r2, 3 workloads, 2.06x (1.88x .. 2.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4
-#   3. 19 < batch_size <= 197: cuda_decode_pool_rows.r8, 6 workloads, 1.36x (1.12x .. 1.70x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
-#   4. batch_size > 197: sglang_packed_decode (baseline), 3 workloads
+#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 2.89x (2.84x .. 2.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
+#   2. 3 < batch_size <= 12: cuda_decode_pool_rows.r2, 3 workloads, 2.30x (2.13x .. 2.48x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4
+#   3. batch_size > 12: cuda_decode_pool_rows.r8, 10 workloads, 1.39x (1.06x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 41)}, 'workloads': 9, 'speedup': (1.04, 1.23, 1.71), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4')},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (41, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 18)}, 'workloads': 7, 'speedup': (1.03, 1.27, 1.71), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (18, 59)}, 'workloads': 3, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (59, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 6)}, 'workloads': 4, 'speedup': (2.44, 2.69, 2.98), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (6, 19)}, 'workloads': 3, 'speedup': (1.88, 2.06, 2.2), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (19, 197)}, 'workloads': 6, 'speedup': (1.12, 1.36, 1.7), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (197, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.84, 2.89, 2.94), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 12)}, 'workloads': 3, 'speedup': (2.13, 2.3, 2.48), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.06, 1.39, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, num_slots):
-    inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 1.23x (1.04x .. 1.71x) over sglang_packed_decode
-    if batch_size <= 41:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 7 workloads, 1.27x (1.03x .. 1.71x) over sglang_packed_decode
+    if batch_size <= 18:
+        return 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 1.06x (1.03x .. 1.09x) over sglang_packed_decode
+    if 18 < batch_size <= 59:
+        return 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 2.69x (2.44x .. 2.98x) over sglang_packed_decode
-    if batch_size <= 6:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 2: 3 workloads, 2.06x (1.88x .. 2.20x) over sglang_packed_decode
-    if 6 < batch_size <= 19:
+    # region 1: 3 workloads, 2.89x (2.84x .. 2.94x) over sglang_packed_decode
+    if batch_size <= 3:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 2.30x (2.13x .. 2.48x) over sglang_packed_decode
+    if 3 < batch_size <= 12:
         return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 6 workloads, 1.36x (1.12x .. 1.70x) over sglang_packed_decode
-    if 19 < batch_size <= 197:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 10 workloads, 1.39x (1.06x .. 2.02x) over sglang_packed_decode
+    if batch_size > 12:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

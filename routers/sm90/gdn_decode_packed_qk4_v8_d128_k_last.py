@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T01:32:56Z
+# measured    up to 2026-11-26T10:09:21Z
 # workloads   16 (workload-set digest 113743e9659b4333)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -18,7 +18,7 @@
 #   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.22x
 #   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.96x
 #   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.25x
-#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.28x
+#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.27x
 #   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.18x
 #   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.24x
 # configs     launch configurations the tuner measured as variants of their own
@@ -38,45 +38,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.56% mean, 3.62% max;
-#             1.048x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.42% mean, 30.32% max;
-#             1.646x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.60% mean, 3.62% max;
+#             1.047x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.33% mean, 30.32% max;
+#             1.699x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 133: cuda_decode_pool_rows.r4cs, 12 workloads, 1.39x (1.05x .. 1.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs
-#   2. batch_size > 133: sglang_packed_decode (baseline), 4 workloads
+#   1. batch_size <= 193: cuda_decode_pool_rows.r4cs, 13 workloads, 1.35x (1.03x .. 1.95x) over sglang_packed_decode
+#   2. batch_size > 193: sglang_packed_decode (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 133: cuda_decode_pool_rows.r4cs, 12 workloads, 2.43x (1.65x .. 3.04x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
-#   2. batch_size > 133: cuda_decode_pool_rows.r8, 4 workloads, 1.37x (1.16x .. 1.87x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs
+#   1. batch_size <= 131: cuda_decode_pool_rows.r4cs, 12 workloads, 2.60x (1.72x .. 3.23x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   2. batch_size > 131: cuda_decode_pool_rows.r8, 4 workloads, 1.35x (1.18x .. 1.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 133)}, 'workloads': 12, 'speedup': (1.05, 1.39, 1.94), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs')},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (133, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 193)}, 'workloads': 13, 'speedup': (1.03, 1.35, 1.95), 'fallbacks': ()},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 133)}, 'workloads': 12, 'speedup': (1.65, 2.43, 3.04), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (133, None)}, 'workloads': 4, 'speedup': (1.16, 1.37, 1.87), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 131)}, 'workloads': 12, 'speedup': (1.72, 2.6, 3.23), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (131, None)}, 'workloads': 4, 'speedup': (1.18, 1.35, 1.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, num_slots):
-    inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 1.39x (1.05x .. 1.94x) over sglang_packed_decode
-    if batch_size <= 133:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 1: 13 workloads, 1.35x (1.03x .. 1.95x) over sglang_packed_decode
+    if batch_size <= 193:
+        return 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 2.43x (1.65x .. 3.04x) over sglang_packed_decode
-    if batch_size <= 133:
+    # region 1: 12 workloads, 2.60x (1.72x .. 3.23x) over sglang_packed_decode
+    if batch_size <= 131:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 4 workloads, 1.37x (1.16x .. 1.87x) over sglang_packed_decode
-    if batch_size > 133:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 2: 4 workloads, 1.35x (1.18x .. 1.55x) over sglang_packed_decode
+    if batch_size > 131:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T01:33:16Z
+# measured    up to 2026-11-26T10:09:32Z
 # workloads   16 (workload-set digest 2caf6dc86863d0b0)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -13,10 +13,10 @@
 #   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.07x
 #   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.09x
 #   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.07x
-#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.09x
+#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.10x
 #   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.16x
-#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.14x
-#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.96x
+#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.15x
+#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.97x
 #   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.17x
 #   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.19x
 #   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.13x
@@ -38,26 +38,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.28% mean, 1.72% max;
-#             1.023x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.61% mean, 4.45% max;
+#             1.022x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 6.67% mean, 50.86% max;
-#             1.376x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.464x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 90: cuda_decode_pool_rows.r4cs, 11 workloads, 1.30x (1.04x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   2. batch_size > 90: sglang_packed_decode (baseline), 5 workloads
+#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 11 workloads, 1.30x (1.04x .. 1.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
+#   2. batch_size > 88: sglang_packed_decode (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 12: cuda_decode_pool_rows.r2, 6 workloads, 2.96x (2.55x .. 4.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
-#   2. batch_size > 12: cuda_decode_pool_rows.r8cs, 10 workloads, 1.48x (1.06x .. 2.15x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
+#   1. batch_size <= 12: cuda_decode_pool_rows.r2, 6 workloads, 3.06x (2.52x .. 5.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
+#   2. batch_size > 12: cuda_decode_pool_rows.r8cs, 10 workloads, 1.59x (1.10x .. 2.50x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 90)}, 'workloads': 11, 'speedup': (1.04, 1.3, 1.84), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 11, 'speedup': (1.04, 1.3, 1.85), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 12)}, 'workloads': 6, 'speedup': (2.55, 2.96, 4.12), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.06, 1.48, 2.15), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 12)}, 'workloads': 6, 'speedup': (2.52, 3.06, 5.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.1, 1.59, 2.5), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -65,18 +65,18 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 1.30x (1.04x .. 1.84x) over sglang_packed_decode
-    if batch_size <= 90:
+    # region 1: 11 workloads, 1.30x (1.04x .. 1.85x) over sglang_packed_decode
+    if batch_size <= 88:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 2.96x (2.55x .. 4.12x) over sglang_packed_decode
+    # region 1: 6 workloads, 3.06x (2.52x .. 5.55x) over sglang_packed_decode
     if batch_size <= 12:
         return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 2: 10 workloads, 1.48x (1.06x .. 2.15x) over sglang_packed_decode
+    # region 2: 10 workloads, 1.59x (1.10x .. 2.50x) over sglang_packed_decode
     if batch_size > 12:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r8cs'
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'

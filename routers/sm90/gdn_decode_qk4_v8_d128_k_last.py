@@ -35,34 +35,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.50% mean, 8.45% max;
-#             1.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.05% mean, 147.00% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.51% mean, 8.45% max;
+#             1.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.98% mean, 147.00% max;
 #             1.491x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 7: cuda_decode_warp_rows.r1cs, 25 workloads, 1.78x (1.46x .. 1.99x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   2. 7 < batch_size <= 54: cuda_decode_warp_rows.r8cs, 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
-#   3. 54 < batch_size <= 606: triton_decode_splitv, 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   4. batch_size > 606: flashinfer (baseline), 4 workloads
+#   2. 7 < batch_size <= 53: cuda_decode_warp_rows.r8cs, 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
+#   3. 53 < batch_size <= 604: triton_decode_splitv, 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   4. batch_size > 604: flashinfer (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 1: cuda_decode_warp_rows.r2, 11 workloads, 2.06x (1.19x .. 3.68x) over flashinfer; then cuda_decode_warp_rows.r1
 #   2. 1 < batch_size <= 6: cuda_decode_warp_rows.r1cs, 13 workloads, 2.21x (1.56x .. 3.42x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4cs
 #   3. 6 < batch_size <= 10: cuda_decode_warp_rows.r8cs, 10 workloads, 1.90x (1.64x .. 2.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4
 #   4. 10 < batch_size <= 15: cuda_decode_warp_rows.r2cs, 3 workloads, 1.90x (1.78x .. 2.00x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs
-#   5. 15 < batch_size <= 17: flashinfer (baseline), 7 workloads
-#   6. 17 < batch_size <= 40: cuda_decode_warp_rows.r2cs, 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
-#   7. 40 < batch_size <= 49: cuda_decode_warp_rows.r1cs, 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
-#   8. 49 < batch_size <= 66: cuda_decode_warp_rows.r1, 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
-#   9. 66 < batch_size <= 115: cuda_decode_warp_rows.r1cs, 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, triton_decode_splitv
-#   10. 115 < batch_size <= 448: cuda_decode_warp_rows.r2cs, 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
-#   11. batch_size > 448: cuda_decode_warp_rows.r1cs, 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   5. 15 < batch_size <= 16: flashinfer (baseline), 7 workloads
+#   6. 16 < batch_size <= 39: cuda_decode_warp_rows.r2cs, 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
+#   7. 39 < batch_size <= 48: cuda_decode_warp_rows.r1cs, 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
+#   8. 48 < batch_size <= 65: cuda_decode_warp_rows.r1, 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
+#   9. 65 < batch_size <= 115: cuda_decode_warp_rows.r1cs, 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, triton_decode_splitv
+#   10. 115 < batch_size <= 447: cuda_decode_warp_rows.r2cs, 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
+#   11. batch_size > 447: cuda_decode_warp_rows.r1cs, 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 7)}, 'workloads': 25, 'speedup': (1.46, 1.78, 1.99), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 54)}, 'workloads': 41, 'speedup': (1.12, 1.25, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
-    {'region': 3, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (54, 606)}, 'workloads': 24, 'speedup': (1.03, 1.08, 1.11), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'batch_size': (606, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 53)}, 'workloads': 41, 'speedup': (1.12, 1.25, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
+    {'region': 3, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (53, 604)}, 'workloads': 24, 'speedup': (1.03, 1.08, 1.11), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -70,13 +70,13 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (1, 6)}, 'workloads': 13, 'speedup': (1.56, 2.21, 3.42), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs')},
     {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (6, 10)}, 'workloads': 10, 'speedup': (1.64, 1.9, 2.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4')},
     {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (10, 15)}, 'workloads': 3, 'speedup': (1.78, 1.9, 2.0), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (15, 17)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (17, 40)}, 'workloads': 13, 'speedup': (1.35, 1.82, 2.06), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (40, 49)}, 'workloads': 8, 'speedup': (1.32, 1.74, 2.34), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (49, 66)}, 'workloads': 10, 'speedup': (1.49, 1.76, 2.18), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (66, 115)}, 'workloads': 4, 'speedup': (1.43, 1.69, 2.2), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv')},
-    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (115, 448)}, 'workloads': 9, 'speedup': (1.09, 1.32, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
-    {'region': 11, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (448, None)}, 'workloads': 6, 'speedup': (1.11, 1.18, 1.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (15, 16)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (16, 39)}, 'workloads': 13, 'speedup': (1.35, 1.82, 2.06), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (39, 48)}, 'workloads': 8, 'speedup': (1.32, 1.74, 2.34), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (48, 65)}, 'workloads': 10, 'speedup': (1.49, 1.76, 2.18), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (65, 115)}, 'workloads': 4, 'speedup': (1.43, 1.69, 2.2), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv')},
+    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (115, 447)}, 'workloads': 9, 'speedup': (1.09, 1.32, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
+    {'region': 11, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (447, None)}, 'workloads': 6, 'speedup': (1.11, 1.18, 1.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -88,10 +88,10 @@ def route(batch_size):
     if batch_size <= 7:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
     # region 2: 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer
-    if 7 < batch_size <= 54:
+    if 7 < batch_size <= 53:
         return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
     # region 3: 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer
-    if 54 < batch_size <= 606:
+    if 53 < batch_size <= 604:
         return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
     return 'flashinfer'
 
@@ -111,21 +111,21 @@ def route_eager(batch_size):
     if 10 < batch_size <= 15:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 6: 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer
-    if 17 < batch_size <= 40:
+    if 16 < batch_size <= 39:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 7: 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
-    if 40 < batch_size <= 49:
+    if 39 < batch_size <= 48:
         return 'cuda_decode_warp_rows.r1cs'
     # region 8: 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer
-    if 49 < batch_size <= 66:
+    if 48 < batch_size <= 65:
         return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
     # region 9: 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer
-    if 66 < batch_size <= 115:
+    if 65 < batch_size <= 115:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r1cs'
     # region 10: 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer
-    if 115 < batch_size <= 448:
+    if 115 < batch_size <= 447:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 11: 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer
-    if batch_size > 448:
+    if batch_size > 447:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

@@ -38,34 +38,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 13.69% mean, 43.71% max;
-#             1.290x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.38% mean, 65.26% max;
-#             2.096x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 13.86% mean, 52.00% max;
+#             1.278x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 30.26% mean, 218.51% max;
+#             1.903x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 211 and mean_seq_len <= 110: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 13210 and mean_seq_len > 110: triton_prefill_chunked.v16, 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
-#   3. total_seq_len > 211 and mean_seq_len <= 110: triton_prefill_chunked.v64, 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
-#   4. total_seq_len > 13210 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 200 and mean_seq_len <= 108: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 12413 and mean_seq_len > 108: triton_prefill_chunked.v16, 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
+#   3. total_seq_len > 200 and mean_seq_len <= 108: triton_prefill_chunked.v64, 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
+#   4. total_seq_len > 12413 and mean_seq_len > 108: sglang_flashinfer_prefill (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 373 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 373 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 373 < total_seq_len <= 13210: triton_prefill_chunked.v16, 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len > 13210: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 361 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 361 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 361 < total_seq_len <= 12413: triton_prefill_chunked.v16, 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len > 12413: sglang_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 110), 'total_seq_len': (None, 211)}, 'workloads': 5, 'speedup': (3.95, 7.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (110, None), 'total_seq_len': (None, 13210)}, 'workloads': 5, 'speedup': (1.12, 1.78, 2.9), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 110), 'total_seq_len': (211, None)}, 'workloads': 3, 'speedup': (1.09, 1.65, 2.34), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'total_seq_len': (13210, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 108), 'total_seq_len': (None, 200)}, 'workloads': 5, 'speedup': (3.95, 7.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (108, None), 'total_seq_len': (None, 12413)}, 'workloads': 5, 'speedup': (1.12, 1.78, 2.9), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 108), 'total_seq_len': (200, None)}, 'workloads': 3, 'speedup': (1.09, 1.65, 2.34), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (108, None), 'total_seq_len': (12413, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.65, 11.28, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 373)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (373, 13210)}, 'workloads': 7, 'speedup': (1.38, 2.36, 3.9), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (13210, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 361)}, 'workloads': 3, 'speedup': (5.65, 11.28, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 361)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (361, 12413)}, 'workloads': 7, 'speedup': (1.38, 2.36, 3.9), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (12413, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -75,13 +75,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill
-    if total_seq_len <= 211 and mean_seq_len <= 110:
+    if total_seq_len <= 200 and mean_seq_len <= 108:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
-    if total_seq_len <= 13210 and mean_seq_len > 110:
+    if total_seq_len <= 12413 and mean_seq_len > 108:
         return 'triton_prefill_chunked.v16'
     # region 3: 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
-    if total_seq_len > 211 and mean_seq_len <= 110:
+    if total_seq_len > 200 and mean_seq_len <= 108:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -90,12 +90,12 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill
-    if total_seq_len <= 373 and num_seqs <= 3:
+    if total_seq_len <= 361 and num_seqs <= 3:
         return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
     # region 2: 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill
-    if total_seq_len <= 373 and num_seqs > 3:
+    if total_seq_len <= 361 and num_seqs > 3:
         return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
     # region 3: 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill
-    if 373 < total_seq_len <= 13210:
+    if 361 < total_seq_len <= 12413:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

@@ -40,32 +40,32 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 68.64% mean, 393.54% max;
 #             1.095x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 48.24% mean, 489.40% max;
-#             1.101x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.66% mean, 41.35% max;
+#             1.614x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 2037 and mean_seq_len > 8: triton_prefill_chunked.v64, 4 workloads, 1.52x (1.19x .. 2.61x) over sglang_flashinfer_prefill
-#   2. mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. total_seq_len > 2037 and mean_seq_len > 8: sglang_flashinfer_prefill (baseline), 7 workloads
+#   1. total_seq_len <= 2034 and mean_seq_len > 7: triton_prefill_chunked.v64, 4 workloads, 1.52x (1.19x .. 2.61x) over sglang_flashinfer_prefill
+#   2. mean_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   3. total_seq_len > 2034 and mean_seq_len > 7: sglang_flashinfer_prefill (baseline), 7 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 12677 and num_seqs <= 8 and mean_seq_len > 27: triton_prefill_chunked.v16, 3 workloads, 2.26x (1.10x .. 4.00x) over sglang_flashinfer_prefill
-#   2. total_seq_len <= 12677 and num_seqs > 8 and mean_seq_len > 27: triton_prefill_chunked.v64, 3 workloads, 1.40x (1.19x .. 1.72x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. num_seqs <= 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k16c16, 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. num_seqs > 20 and mean_seq_len <= 27: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len > 12677 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 11357 and num_seqs <= 7 and mean_seq_len > 26: triton_prefill_chunked.v16, 3 workloads, 2.26x (1.10x .. 4.00x) over sglang_flashinfer_prefill
+#   2. total_seq_len <= 11357 and num_seqs > 7 and mean_seq_len > 26: triton_prefill_chunked.v64, 3 workloads, 1.40x (1.19x .. 1.72x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   3. num_seqs <= 19 and mean_seq_len <= 26: cuda_prefill_pool_rows.k16c16, 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. num_seqs > 19 and mean_seq_len <= 26: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len > 11357 and mean_seq_len > 26: sglang_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (None, 2037)}, 'workloads': 4, 'speedup': (1.19, 1.52, 2.61), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8)}, 'workloads': 5, 'speedup': (2.82, 6.92, 14.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (2037, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (None, 2034)}, 'workloads': 4, 'speedup': (1.19, 1.52, 2.61), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 7)}, 'workloads': 5, 'speedup': (2.82, 6.92, 14.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (2034, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (27, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 12677)}, 'workloads': 3, 'speedup': (1.1, 2.26, 4.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'num_seqs': (8, None), 'total_seq_len': (None, 12677)}, 'workloads': 3, 'speedup': (1.19, 1.4, 1.72), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 20)}, 'workloads': 4, 'speedup': (3.55, 9.07, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (20, None)}, 'workloads': 3, 'speedup': (3.75, 4.35, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (12677, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 11357)}, 'workloads': 3, 'speedup': (1.1, 2.26, 4.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (7, None), 'total_seq_len': (None, 11357)}, 'workloads': 3, 'speedup': (1.19, 1.4, 1.72), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (None, 19)}, 'workloads': 4, 'speedup': (3.55, 9.07, 14.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (19, None)}, 'workloads': 3, 'speedup': (3.75, 4.35, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'total_seq_len': (11357, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -75,10 +75,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 1.52x (1.19x .. 2.61x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2037 and mean_seq_len > 8:
+    if total_seq_len <= 2034 and mean_seq_len > 7:
         return 'triton_prefill_chunked.v64'
     # region 2: 5 workloads, 6.92x (2.82x .. 14.60x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 8:
+    if mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     return 'sglang_flashinfer_prefill'
 
@@ -87,15 +87,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 2.26x (1.10x .. 4.00x) over sglang_flashinfer_prefill
-    if total_seq_len <= 12677 and num_seqs <= 8 and mean_seq_len > 27:
+    if total_seq_len <= 11357 and num_seqs <= 7 and mean_seq_len > 26:
         return 'triton_prefill_chunked.v16'
     # region 2: 3 workloads, 1.40x (1.19x .. 1.72x) over sglang_flashinfer_prefill
-    if total_seq_len <= 12677 and num_seqs > 8 and mean_seq_len > 27:
+    if total_seq_len <= 11357 and num_seqs > 7 and mean_seq_len > 26:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 3: 4 workloads, 9.07x (3.55x .. 14.13x) over sglang_flashinfer_prefill
-    if num_seqs <= 20 and mean_seq_len <= 27:
+    if num_seqs <= 19 and mean_seq_len <= 26:
         return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
     # region 4: 3 workloads, 4.35x (3.75x .. 5.02x) over sglang_flashinfer_prefill
-    if num_seqs > 20 and mean_seq_len <= 27:
+    if num_seqs > 19 and mean_seq_len <= 26:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T07:50:10Z
+# measured    up to 2026-11-26T10:11:53Z
 # workloads   16 (workload-set digest 798ffe1a6b6400b2)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,8 +19,8 @@
 #   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.99x
 #   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.92x
 #   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  2.00x
-#   triton_prefill_chunked.v16     79c5d18fff537ae6  15/15  1.07x
-#   triton_prefill_chunked.v64     e458f95817acf6d9  15/15  1.12x
+#   triton_prefill_chunked.v16     79c5d18fff537ae6  16/16  1.00x
+#   triton_prefill_chunked.v64     e458f95817acf6d9  16/16  1.06x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,32 +38,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 20.40% mean, 188.17% max;
-#             1.101x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.19% mean, 51.44% max;
-#             1.504x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 20.16% mean, 188.17% max;
+#             1.101x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.96% mean, 51.44% max;
+#             1.596x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 98: cuda_prefill_pool_rows.k4c8, 5 workloads, 9.64x (3.70x .. 13.06x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. 98 < total_seq_len <= 539: triton_prefill_chunked.v64, 3 workloads, 2.29x (1.42x .. 2.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. total_seq_len > 539: sglang_flashinfer_prefill (baseline), 8 workloads
+#   1. total_seq_len <= 93: cuda_prefill_pool_rows.k4c8, 5 workloads, 9.64x (3.70x .. 13.06x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. 93 < total_seq_len <= 474: triton_prefill_chunked.v64, 3 workloads, 2.29x (1.42x .. 2.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   3. total_seq_len > 474: sglang_flashinfer_prefill (baseline), 8 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 3 workloads, 14.79x (13.06x .. 16.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. 6 < total_seq_len <= 197: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.03x (4.82x .. 12.53x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 197 < total_seq_len <= 3720: triton_prefill_chunked.v64, 4 workloads, 2.39x (1.38x .. 4.31x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len > 3720: sglang_flashinfer_prefill (baseline), 6 workloads
+#   2. 6 < total_seq_len <= 184: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.03x (4.82x .. 12.53x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 184 < total_seq_len <= 3081: triton_prefill_chunked.v64, 4 workloads, 2.39x (1.38x .. 4.31x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len > 3081: sglang_flashinfer_prefill (baseline), 6 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 98)}, 'workloads': 5, 'speedup': (3.7, 9.64, 13.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (98, 539)}, 'workloads': 3, 'speedup': (1.42, 2.29, 2.95), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (539, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 93)}, 'workloads': 5, 'speedup': (3.7, 9.64, 13.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (93, 474)}, 'workloads': 3, 'speedup': (1.42, 2.29, 2.95), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (474, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'total_seq_len': (None, 6)}, 'workloads': 3, 'speedup': (13.06, 14.79, 16.14), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'total_seq_len': (6, 197)}, 'workloads': 3, 'speedup': (4.82, 8.03, 12.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (197, 3720)}, 'workloads': 4, 'speedup': (1.38, 2.39, 4.31), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3720, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'total_seq_len': (6, 184)}, 'workloads': 3, 'speedup': (4.82, 8.03, 12.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (184, 3081)}, 'workloads': 4, 'speedup': (1.38, 2.39, 4.31), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3081, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -73,10 +73,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 9.64x (3.70x .. 13.06x) over sglang_flashinfer_prefill
-    if total_seq_len <= 98:
+    if total_seq_len <= 93:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 3 workloads, 2.29x (1.42x .. 2.95x) over sglang_flashinfer_prefill
-    if 98 < total_seq_len <= 539:
+    if 93 < total_seq_len <= 474:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -88,9 +88,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 3 workloads, 8.03x (4.82x .. 12.53x) over sglang_flashinfer_prefill
-    if 6 < total_seq_len <= 197:
+    if 6 < total_seq_len <= 184:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 4 workloads, 2.39x (1.38x .. 4.31x) over sglang_flashinfer_prefill
-    if 197 < total_seq_len <= 3720:
+    if 184 < total_seq_len <= 3081:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'

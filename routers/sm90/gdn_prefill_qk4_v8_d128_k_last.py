@@ -43,64 +43,64 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.68% mean, 223.64% max;
-#             1.303x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.80% mean, 105.77% max;
+#             1.312x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 20.01% mean, 1332.10% max;
 #             2.887x over the baseline; 2 slower than the baseline beyond the spread, 3 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 44 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 130 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
-#   4. total_seq_len <= 150 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
-#   5. 44 < total_seq_len <= 224 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. 130 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer; then triton_prefill_chunked.v16
-#   7. 130 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer; then triton_prefill_chunked.v64
-#   8. total_seq_len > 150 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
-#   9. total_seq_len > 224 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   10. total_seq_len > 1053 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
+#   1. total_seq_len <= 43 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 129 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   3. total_seq_len <= 134 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
+#   4. total_seq_len <= 149 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
+#   5. 43 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. 129 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer; then triton_prefill_chunked.v16
+#   7. 129 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer; then triton_prefill_chunked.v64
+#   8. total_seq_len > 149 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
+#   9. total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   10. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 31 and mean_seq_len <= 144: cuda_prefill_thread_rows.k16c8, 27 workloads, 11.98x (4.33x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 286 and mean_seq_len > 144: cuda_prefill_thread_rows.k16c16, 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
-#   3. 31 < total_seq_len <= 75 and mean_seq_len <= 144: cuda_prefill_thread_rows.k16c16, 20 workloads, 10.03x (2.83x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64
-#   4. 75 < total_seq_len <= 91 and mean_seq_len <= 144: cuda_prefill_thread_rows, 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   5. 91 < total_seq_len <= 758 and mean_seq_len <= 144: cuda_prefill_thread_rows.k8c16, 82 workloads, 5.11x (1.21x .. 12.39x) over flashinfer
-#   6. 286 < total_seq_len <= 1652 and mean_seq_len > 144: triton_prefill_chunked.v16, 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   7. 758 < total_seq_len <= 966 and mean_seq_len <= 144: triton_prefill_chunked.v64, 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer; then triton_prefill_chunked.v16
-#   8. 966 < total_seq_len <= 1643 and mean_seq_len <= 144: cuda_prefill_thread_rows.k4c16, 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   9. 1643 < total_seq_len <= 2259 and mean_seq_len <= 144: triton_prefill_chunked.v64, 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
-#   10. 1652 < total_seq_len <= 3644 and 144 < mean_seq_len <= 599: triton_prefill_chunked.v64, 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16
-#   11. 1652 < total_seq_len <= 3644 and mean_seq_len > 599: triton_prefill_chunked.v16, 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
+#   2. total_seq_len <= 284 and mean_seq_len > 144: cuda_prefill_thread_rows.k16c16, 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   3. 31 < total_seq_len <= 74 and mean_seq_len <= 144: cuda_prefill_thread_rows.k16c16, 20 workloads, 10.03x (2.83x .. 27.13x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64
+#   4. 74 < total_seq_len <= 91 and mean_seq_len <= 144: cuda_prefill_thread_rows, 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. 91 < total_seq_len <= 757 and mean_seq_len <= 144: cuda_prefill_thread_rows.k8c16, 82 workloads, 5.11x (1.21x .. 12.39x) over flashinfer
+#   6. 284 < total_seq_len <= 1651 and mean_seq_len > 144: triton_prefill_chunked.v16, 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   7. 757 < total_seq_len <= 964 and mean_seq_len <= 144: triton_prefill_chunked.v64, 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer; then triton_prefill_chunked.v16
+#   8. 964 < total_seq_len <= 1641 and mean_seq_len <= 144: cuda_prefill_thread_rows.k4c16, 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   9. 1641 < total_seq_len <= 2259 and mean_seq_len <= 144: triton_prefill_chunked.v64, 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
+#   10. 1651 < total_seq_len <= 3627 and 144 < mean_seq_len <= 598: triton_prefill_chunked.v64, 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16
+#   11. 1651 < total_seq_len <= 3627 and mean_seq_len > 598: triton_prefill_chunked.v16, 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
 #   12. total_seq_len > 2259 and mean_seq_len <= 144: flashinfer (baseline), 10 workloads
-#   13. total_seq_len > 3644 and mean_seq_len > 144: flashinfer (baseline), 36 workloads
+#   13. total_seq_len > 3627 and mean_seq_len > 144: flashinfer (baseline), 36 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 34, 'speedup': (3.0, 5.56, 10.98), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 130)}, 'workloads': 21, 'speedup': (1.4, 2.0, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (44, 224)}, 'workloads': 22, 'speedup': (1.67, 2.7, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (130, 946)}, 'workloads': 10, 'speedup': (1.96, 2.37, 2.67), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (130, 1053)}, 'workloads': 73, 'speedup': (1.34, 1.69, 2.12), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (150, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (224, None)}, 'workloads': 3, 'speedup': (2.36, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1053, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 43)}, 'workloads': 34, 'speedup': (3.0, 5.56, 10.98), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 129)}, 'workloads': 21, 'speedup': (1.4, 2.0, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 134)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 149)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (43, 221)}, 'workloads': 22, 'speedup': (1.67, 2.7, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (129, 929)}, 'workloads': 10, 'speedup': (1.96, 2.37, 2.67), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (129, 1051)}, 'workloads': 73, 'speedup': (1.34, 1.69, 2.12), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (149, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (221, None)}, 'workloads': 3, 'speedup': (2.36, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (None, 31)}, 'workloads': 27, 'speedup': (4.33, 11.98, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (None, 286)}, 'workloads': 6, 'speedup': (3.68, 5.33, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (31, 75)}, 'workloads': 20, 'speedup': (2.83, 10.03, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (75, 91)}, 'workloads': 9, 'speedup': (6.7, 9.46, 15.17), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (91, 758)}, 'workloads': 82, 'speedup': (1.21, 5.11, 12.39), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (286, 1652)}, 'workloads': 38, 'speedup': (2.73, 3.81, 6.64), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (758, 966)}, 'workloads': 4, 'speedup': (1.45, 3.44, 6.27), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (966, 1643)}, 'workloads': 4, 'speedup': (1.5, 1.82, 2.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (1643, 2259)}, 'workloads': 3, 'speedup': (1.23, 1.32, 1.45), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (144, 599), 'total_seq_len': (1652, 3644)}, 'workloads': 3, 'speedup': (1.75, 1.99, 2.32), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16')},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (599, None), 'total_seq_len': (1652, 3644)}, 'workloads': 10, 'speedup': (1.11, 2.0, 3.01), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (None, 284)}, 'workloads': 6, 'speedup': (3.68, 5.33, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (31, 74)}, 'workloads': 20, 'speedup': (2.83, 10.03, 27.13), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (74, 91)}, 'workloads': 9, 'speedup': (6.7, 9.46, 15.17), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (91, 757)}, 'workloads': 82, 'speedup': (1.21, 5.11, 12.39), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (284, 1651)}, 'workloads': 38, 'speedup': (2.73, 3.81, 6.64), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (757, 964)}, 'workloads': 4, 'speedup': (1.45, 3.44, 6.27), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (964, 1641)}, 'workloads': 4, 'speedup': (1.5, 1.82, 2.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (1641, 2259)}, 'workloads': 3, 'speedup': (1.23, 1.32, 1.45), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (144, 598), 'total_seq_len': (1651, 3627)}, 'workloads': 3, 'speedup': (1.75, 1.99, 2.32), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (1651, 3627)}, 'workloads': 10, 'speedup': (1.11, 2.0, 3.01), 'fallbacks': ()},
     {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (2259, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (3644, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (3627, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -110,25 +110,25 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer
-    if total_seq_len <= 44 and num_seqs <= 8 and mean_seq_len <= 46:
+    if total_seq_len <= 43 and num_seqs <= 8 and mean_seq_len <= 46:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 2: 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer
-    if total_seq_len <= 130 and mean_seq_len > 46:
+    if total_seq_len <= 129 and mean_seq_len > 46:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 3: 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer
-    if total_seq_len <= 150 and num_seqs > 8 and mean_seq_len <= 3:
+    if total_seq_len <= 134 and num_seqs > 8 and mean_seq_len <= 3:
         return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
     # region 5: 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer
-    if 44 < total_seq_len <= 224 and num_seqs <= 8 and mean_seq_len <= 46:
+    if 43 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
     # region 6: 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer
-    if 130 < total_seq_len <= 946 and num_seqs > 7 and mean_seq_len > 46:
+    if 129 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 7: 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer
-    if 130 < total_seq_len <= 1053 and num_seqs <= 7 and mean_seq_len > 46:
+    if 129 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 9: 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer
-    if total_seq_len > 224 and num_seqs <= 8 and mean_seq_len <= 46:
+    if total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'
 
@@ -140,33 +140,33 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 31 and mean_seq_len <= 144:
         return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c8'
     # region 2: 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer
-    if total_seq_len <= 286 and mean_seq_len > 144:
+    if total_seq_len <= 284 and mean_seq_len > 144:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 3: 20 workloads, 10.03x (2.83x .. 27.13x) over flashinfer
-    if 31 < total_seq_len <= 75 and mean_seq_len <= 144:
+    if 31 < total_seq_len <= 74 and mean_seq_len <= 144:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
     # region 4: 9 workloads, 9.46x (6.70x .. 15.17x) over flashinfer
-    if 75 < total_seq_len <= 91 and mean_seq_len <= 144:
+    if 74 < total_seq_len <= 91 and mean_seq_len <= 144:
         return ('cuda_prefill_thread_rows', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows'
     # region 5: 82 workloads, 5.11x (1.21x .. 12.39x) over flashinfer
-    if 91 < total_seq_len <= 758 and mean_seq_len <= 144:
+    if 91 < total_seq_len <= 757 and mean_seq_len <= 144:
         return 'cuda_prefill_thread_rows.k8c16'
     # region 6: 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer
-    if 286 < total_seq_len <= 1652 and mean_seq_len > 144:
+    if 284 < total_seq_len <= 1651 and mean_seq_len > 144:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
     # region 7: 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer
-    if 758 < total_seq_len <= 966 and mean_seq_len <= 144:
+    if 757 < total_seq_len <= 964 and mean_seq_len <= 144:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 8: 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer
-    if 966 < total_seq_len <= 1643 and mean_seq_len <= 144:
+    if 964 < total_seq_len <= 1641 and mean_seq_len <= 144:
         return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k4c16'
     # region 9: 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
-    if 1643 < total_seq_len <= 2259 and mean_seq_len <= 144:
+    if 1641 < total_seq_len <= 2259 and mean_seq_len <= 144:
         return 'triton_prefill_chunked.v64'
     # region 10: 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer
-    if 1652 < total_seq_len <= 3644 and 144 < mean_seq_len <= 599:
+    if 1651 < total_seq_len <= 3627 and 144 < mean_seq_len <= 598:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16') if inside else 'triton_prefill_chunked.v64'
     # region 11: 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
-    if 1652 < total_seq_len <= 3644 and mean_seq_len > 599:
+    if 1651 < total_seq_len <= 3627 and mean_seq_len > 598:
         return 'triton_prefill_chunked.v16'
     return 'flashinfer'

@@ -5,14 +5,14 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T01:39:58Z
+# measured    up to 2026-11-26T10:10:17Z
 # workloads   12 (workload-set digest 31e059965df0a0d9)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
 #   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.83x
 #   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  1.01x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.97x
+#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.98x
 #   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.86x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
@@ -24,30 +24,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.06% mean, 29.34% max;
-#             0.992x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.29% mean, 42.59% max;
-#             2.145x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.13% mean, 29.38% max;
+#             0.994x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.76% mean, 42.59% max;
+#             2.584x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 15: sglang_verify (baseline), 6 workloads
-#   2. 15 < num_seqs <= 107: cuda_verify_rows.r4, 3 workloads, 1.19x (1.05x .. 1.27x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   3. num_seqs > 107: sglang_verify (baseline), 3 workloads
+#   1. num_seqs <= 15: cuda_verify_rows.r2, 6 workloads, 1.54x (1.29x .. 1.84x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 15 < num_seqs <= 103: cuda_verify_rows.r4, 3 workloads, 1.19x (1.04x .. 1.29x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   3. num_seqs > 103: sglang_verify (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 27 and cache_steps <= 3: cuda_verify_rows.r4, 3 workloads, 3.92x (3.12x .. 6.01x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
-#   2. num_seqs <= 27 and cache_steps > 3: cuda_verify_rows.r2, 4 workloads, 3.35x (2.65x .. 5.36x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
-#   3. num_seqs > 27: cuda_verify_rows.r8, 5 workloads, 1.79x (1.23x .. 2.37x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   1. num_seqs <= 25 and cache_steps <= 3: cuda_verify_rows.r4, 3 workloads, 4.29x (3.39x .. 6.53x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
+#   2. num_seqs <= 25 and cache_steps > 3: cuda_verify_rows.r2, 4 workloads, 4.06x (3.08x .. 6.22x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
+#   3. num_seqs > 25: cuda_verify_rows.r8, 5 workloads, 2.17x (1.63x .. 2.61x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (None, 15)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (15, 107)}, 'workloads': 3, 'speedup': (1.05, 1.19, 1.27), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (107, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 15)}, 'workloads': 6, 'speedup': (1.29, 1.54, 1.84), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (15, 103)}, 'workloads': 3, 'speedup': (1.04, 1.19, 1.29), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (103, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 27)}, 'workloads': 3, 'speedup': (3.12, 3.92, 6.01), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 27)}, 'workloads': 4, 'speedup': (2.65, 3.35, 5.36), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (27, None)}, 'workloads': 5, 'speedup': (1.23, 1.79, 2.37), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 25)}, 'workloads': 3, 'speedup': (3.39, 4.29, 6.53), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 25)}, 'workloads': 4, 'speedup': (3.08, 4.06, 6.22), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (25, None)}, 'workloads': 5, 'speedup': (1.63, 2.17, 2.61), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -55,21 +55,30 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 2: 3 workloads, 1.19x (1.05x .. 1.27x) over sglang_verify
-    if 15 < num_seqs <= 107:
+    # region 1: 6 workloads, 1.54x (1.29x .. 1.84x) over sglang_verify's guarded call
+    if num_seqs <= 15:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
+    # region 2: 3 workloads, 1.19x (1.04x .. 1.29x) over sglang_verify
+    if 15 < num_seqs <= 103:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.92x (3.12x .. 6.01x) over sglang_verify
-    if num_seqs <= 27 and cache_steps <= 3:
+    # region 1: 3 workloads, 4.29x (3.39x .. 6.53x) over sglang_verify
+    if num_seqs <= 25 and cache_steps <= 3:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 2: 4 workloads, 3.35x (2.65x .. 5.36x) over sglang_verify
-    if num_seqs <= 27 and cache_steps > 3:
+    # region 2: 4 workloads, 4.06x (3.08x .. 6.22x) over sglang_verify
+    if num_seqs <= 25 and cache_steps > 3:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 3: 5 workloads, 1.79x (1.23x .. 2.37x) over sglang_verify
-    if num_seqs > 27:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 3: 5 workloads, 2.17x (1.63x .. 2.61x) over sglang_verify
+    if num_seqs > 25:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
+
+
+def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
+    if num_seqs <= 15:  # region 1
+        return True
+    return False

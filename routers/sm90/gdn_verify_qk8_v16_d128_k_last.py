@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T01:40:25Z
+# measured    up to 2026-11-26T10:10:55Z
 # workloads   12 (workload-set digest 57091ffb271d0800)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -24,31 +24,51 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.36% mean, 32.85% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.40% mean, 33.19% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 0.91% mean, 5.09% max;
-#             1.307x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.582x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: sglang_verify (baseline), 12 workloads
+#   1. num_seqs <= 3: cuda_verify_rows.r2, 4 workloads, 1.45x (1.34x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 3 < num_seqs <= 42: cuda_verify_rows.r4, 3 workloads, 1.15x (1.08x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r8, cuda_verify_rows.r2; engine plugins keep the engine's kernel (`hand_back`)
+#   3. num_seqs > 42: sglang_verify (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r4, 12 workloads, 1.94x (1.04x .. 3.98x) over sglang_verify
+#   1. every shape: cuda_verify_rows.r4, 12 workloads, 2.66x (1.06x .. 5.33x) over sglang_verify; then cuda_verify_rows.r8
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'sglang_verify', 'bounds': {}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (1.34, 1.45, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 42)}, 'workloads': 3, 'speedup': (1.08, 1.15, 1.2), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2'), 'hand_back': True},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (42, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (1.04, 1.94, 3.98), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (1.06, 2.66, 5.33), 'fallbacks': ('cuda_verify_rows.r8',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
+    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
+    # region 1: 4 workloads, 1.45x (1.34x .. 1.63x) over sglang_verify's guarded call
+    if num_seqs <= 3:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
+    # region 2: 3 workloads, 1.15x (1.08x .. 1.20x) over sglang_verify's guarded call
+    if 3 < num_seqs <= 42:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    # region 1: 12 workloads, 1.94x (1.04x .. 3.98x) over sglang_verify
-    return 'cuda_verify_rows.r4'
+    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
+    # region 1: 12 workloads, 2.66x (1.06x .. 5.33x) over sglang_verify
+    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+
+
+def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
+    if num_seqs <= 3:  # region 1
+        return True
+    if 3 < num_seqs <= 42:  # region 2
+        return True
+    return False

@@ -36,34 +36,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.59% mean, 6.33% max;
-#             1.362x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.04% mean, 6.38% max;
-#             2.346x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.82% mean, 6.33% max;
+#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.23% mean, 6.38% max;
+#             2.343x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 24: triton_decode.n128s8q, 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
-#   2. 24 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
-#   3. 52 < seq_len <= 1536: triton_grouped_m32q.fr, 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr
-#   4. seq_len > 1536: triton_grouped_m64q.fr, 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
+#   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
+#   2. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
+#   3. 52 < seq_len <= 1448: triton_grouped_m32q.fr, 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr
+#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
-#   2. 3 < seq_len <= 42: triton_decode.n128s8q, 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
-#   3. 42 < seq_len <= 1536: triton_grouped_m32q.fr, 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. seq_len > 1536: triton_grouped_m64q.fr, 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
+#   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
+#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
+#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 24)}, 'workloads': 10, 'speedup': (1.1, 1.38, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (24, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1536)}, 'workloads': 15, 'speedup': (1.21, 1.28, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.33, 1.45, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 10, 'speedup': (1.1, 1.38, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1448)}, 'workloads': 15, 'speedup': (1.21, 1.28, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.33, 1.45, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (4.82, 6.0, 8.9), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 42)}, 'workloads': 9, 'speedup': (3.15, 4.79, 7.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (42, 1536)}, 'workloads': 16, 'speedup': (2.42, 2.95, 4.61), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1536, None)}, 'workloads': 7, 'speedup': (1.41, 1.95, 2.57), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.82, 6.0, 8.9), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (3.15, 4.79, 7.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 16, 'speedup': (2.42, 2.95, 4.61), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.41, 1.95, 2.57), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -72,16 +72,16 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe
-    if seq_len <= 24:
+    if seq_len <= 22:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
     # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
-    if 24 < seq_len <= 52:
+    if 22 < seq_len <= 52:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
     # region 3: 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe
-    if 52 < seq_len <= 1536:
+    if 52 < seq_len <= 1448:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe
-    if seq_len > 1536:
+    if seq_len > 1448:
         return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
 
@@ -89,15 +89,15 @@ def route(seq_len):
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe
-    if seq_len <= 3:
+    if seq_len <= 2:
         return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s8'
     # region 2: 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe
-    if 3 < seq_len <= 42:
+    if 2 < seq_len <= 40:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
     # region 3: 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe
-    if 42 < seq_len <= 1536:
+    if 40 < seq_len <= 1448:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe
-    if seq_len > 1536:
+    if seq_len > 1448:
         return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
