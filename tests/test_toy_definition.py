@@ -147,3 +147,26 @@ def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, m
     summary = flows.check_routers(done, check, said)[NAME]
     assert summary["stale_variants"] == ["toy_fast"]
     assert "[check] warning: toy_scale toy_fast: provenance changed" in said.getvalue()
+
+
+def test_a_variant_no_longer_registered_is_left_out_of_the_fit(tmp_path, toy):
+    """The store keeps a retired variant's rows (one split into launch configurations, say); a router
+    naming it could not serve it, so `route` leaves them out and says so."""
+    import io
+
+    traces = tmp_path / "traces" / "workloads" / "toy"
+    traces.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
+    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = tmp_path / "store" / "cpu.sqlite"
+    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
+               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
+    measured = Store.open(store)
+    flows.compile_all(measured, tmp_path / "kept", "cpu", ["toy_scale"], stream=io.StringIO())
+    assert "return 'toy_fast'" in (tmp_path / "kept" / "cpu" / f"{NAME}.py").read_text()
+    registry.unregister(NAME, "toy_fast")
+    said = io.StringIO()
+    flows.compile_all(measured, tmp_path / "retired", "cpu", ["toy_scale"], stream=said)
+    assert "toy_fast" not in (tmp_path / "retired" / "cpu" / f"{NAME}.py").read_text()
+    assert "[route] warning: toy_scale toy_fast: no longer registered" in said.getvalue()

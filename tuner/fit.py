@@ -143,6 +143,13 @@ class Table:
             h.update(f"{u}:{json.dumps(self.axes[u], sort_keys=True)}\n".encode())
         return h.hexdigest()[:16]
 
+    def without(self, variants) -> "Table":
+        """The table with these variants' measurements left out (never the baseline's)."""
+        drop = set(variants) - {self.baseline}
+        return Table(self.definition, self.arch, self.env, self.baseline,
+                     {n: h for n, h in self.hashes.items() if n not in drop}, self.uuids, self.axes, self.features,
+                     {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights)
+
     def subset(self, uuids) -> "Table":
         keep = set(uuids)
         return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,

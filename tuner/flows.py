@@ -136,6 +136,7 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
+            table = _without_retired(table, stream)
             _warn_stale(table, stream)
             policy = fitting.fit(table, params)
             path = codegen.write(policy, out)
@@ -152,6 +153,7 @@ def check_routers(done, check: Store, stream) -> dict:
         t = fitting.load_table(check, d, policy.arch)
         if t is None:
             continue
+        t = _without_retired(t, stream, "check")
         out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
         stale = _warn_stale(t, stream, "check")
         if stale:  # the check scores these variants' old code: the JSON says so
@@ -163,6 +165,21 @@ def check_routers(done, check: Store, stream) -> dict:
                              f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
                              f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe\n")
     return out
+
+
+def _without_retired(table, stream, step: str = "route"):
+    """The table without the variants the store measured that are no longer registered (one split
+    into launch configurations, say): a router naming one would hand its region to the next in the
+    chain, chosen on the retired code's times. Where a kernel module failed to import here, a missing
+    name may be a variant that did not load: nothing is left out then."""
+    if registry.import_failures():
+        return table
+    known = {v.name for v in registry.variants(table.definition)}
+    retired = sorted(n for n in table.hashes if n not in known and n != table.baseline)
+    for name in retired:
+        stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: no longer registered; "
+                     "its measurements are left out\n")
+    return table.without(retired) if retired else table
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:
