@@ -210,6 +210,7 @@ class Dispatcher:
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._seen_once: dict = {}  # first tensors' shapes that had a one-off decision (keys only)
+        self._gives_back: dict = {}  # (arch, mode, strided, *axes) -> whether plugins give the call back
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._copies: dict = {}  # variant name -> it on contiguous copies of strided views
@@ -475,12 +476,22 @@ class Dispatcher:
 
     def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
         """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to
-        the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?"""
-        return self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode)
+        the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?
+        Remembered per shape (a plugin asks on every call, before building one: the router and the
+        fallback chain cost more than the rest of a handed-back call), forgotten as the decisions are."""
+        key = (arch, mode, strided, *axes.items())
+        back = self._gives_back.get(key)
+        if back is None:
+            back = self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode)
+            self._gives_back[key] = back
+            if len(self._gives_back) > MAX_SEEN_ONCE:
+                del self._gives_back[next(iter(self._gives_back))]
+        return back
 
     def reset(self) -> None:
         self._entries.clear()
         self._seen_once.clear()
+        self._gives_back.clear()
         self._last = None  # the entry of the previous call (a fast path; always guarded)
         self._failed.clear()
         self._copies.clear()
@@ -494,6 +505,7 @@ class Dispatcher:
         if failed.name.split(CONTIGUOUS_COPIES)[0] == base.name:
             raise exc
         self._failed.add((failed.name.split(CONTIGUOUS_COPIES)[0], e.arch, e.axes))
+        self._gives_back.clear()  # a shape whose variant failed may now go back
         e.set(self.choose(e.arch, dict(e.axes), strided=e.strided), self.choose(e.arch, dict(e.axes), "eager", e.strided))
         nxt = (e.eager or e.variant) if eager else e.variant
         to_base = nxt.name.split(CONTIGUOUS_COPIES)[0] == base.name

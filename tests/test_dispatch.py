@@ -270,3 +270,27 @@ def test_a_handed_back_new_shape_is_given_back_before_any_check(fake):
         with pytest.raises(ValueError, match="'A_log'"):
             kdispatch.ops.gdn_decode(*bad)
     assert calls == [] and not d._entries
+
+
+def test_a_plugins_question_is_answered_once_per_shape_until_the_decisions_are_forgotten(fake):
+    """`gives_back` (asked by engine plugins before every call) is remembered per shape and mode, and
+    forgotten with the dispatcher's decisions: a new router, a variant that raised."""
+    calls, behaviour = fake
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    asked = []
+    d.set_router("cpu", lambda batch_size: asked.append(batch_size) or "fake_cpu",
+                 hand_back=lambda batch_size: batch_size <= 4)
+    assert d.gives_back("cpu", {"batch_size": 2}) and not d.gives_back("cpu", {"batch_size": 8})
+    n = len(asked)
+    assert d.gives_back("cpu", {"batch_size": 2}) and not d.gives_back("cpu", {"batch_size": 8})
+    assert len(asked) == n, "remembered"
+    behaviour["raise"] = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            kdispatch.ops.gdn_decode(*decode_args(8))
+    n = len(asked)
+    d.gives_back("cpu", {"batch_size": 8})
+    assert len(asked) > n, "its variant raised: asked again"
+    d.set_router("cpu", lambda batch_size: "fake_cpu")
+    assert not d.gives_back("cpu", {"batch_size": 2}), "a new router: asked again"

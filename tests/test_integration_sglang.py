@@ -246,9 +246,13 @@ def test_extend_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels
     asked = []
     monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
     monkeypatch.setattr(pool_prefill, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
+    d.reset()  # the answer is remembered per shape
     sg, kw, _ = sglang_extend_call(total=40, seqs=4, slots=7)
     passed = plugin.EXTEND_STATS["passed"]
-    assert plugin.extend_hook(lambda self, *a, **k: "sglang", None, *sg, **kw) == "sglang"
-    assert plugin.EXTEND_STATS["passed"] == passed + 1
-    assert asked == [{"total_seq_len": 40, "num_seqs": 4, "len_cu_seqlens": 5, "num_slots": 7}]
+    for _ in range(2):
+        assert plugin.extend_hook(lambda self, *a, **k: "sglang", None, *sg, **kw) == "sglang"
+    assert plugin.EXTEND_STATS["passed"] == passed + 2
+    assert asked == [{"total_seq_len": 40, "num_seqs": 4, "len_cu_seqlens": 5, "num_slots": 7}], \
+        "asked once: the second call's answer is remembered"
     assert list(asked[0]) == d.checker.var_axes, "the definition's variable axes, as its router takes them"
+    d.reset()
