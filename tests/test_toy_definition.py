@@ -170,3 +170,24 @@ def test_a_variant_no_longer_registered_is_left_out_of_the_fit(tmp_path, toy):
     flows.compile_all(measured, tmp_path / "retired", "cpu", ["toy_scale"], stream=said)
     assert "toy_fast" not in (tmp_path / "retired" / "cpu" / f"{NAME}.py").read_text()
     assert "[route] warning: toy_scale toy_fast: no longer registered" in said.getvalue()
+
+
+def test_workloads_a_measured_variant_lacks_are_left_out_of_the_fit(tmp_path, toy):
+    """A tune cut short leaves a variant unmeasured on some workloads; fitted on, only the baseline
+    (here the reference) would be admissible there. `route` leaves those workloads out and says so."""
+    import io
+
+    traces = tmp_path / "traces" / "workloads" / "toy"
+    traces.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
+    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = tmp_path / "store" / "cpu.sqlite"
+    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
+               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
+    measured = Store.open(store)
+    measured.db.execute("DELETE FROM result WHERE variant = 'toy_fast' AND uuid IN ('toy-8', 'toy-32')")
+    said = io.StringIO()
+    flows.compile_all(measured, tmp_path / "cut", "cpu", ["toy_scale"], stream=said)
+    assert "return 'toy_fast'" in (tmp_path / "cut" / "cpu" / f"{NAME}.py").read_text()
+    assert "[route] warning: toy_scale: 2 workload(s) left out" in said.getvalue()

@@ -136,7 +136,7 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
-            table = _without_retired(table, stream)
+            table = _without_unmeasured(_without_retired(table, stream), stream)
             _warn_stale(table, stream)
             policy = fitting.fit(table, params)
             path = codegen.write(policy, out)
@@ -153,7 +153,7 @@ def check_routers(done, check: Store, stream) -> dict:
         t = fitting.load_table(check, d, policy.arch)
         if t is None:
             continue
-        t = _without_retired(t, stream, "check")
+        t = _without_unmeasured(_without_retired(t, stream, "check"), stream, "check")
         out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
         stale = _warn_stale(t, stream, "check")
         if stale:  # the check scores these variants' old code: the JSON says so
@@ -180,6 +180,24 @@ def _without_retired(table, stream, step: str = "route"):
         stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: no longer registered; "
                      "its measurements are left out\n")
     return table.without(retired) if retired else table
+
+
+def _without_unmeasured(table, stream, step: str = "route"):
+    """The table without the workloads where a variant it measured elsewhere has no row although it
+    takes the shape (a tune cut short, a workload added since, one of an earlier coverage set measured
+    only by the variants of its day): fitted on, only the baseline would be admissible there, and a
+    missing baseline row is imputed. The reference counts only where it is the baseline (elsewhere
+    the tuner measures it only as the gate's oracle)."""
+    gone = set()
+    for name in table.hashes:
+        if name == registry.REFERENCE and name != table.baseline:
+            continue
+        v = registry.get(table.definition, name)
+        gone |= {u for u in table.uuids if (name, u) not in table.rows and v.declines(dict(table.axes[u])) is None}
+    if gone:
+        stream.write(f"[{step}] warning: {defs.get(table.definition).short}: {len(gone)} workload(s) left out, a "
+                     "variant that takes them not measured there (re-run `kdispatch tune` for those in the sets)\n")
+    return table.subset([u for u in table.uuids if u not in gone]) if gone else table
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:
