@@ -149,20 +149,25 @@ def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, m
     assert "[check] warning: toy_scale toy_fast: provenance changed" in said.getvalue()
 
 
+def tuned(tmp_path, sizes) -> Store:
+    """The toy definition tuned on the CPU over workloads of these row counts: its store."""
+    traces = tmp_path / "traces" / "workloads" / "toy"
+    traces.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in sizes]
+    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = tmp_path / "store" / "cpu.sqlite"
+    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
+               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
+    return Store.open(store)
+
+
 def test_a_variant_no_longer_registered_is_left_out_of_the_fit(tmp_path, toy):
     """The store keeps a retired variant's rows (one split into launch configurations, say); a router
     naming it could not serve it, so `route` leaves them out and says so."""
     import io
 
-    traces = tmp_path / "traces" / "workloads" / "toy"
-    traces.mkdir(parents=True)
-    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
-    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    store = tmp_path / "store" / "cpu.sqlite"
-    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
-               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
-    measured = Store.open(store)
+    measured = tuned(tmp_path, (1, 3, 8, 32))
     flows.compile_all(measured, tmp_path / "kept", "cpu", ["toy_scale"], stream=io.StringIO())
     assert "return 'toy_fast'" in (tmp_path / "kept" / "cpu" / f"{NAME}.py").read_text()
     registry.unregister(NAME, "toy_fast")
@@ -177,15 +182,7 @@ def test_workloads_a_measured_variant_lacks_are_left_out_of_the_fit(tmp_path, to
     (here the reference) would be admissible there. `route` leaves those workloads out and says so."""
     import io
 
-    traces = tmp_path / "traces" / "workloads" / "toy"
-    traces.mkdir(parents=True)
-    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
-    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    store = tmp_path / "store" / "cpu.sqlite"
-    flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
-               out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
-    measured = Store.open(store)
+    measured = tuned(tmp_path, (1, 3, 8, 32))
     measured.db.execute("DELETE FROM result WHERE variant = 'toy_fast' AND uuid IN ('toy-8', 'toy-32')")
     said = io.StringIO()
     flows.compile_all(measured, tmp_path / "cut", "cpu", ["toy_scale"], stream=said)
