@@ -16,7 +16,7 @@ import triton
 from triton.testing import do_bench_cudagraph
 
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import pool_prefill_name
+from kdispatch.definitions.gdn.names import pool_prefill_name
 from kdispatch.kernels.triton.gdn import prefill_chunked as C
 from kdispatch.workloads import materialize
 

@@ -23,7 +23,7 @@ import torch
 
 import kdispatch
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name, verify_name, verify_steps_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name, verify_name, verify_steps_name
 from kdispatch.workloads import materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)

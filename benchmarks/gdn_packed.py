@@ -27,7 +27,7 @@ import torch
 
 import kdispatch
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name
 from kdispatch.workloads import materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)

@@ -1,7 +1,8 @@
 # Source on the GPU machine (after shared/device's gpu-setup.sh): puts kdispatch on the path even when
 # the offline image cannot `pip install -e .`, by linking the mapped folders into the package.
 . /tmp/kd-site/env.sh
-if ! python -c "import kdispatch.kernels, kdispatch.tuner, kdispatch.routers" 2>/dev/null; then
+# -P: the check must not find the package through the current folder, which scripts under benchmarks/ do not see
+if ! python -P -c "import kdispatch.kernels, kdispatch.tuner, kdispatch.routers" 2>/dev/null; then
   for d in kernels routers tuner; do [ -e kdispatch/$d ] || ln -s ../$d kdispatch/$d; done
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi

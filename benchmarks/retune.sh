@@ -26,6 +26,8 @@
 # Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
 # carried twin older than its sqlite merges in harmlessly (per key, the later measurement wins).
+# Every call copies the working tree afresh, so the routers a tune wrote there are gone by the next call:
+# extract its archive here and refit (`kdispatch route`) before `check`, `contest` or `layer` measure them.
 set -u
 . benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/kd-out}

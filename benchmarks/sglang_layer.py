@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
 from kdispatch.integrations import sglang as plugin
 from kdispatch.tuner import timing
 from kdispatch.workloads import materialize

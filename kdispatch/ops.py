@@ -23,8 +23,8 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
-from kdispatch.definitions.gdn.spec import (PACKED_HEADS, packed_name, pool_prefill_name, verify_name,
-                                           verify_steps_name)
+from kdispatch.definitions.gdn.names import (PACKED_HEADS, packed_name, pool_prefill_name, verify_name,
+                                            verify_steps_name)
 from kdispatch.dispatch import Dispatcher
 
 # the engine-convention GDN definitions, one per TP degree: value heads -> definition

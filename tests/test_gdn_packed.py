@@ -7,7 +7,7 @@ import torch
 
 import kdispatch
 from kdispatch import definitions, registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS
+from kdispatch.definitions.gdn.names import PACKED_HEADS
 from kdispatch.references import gdn_decode as contest
 from kdispatch.references import gdn_decode_packed as packed
 from kdispatch.workloads import materialize

@@ -138,8 +138,7 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
             steps += 1
         for i in range(steps):
             add({names[0]: _log_value(lo, hi, i / max(steps - 1, 1))})
-        return out
-    if which == "coverage":
+    elif which == "coverage":
         for corner in range(2 ** len(names)):
             add({n: coverage.ranges[n][(corner >> k) & 1] for k, n in enumerate(names)})
     tries = 0

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kdispatch import definitions
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 
 CHUNK = 64
 

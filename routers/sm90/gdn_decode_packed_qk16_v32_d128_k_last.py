@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:09:08Z
-# workloads   16 (workload-set digest 7bca5c58c910b5da)
+# measured    up to 2026-11-26T11:05:03Z
+# workloads   23 (workload-set digest fefd4a2ff7c91cbb)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
-#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.00x
-#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.05x
-#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.03x
-#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.00x
-#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.08x
-#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.07x
-#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.95x
-#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.09x
-#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.11x
-#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.08x
-#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.10x
+#   sglang_packed_decode         4b597280e7578794  23/23  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  0.97x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.04x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.02x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  0.98x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.07x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.06x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.95x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.08x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.09x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.07x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.09x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,54 +38,60 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.60% mean, 5.30% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.34% mean, 3.14% max;
 #             1.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.29% mean, 12.90% max;
-#             1.274x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.44% mean, 38.48% max;
+#             1.264x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 18: cuda_decode_pool_rows.r4cs, 7 workloads, 1.27x (1.03x .. 1.71x) over sglang_packed_decode
-#   2. 18 < batch_size <= 59: cuda_decode_pool_rows.r8cs, 3 workloads, 1.06x (1.03x .. 1.09x) over sglang_packed_decode
-#   3. batch_size > 59: sglang_packed_decode (baseline), 6 workloads
+#   1. batch_size <= 56: cuda_decode_pool_rows.r4cs, 14 workloads, 1.18x (1.03x .. 1.70x) over sglang_packed_decode
+#   2. batch_size > 56: sglang_packed_decode (baseline), 9 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 2.89x (2.84x .. 2.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
-#   2. 3 < batch_size <= 12: cuda_decode_pool_rows.r2, 3 workloads, 2.30x (2.13x .. 2.48x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4
-#   3. batch_size > 12: cuda_decode_pool_rows.r8, 10 workloads, 1.39x (1.06x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs
+#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 3.05x (2.86x .. 3.27x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
+#   2. 3 < batch_size <= 32: cuda_decode_pool_rows.r8cs, 9 workloads, 2.31x (1.65x .. 3.50x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   3. 32 < batch_size <= 245: cuda_decode_pool_rows.r8, 8 workloads, 1.34x (1.15x .. 1.66x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
+#   4. batch_size > 245: cuda_decode_pool_rows.r8, 3 workloads, 1.12x (1.08x .. 1.15x) over sglang_packed_decode's guarded call; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs; engine plugins keep the engine's kernel (`hand_back`)
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 18)}, 'workloads': 7, 'speedup': (1.03, 1.27, 1.71), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (18, 59)}, 'workloads': 3, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (59, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 56)}, 'workloads': 14, 'speedup': (1.03, 1.18, 1.7), 'fallbacks': ()},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.84, 2.89, 2.94), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 12)}, 'workloads': 3, 'speedup': (2.13, 2.3, 2.48), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.06, 1.39, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.86, 3.05, 3.27), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 32)}, 'workloads': 9, 'speedup': (1.65, 2.31, 3.5), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, 245)}, 'workloads': 8, 'speedup': (1.15, 1.34, 1.66), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.08, 1.12, 1.15), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs'), 'hand_back': True},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, num_slots):
-    # region 1: 7 workloads, 1.27x (1.03x .. 1.71x) over sglang_packed_decode
-    if batch_size <= 18:
+    # region 1: 14 workloads, 1.18x (1.03x .. 1.70x) over sglang_packed_decode
+    if batch_size <= 56:
         return 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.06x (1.03x .. 1.09x) over sglang_packed_decode
-    if 18 < batch_size <= 59:
-        return 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.89x (2.84x .. 2.94x) over sglang_packed_decode
+    # region 1: 3 workloads, 3.05x (2.86x .. 3.27x) over sglang_packed_decode
     if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 2.30x (2.13x .. 2.48x) over sglang_packed_decode
-    if 3 < batch_size <= 12:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 10 workloads, 1.39x (1.06x .. 2.02x) over sglang_packed_decode
-    if batch_size > 12:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8'
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 9 workloads, 2.31x (1.65x .. 3.50x) over sglang_packed_decode
+    if 3 < batch_size <= 32:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 3: 8 workloads, 1.34x (1.15x .. 1.66x) over sglang_packed_decode
+    if 32 < batch_size <= 245:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 4: 3 workloads, 1.12x (1.08x .. 1.15x) over sglang_packed_decode's guarded call
+    if batch_size > 245:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
+
+
+def hand_back_eager(batch_size, num_slots):
+    if batch_size > 245:  # region 4
+        return True
+    return False

@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:09:21Z
-# workloads   16 (workload-set digest 113743e9659b4333)
+# measured    up to 2026-11-26T11:05:17Z
+# workloads   23 (workload-set digest ce43aa87cdef1c11)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
-#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.16x
-#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.12x
-#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.12x
-#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.19x
-#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.25x
-#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.22x
-#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.96x
-#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.25x
-#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.27x
-#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.18x
-#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.24x
+#   sglang_packed_decode         4b597280e7578794  23/23  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.14x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.12x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.10x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.17x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.23x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.21x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.23x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.26x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.17x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.23x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,44 +38,70 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.60% mean, 3.62% max;
-#             1.047x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.33% mean, 30.32% max;
-#             1.699x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.36% mean, 3.03% max;
+#             1.055x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.86% mean, 48.49% max;
+#             1.894x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 193: cuda_decode_pool_rows.r4cs, 13 workloads, 1.35x (1.03x .. 1.95x) over sglang_packed_decode
-#   2. batch_size > 193: sglang_packed_decode (baseline), 3 workloads
+#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 16 workloads, 1.39x (1.04x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r2
+#   2. 88 < batch_size <= 193: cuda_decode_pool_rows.r8cs, 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8
+#   3. batch_size > 193: sglang_packed_decode (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 131: cuda_decode_pool_rows.r4cs, 12 workloads, 2.60x (1.72x .. 3.23x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
-#   2. batch_size > 131: cuda_decode_pool_rows.r8, 4 workloads, 1.35x (1.18x .. 1.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 3.61x (3.01x .. 4.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
+#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r8, 3 workloads, 2.97x (2.74x .. 3.33x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
+#   3. 8 < batch_size <= 19: cuda_decode_pool_rows.r1cs, 3 workloads, 3.83x (3.51x .. 4.15x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs
+#   4. 19 < batch_size <= 40: cuda_decode_pool_rows.r2, 3 workloads, 2.28x (1.87x .. 2.81x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs
+#   5. 40 < batch_size <= 117: cuda_decode_pool_rows.r4cs, 4 workloads, 2.28x (1.92x .. 2.90x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs
+#   6. batch_size > 117: cuda_decode_pool_rows.r4, 6 workloads, 1.49x (1.16x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 193)}, 'workloads': 13, 'speedup': (1.03, 1.35, 1.95), 'fallbacks': ()},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 16, 'speedup': (1.04, 1.39, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r2',)},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (88, 193)}, 'workloads': 3, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8')},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 131)}, 'workloads': 12, 'speedup': (1.72, 2.6, 3.23), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (131, None)}, 'workloads': 4, 'speedup': (1.18, 1.35, 1.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (3.01, 3.61, 4.83), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (2.74, 2.97, 3.33), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (8, 19)}, 'workloads': 3, 'speedup': (3.51, 3.83, 4.15), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (19, 40)}, 'workloads': 3, 'speedup': (1.87, 2.28, 2.81), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.92, 2.28, 2.9), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs')},
+    {'region': 6, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.16, 1.49, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, num_slots):
-    # region 1: 13 workloads, 1.35x (1.03x .. 1.95x) over sglang_packed_decode
-    if batch_size <= 193:
-        return 'cuda_decode_pool_rows.r4cs'
+    inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
+    # region 1: 16 workloads, 1.39x (1.04x .. 2.02x) over sglang_packed_decode
+    if batch_size <= 88:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode
+    if 88 < batch_size <= 193:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8') if inside else 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 2.60x (1.72x .. 3.23x) over sglang_packed_decode
-    if batch_size <= 131:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 4 workloads, 1.35x (1.18x .. 1.55x) over sglang_packed_decode
-    if batch_size > 131:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r8'
+    # region 1: 4 workloads, 3.61x (3.01x .. 4.83x) over sglang_packed_decode
+    if batch_size <= 4:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4'
+    # region 2: 3 workloads, 2.97x (2.74x .. 3.33x) over sglang_packed_decode
+    if 4 < batch_size <= 8:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 3 workloads, 3.83x (3.51x .. 4.15x) over sglang_packed_decode
+    if 8 < batch_size <= 19:
+        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r1cs'
+    # region 4: 3 workloads, 2.28x (1.87x .. 2.81x) over sglang_packed_decode
+    if 19 < batch_size <= 40:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
+    # region 5: 4 workloads, 2.28x (1.92x .. 2.90x) over sglang_packed_decode
+    if 40 < batch_size <= 117:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 6: 6 workloads, 1.49x (1.16x .. 2.02x) over sglang_packed_decode
+    if batch_size > 117:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4'
     return 'sglang_packed_decode'

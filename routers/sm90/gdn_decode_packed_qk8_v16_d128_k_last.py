@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:09:32Z
-# workloads   16 (workload-set digest 2caf6dc86863d0b0)
+# measured    up to 2026-11-26T11:05:29Z
+# workloads   23 (workload-set digest abf0edcf0bfee28e)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         bc05627cc4e688de  16/16  1.00x
-#   cuda_decode_pool_rows.r1     c23b55e68642ee49  16/16  1.07x
-#   cuda_decode_pool_rows.r16    29bf98a242ed38b2  16/16  1.09x
-#   cuda_decode_pool_rows.r16cs  6339a6c930cc6d83  16/16  1.07x
-#   cuda_decode_pool_rows.r1cs   dcb7bf3407e546ea  16/16  1.10x
-#   cuda_decode_pool_rows.r2     d40eb73001d9b0d1  16/16  1.16x
-#   cuda_decode_pool_rows.r2cs   b243181886419bd2  16/16  1.15x
-#   cuda_decode_pool_rows.r32cs  6470882df6e2d7af  16/16  0.97x
-#   cuda_decode_pool_rows.r4     74e926a07f799233  16/16  1.17x
-#   cuda_decode_pool_rows.r4cs   69d3d16592005808  16/16  1.19x
-#   cuda_decode_pool_rows.r8     1764b6ec2e443043  16/16  1.13x
-#   cuda_decode_pool_rows.r8cs   7c4657f3e5d997f9  16/16  1.17x
+#   sglang_packed_decode         4b597280e7578794  23/23  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.05x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.08x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.06x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.07x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.15x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.13x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.15x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.17x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.12x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.16x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,26 +38,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.61% mean, 4.45% max;
-#             1.022x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.67% mean, 50.86% max;
-#             1.464x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.19% mean, 1.80% max;
+#             1.025x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.10% mean, 24.80% max;
+#             1.525x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 11 workloads, 1.30x (1.04x .. 1.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   2. batch_size > 88: sglang_packed_decode (baseline), 5 workloads
+#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 16 workloads, 1.27x (1.04x .. 1.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
+#   2. batch_size > 88: sglang_packed_decode (baseline), 7 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 12: cuda_decode_pool_rows.r2, 6 workloads, 3.06x (2.52x .. 5.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
-#   2. batch_size > 12: cuda_decode_pool_rows.r8cs, 10 workloads, 1.59x (1.10x .. 2.50x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
+#   1. batch_size <= 3: cuda_decode_pool_rows.r8cs, 3 workloads, 3.35x (3.02x .. 4.06x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs
+#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r2, 3 workloads, 2.96x (2.56x .. 3.45x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs
+#   3. 7 < batch_size <= 32: cuda_decode_pool_rows.r4, 6 workloads, 2.45x (1.94x .. 3.34x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1
+#   4. batch_size > 32: cuda_decode_pool_rows.r8, 11 workloads, 1.46x (1.08x .. 1.88x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 11, 'speedup': (1.04, 1.3, 1.85), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 16, 'speedup': (1.04, 1.27, 1.85), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 12)}, 'workloads': 6, 'speedup': (2.52, 3.06, 5.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, None)}, 'workloads': 10, 'speedup': (1.1, 1.59, 2.5), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (3.02, 3.35, 4.06), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (2.56, 2.96, 3.45), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 32)}, 'workloads': 6, 'speedup': (1.94, 2.45, 3.34), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 11, 'speedup': (1.08, 1.46, 1.88), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -65,7 +69,7 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 1.30x (1.04x .. 1.85x) over sglang_packed_decode
+    # region 1: 16 workloads, 1.27x (1.04x .. 1.85x) over sglang_packed_decode
     if batch_size <= 88:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
     return 'sglang_packed_decode'
@@ -73,10 +77,16 @@ def route(batch_size, num_slots):
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 3.06x (2.52x .. 5.55x) over sglang_packed_decode
-    if batch_size <= 12:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 2: 10 workloads, 1.59x (1.10x .. 2.50x) over sglang_packed_decode
-    if batch_size > 12:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 1: 3 workloads, 3.35x (3.02x .. 4.06x) over sglang_packed_decode
+    if batch_size <= 3:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 2: 3 workloads, 2.96x (2.56x .. 3.45x) over sglang_packed_decode
+    if 3 < batch_size <= 7:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs') if inside else 'cuda_decode_pool_rows.r2'
+    # region 3: 6 workloads, 2.45x (1.94x .. 3.34x) over sglang_packed_decode
+    if 7 < batch_size <= 32:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r4'
+    # region 4: 11 workloads, 1.46x (1.08x .. 1.88x) over sglang_packed_decode
+    if batch_size > 32:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

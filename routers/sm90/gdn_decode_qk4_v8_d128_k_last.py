@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T17:11:33Z
-# workloads   94 (workload-set digest dc44be5543f059ca)
+# measured    up to 2026-11-26T11:04:55Z
+# workloads   99 (workload-set digest 232f0fb8833a6507)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                  933ca35088666964  94/94  1.00x
-#   cuda_decode_warp_rows.r1    0c477859a26c7c31  94/94  1.26x
-#   cuda_decode_warp_rows.r1cs  bc61a75e9487fab7  94/94  1.30x
-#   cuda_decode_warp_rows.r2    b50b86cfac64999b  94/94  1.24x
-#   cuda_decode_warp_rows.r2cs  219b912bfeba8a87  94/94  1.30x
-#   cuda_decode_warp_rows.r4    0a8377e43970e30a  94/94  1.25x
-#   cuda_decode_warp_rows.r4cs  8cf9e8cd98669025  94/94  1.29x
-#   cuda_decode_warp_rows.r8    b8378bfce4d1a9fa  94/94  1.25x
-#   cuda_decode_warp_rows.r8cs  d4c2ce0f6fffcb23  94/94  1.29x
-#   fla_fused_recurrent         947bf4f5255a9c1d  94/94  0.72x
+#   flashinfer                  933ca35088666964  99/99  1.00x
+#   cuda_decode_warp_rows.r1    e5afd561d9c826f5  99/99  1.24x
+#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  99/99  1.29x
+#   cuda_decode_warp_rows.r2    9315130556d38308  99/99  1.23x
+#   cuda_decode_warp_rows.r2cs  fc925e5c76a947ee  99/99  1.29x
+#   cuda_decode_warp_rows.r4    f8066e6362d40cc4  99/99  1.24x
+#   cuda_decode_warp_rows.r4cs  5c39c62bb20df179  99/99  1.28x
+#   cuda_decode_warp_rows.r8    8a98854d236b876e  99/99  1.24x
+#   cuda_decode_warp_rows.r8cs  32bb8276e2b2a649  99/99  1.28x
+#   fla_fused_recurrent         947bf4f5255a9c1d  99/99  0.72x
 #   reference                   5a09af6b07ce4345  94/94  0.14x
-#   triton_decode_splitv        3bd9f75d107db99a  94/94  1.28x
+#   triton_decode_splitv        3bd9f75d107db99a  99/99  1.27x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
 #   cuda_decode_warp_rows.r1cs  rows=1 cs=True
@@ -35,48 +35,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.51% mean, 8.45% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.63% mean, 10.79% max;
 #             1.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.98% mean, 147.00% max;
-#             1.491x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.39% mean, 103.37% max;
+#             1.591x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 7: cuda_decode_warp_rows.r1cs, 25 workloads, 1.78x (1.46x .. 1.99x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   2. 7 < batch_size <= 53: cuda_decode_warp_rows.r8cs, 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
-#   3. 53 < batch_size <= 604: triton_decode_splitv, 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   4. batch_size > 604: flashinfer (baseline), 4 workloads
+#   1. batch_size <= 48: cuda_decode_warp_rows.r2cs, 66 workloads, 1.42x (1.11x .. 1.95x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
+#   2. 48 < batch_size <= 604: triton_decode_splitv, 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   3. batch_size > 604: flashinfer (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 1: cuda_decode_warp_rows.r2, 11 workloads, 2.06x (1.19x .. 3.68x) over flashinfer; then cuda_decode_warp_rows.r1
-#   2. 1 < batch_size <= 6: cuda_decode_warp_rows.r1cs, 13 workloads, 2.21x (1.56x .. 3.42x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4cs
-#   3. 6 < batch_size <= 10: cuda_decode_warp_rows.r8cs, 10 workloads, 1.90x (1.64x .. 2.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4
-#   4. 10 < batch_size <= 15: cuda_decode_warp_rows.r2cs, 3 workloads, 1.90x (1.78x .. 2.00x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs
-#   5. 15 < batch_size <= 16: flashinfer (baseline), 7 workloads
-#   6. 16 < batch_size <= 39: cuda_decode_warp_rows.r2cs, 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
-#   7. 39 < batch_size <= 48: cuda_decode_warp_rows.r1cs, 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
-#   8. 48 < batch_size <= 65: cuda_decode_warp_rows.r1, 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
-#   9. 65 < batch_size <= 115: cuda_decode_warp_rows.r1cs, 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, triton_decode_splitv
-#   10. 115 < batch_size <= 447: cuda_decode_warp_rows.r2cs, 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
-#   11. batch_size > 447: cuda_decode_warp_rows.r1cs, 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   1. batch_size <= 2: cuda_decode_warp_rows.r8, 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
+#   2. 2 < batch_size <= 4: cuda_decode_warp_rows.r1, 10 workloads, 2.34x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
+#   3. 4 < batch_size <= 7: cuda_decode_warp_rows.r8cs, 3 workloads, 3.26x (2.91x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
+#   4. 7 < batch_size <= 11: cuda_decode_warp_rows.r2cs, 10 workloads, 1.90x (1.29x .. 2.26x) over flashinfer; then cuda_decode_warp_rows.r2
+#   5. 11 < batch_size <= 99: cuda_decode_warp_rows.r8cs, 45 workloads, 2.01x (1.23x .. 3.47x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   6. 99 < batch_size <= 331: cuda_decode_warp_rows.r1cs, 10 workloads, 1.45x (1.25x .. 1.90x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs
+#   7. 331 < batch_size <= 535: cuda_decode_warp_rows.r2cs, 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
+#   8. batch_size > 535: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 7)}, 'workloads': 25, 'speedup': (1.46, 1.78, 1.99), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 53)}, 'workloads': 41, 'speedup': (1.12, 1.25, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
-    {'region': 3, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (53, 604)}, 'workloads': 24, 'speedup': (1.03, 1.08, 1.11), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (None, 48)}, 'workloads': 66, 'speedup': (1.11, 1.42, 1.95), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
+    {'region': 2, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (48, 604)}, 'workloads': 29, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (None, 1)}, 'workloads': 11, 'speedup': (1.19, 2.06, 3.68), 'fallbacks': ('cuda_decode_warp_rows.r1',)},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (1, 6)}, 'workloads': 13, 'speedup': (1.56, 2.21, 3.42), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (6, 10)}, 'workloads': 10, 'speedup': (1.64, 1.9, 2.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (10, 15)}, 'workloads': 3, 'speedup': (1.78, 1.9, 2.0), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (15, 16)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (16, 39)}, 'workloads': 13, 'speedup': (1.35, 1.82, 2.06), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (39, 48)}, 'workloads': 8, 'speedup': (1.32, 1.74, 2.34), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (48, 65)}, 'workloads': 10, 'speedup': (1.49, 1.76, 2.18), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (65, 115)}, 'workloads': 4, 'speedup': (1.43, 1.69, 2.2), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv')},
-    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (115, 447)}, 'workloads': 9, 'speedup': (1.09, 1.32, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
-    {'region': 11, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (447, None)}, 'workloads': 6, 'speedup': (1.11, 1.18, 1.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.35, 1.97, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (2, 4)}, 'workloads': 10, 'speedup': (1.28, 2.34, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (4, 7)}, 'workloads': 3, 'speedup': (2.91, 3.26, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (7, 11)}, 'workloads': 10, 'speedup': (1.29, 1.9, 2.26), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 99)}, 'workloads': 45, 'speedup': (1.23, 2.01, 3.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (99, 331)}, 'workloads': 10, 'speedup': (1.25, 1.45, 1.9), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (331, 535)}, 'workloads': 4, 'speedup': (1.09, 1.19, 1.35), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (535, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -84,48 +76,39 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 25 workloads, 1.78x (1.46x .. 1.99x) over flashinfer
-    if batch_size <= 7:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 2: 41 workloads, 1.25x (1.12x .. 1.47x) over flashinfer
-    if 7 < batch_size <= 53:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 3: 24 workloads, 1.08x (1.03x .. 1.11x) over flashinfer
-    if 53 < batch_size <= 604:
+    # region 1: 66 workloads, 1.42x (1.11x .. 1.95x) over flashinfer
+    if batch_size <= 48:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 2: 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
+    if 48 < batch_size <= 604:
         return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 2.06x (1.19x .. 3.68x) over flashinfer
-    if batch_size <= 1:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r2'
-    # region 2: 13 workloads, 2.21x (1.56x .. 3.42x) over flashinfer
-    if 1 < batch_size <= 6:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 3: 10 workloads, 1.90x (1.64x .. 2.47x) over flashinfer
-    if 6 < batch_size <= 10:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 4: 3 workloads, 1.90x (1.78x .. 2.00x) over flashinfer
-    if 10 < batch_size <= 15:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 6: 13 workloads, 1.82x (1.35x .. 2.06x) over flashinfer
-    if 16 < batch_size <= 39:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 7: 8 workloads, 1.74x (1.32x .. 2.34x) over flashinfer
-    if 39 < batch_size <= 48:
-        return 'cuda_decode_warp_rows.r1cs'
-    # region 8: 10 workloads, 1.76x (1.49x .. 2.18x) over flashinfer
-    if 48 < batch_size <= 65:
-        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
-    # region 9: 4 workloads, 1.69x (1.43x .. 2.20x) over flashinfer
-    if 65 < batch_size <= 115:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 10: 9 workloads, 1.32x (1.09x .. 1.84x) over flashinfer
-    if 115 < batch_size <= 447:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 11: 6 workloads, 1.18x (1.11x .. 1.28x) over flashinfer
-    if batch_size > 447:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 1: 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer
+    if batch_size <= 2:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
+    # region 2: 10 workloads, 2.34x (1.28x .. 3.73x) over flashinfer
+    if 2 < batch_size <= 4:
+        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
+    # region 3: 3 workloads, 3.26x (2.91x .. 3.73x) over flashinfer
+    if 4 < batch_size <= 7:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 4: 10 workloads, 1.90x (1.29x .. 2.26x) over flashinfer
+    if 7 < batch_size <= 11:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 5: 45 workloads, 2.01x (1.23x .. 3.47x) over flashinfer
+    if 11 < batch_size <= 99:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 6: 10 workloads, 1.45x (1.25x .. 1.90x) over flashinfer
+    if 99 < batch_size <= 331:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 7: 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer
+    if 331 < batch_size <= 535:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 8: 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer
+    if batch_size > 535:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:08:47Z
-# workloads   16 (workload-set digest a173f90013288ff2)
+# measured    up to 2026-11-26T12:55:04Z
+# workloads   36 (workload-set digest 2a4f069fd93a8586)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      add1e655e6d58061  16/16  1.00x
-#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  11/11  1.00x
-#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  11/11  1.08x
-#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  11/11  0.56x
-#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  11/11  1.25x
-#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  11/11  1.24x
-#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  11/11  1.24x
-#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  11/11  1.27x
-#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  11/11  1.18x
-#   cuda_prefill_pool_rows.k8c8    231724ace8030011  11/11  1.27x
-#   triton_prefill_chunked.v16     79c5d18fff537ae6  16/16  0.75x
-#   triton_prefill_chunked.v64     e458f95817acf6d9  16/16  0.85x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  31/31  0.50x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  31/31  0.51x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  31/31  0.32x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  31/31  0.65x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  31/31  0.65x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  31/31  0.65x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  31/31  0.62x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  31/31  0.60x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  31/31  0.62x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  0.71x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  0.81x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,32 +38,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 17.30% mean, 219.99% max;
-#             1.136x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.77% mean, 93.48% max;
-#             1.278x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.33% mean, 90.21% max;
+#             1.007x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 28.13% mean, 265.50% max;
+#             1.001x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 230 and num_seqs <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 6.97x (2.18x .. 12.78x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 550 and num_seqs > 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.64x (3.20x .. 4.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len > 550: sglang_flashinfer_prefill (baseline), 10 workloads
+#   1. total_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. 20 < total_seq_len <= 87: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.00x (2.54x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   3. 87 < total_seq_len <= 391: triton_prefill_chunked.v64, 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. total_seq_len > 391 and mean_seq_len <= 35: triton_prefill_chunked.v64, 6 workloads, 1.21x (1.04x .. 1.39x) over sglang_flashinfer_prefill
+#   5. total_seq_len > 391 and mean_seq_len > 35: sglang_flashinfer_prefill (baseline), 21 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 29: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.80x (5.50x .. 15.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. 29 < total_seq_len <= 550: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.14x (3.30x .. 5.47x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 550 < total_seq_len <= 1726: triton_prefill_chunked.v64, 3 workloads, 1.46x (1.28x .. 1.66x) over sglang_flashinfer_prefill
-#   4. total_seq_len > 1726: sglang_flashinfer_prefill (baseline), 7 workloads
+#   1. total_seq_len <= 392 and num_seqs <= 3: cuda_prefill_pool_rows.k4c16, 4 workloads, 8.84x (4.19x .. 19.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20: triton_prefill_chunked.v64, 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16
+#   3. total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 6 workloads, 6.09x (2.66x .. 18.58x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 392 < total_seq_len <= 1781 and num_seqs <= 3: triton_prefill_chunked.v16, 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. total_seq_len > 1781 and mean_seq_len <= 68: triton_prefill_chunked.v64, 3 workloads, 1.29x (1.06x .. 1.71x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 1781 and mean_seq_len > 68: sglang_flashinfer_prefill (baseline), 14 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 230)}, 'workloads': 3, 'speedup': (2.18, 6.97, 12.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 550)}, 'workloads': 3, 'speedup': (3.2, 3.64, 4.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (550, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 20)}, 'workloads': 3, 'speedup': (4.06, 8.46, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (20, 87)}, 'workloads': 3, 'speedup': (2.54, 3.0, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (87, 391)}, 'workloads': 3, 'speedup': (1.26, 1.54, 1.9), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 35), 'total_seq_len': (391, None)}, 'workloads': 6, 'speedup': (1.04, 1.21, 1.39), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (35, None), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 29)}, 'workloads': 3, 'speedup': (5.5, 9.8, 15.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (29, 550)}, 'workloads': 3, 'speedup': (3.3, 4.14, 5.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (550, 1726)}, 'workloads': 3, 'speedup': (1.28, 1.46, 1.66), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (1726, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 392)}, 'workloads': 4, 'speedup': (4.19, 8.84, 19.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1024)}, 'workloads': 6, 'speedup': (1.55, 2.09, 3.26), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (3, None), 'total_seq_len': (None, 1781)}, 'workloads': 6, 'speedup': (2.66, 6.09, 18.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (392, 1781)}, 'workloads': 3, 'speedup': (2.23, 2.43, 2.59), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 68), 'total_seq_len': (1781, None)}, 'workloads': 3, 'speedup': (1.06, 1.29, 1.71), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (68, None), 'total_seq_len': (1781, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -72,25 +80,37 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 6.97x (2.18x .. 12.78x) over sglang_flashinfer_prefill
-    if total_seq_len <= 230 and num_seqs <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 3.64x (3.20x .. 4.14x) over sglang_flashinfer_prefill
-    if total_seq_len <= 550 and num_seqs > 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 1: 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 3.00x (2.54x .. 3.90x) over sglang_flashinfer_prefill
+    if 20 < total_seq_len <= 87:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill
+    if 87 < total_seq_len <= 391:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 6 workloads, 1.21x (1.04x .. 1.39x) over sglang_flashinfer_prefill
+    if total_seq_len > 391 and mean_seq_len <= 35:
+        return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 9.80x (5.50x .. 15.35x) over sglang_flashinfer_prefill
-    if total_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 4.14x (3.30x .. 5.47x) over sglang_flashinfer_prefill
-    if 29 < total_seq_len <= 550:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 3 workloads, 1.46x (1.28x .. 1.66x) over sglang_flashinfer_prefill
-    if 550 < total_seq_len <= 1726:
+    # region 1: 4 workloads, 8.84x (4.19x .. 19.88x) over sglang_flashinfer_prefill
+    if total_seq_len <= 392 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 2: 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_chunked.v64'
+    # region 3: 6 workloads, 6.09x (2.66x .. 18.58x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill
+    if 392 < total_seq_len <= 1781 and num_seqs <= 3:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 5: 3 workloads, 1.29x (1.06x .. 1.71x) over sglang_flashinfer_prefill
+    if total_seq_len > 1781 and mean_seq_len <= 68:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'

@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T07:47:53Z
-# workloads   16 (workload-set digest d14b0881fe1d9253)
+# measured    up to 2026-11-26T12:56:24Z
+# workloads   36 (workload-set digest cd7889b50ab7e9cb)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      add1e655e6d58061  16/16  1.00x
-#   cuda_prefill_pool_rows.k16c16  c4de4d8a148ff41a  12/12  1.67x
-#   cuda_prefill_pool_rows.k16c8   358e60504795bbf0  12/12  1.75x
-#   cuda_prefill_pool_rows.k1c8    cfc8b15996df6c30  12/12  0.51x
-#   cuda_prefill_pool_rows.k2c16   09ee0a3909efc29d  12/12  1.32x
-#   cuda_prefill_pool_rows.k2c8    9e59a758d3cac5a8  12/12  1.27x
-#   cuda_prefill_pool_rows.k4c16   082de19941d8d9c5  12/12  1.56x
-#   cuda_prefill_pool_rows.k4c8    61efa779ea610b57  12/12  1.53x
-#   cuda_prefill_pool_rows.k8c16   65bc415805bbe680  12/12  1.78x
-#   cuda_prefill_pool_rows.k8c8    231724ace8030011  12/12  1.75x
-#   triton_prefill_chunked.v16     79c5d18fff537ae6  16/16  1.32x
-#   triton_prefill_chunked.v64     e458f95817acf6d9  16/16  1.29x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  30/30  1.06x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  30/30  1.09x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  30/30  0.30x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  30/30  0.82x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  30/30  0.78x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  30/30  0.97x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  30/30  0.91x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  30/30  1.12x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  30/30  1.08x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  1.54x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  1.53x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,34 +38,50 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 13.86% mean, 52.00% max;
-#             1.278x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 30.26% mean, 218.51% max;
-#             1.903x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 25.79% mean, 405.85% max;
+#             1.364x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 32.16% mean, 201.28% max;
+#             2.573x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 200 and mean_seq_len <= 108: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 12413 and mean_seq_len > 108: triton_prefill_chunked.v16, 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
-#   3. total_seq_len > 200 and mean_seq_len <= 108: triton_prefill_chunked.v64, 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
-#   4. total_seq_len > 12413 and mean_seq_len > 108: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 77 and mean_seq_len <= 66: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 5899 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. 8 < num_seqs <= 19 and mean_seq_len > 66: triton_prefill_chunked.v64, 6 workloads, 2.16x (1.12x .. 3.70x) over sglang_flashinfer_prefill
+#   4. num_seqs > 19 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 3 workloads
+#   5. 77 < total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 6 workloads, 2.04x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 5899 and num_seqs <= 8 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 361 and num_seqs <= 3: cuda_prefill_pool_rows.k16c16, 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 361 and num_seqs > 3: cuda_prefill_pool_rows.k4c16, 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 361 < total_seq_len <= 12413: triton_prefill_chunked.v16, 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len > 12413: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 54 and num_seqs <= 22: cuda_prefill_pool_rows.k16c8, 3 workloads, 17.80x (13.51x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1253 and num_seqs > 22: cuda_prefill_pool_rows.k4c16, 4 workloads, 4.98x (2.01x .. 11.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 54 < total_seq_len <= 203 and num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 3 workloads, 15.12x (12.79x .. 18.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. 203 < total_seq_len <= 1253 and num_seqs <= 13: cuda_prefill_pool_rows.k16c16, 6 workloads, 7.39x (2.94x .. 16.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   5. 203 < total_seq_len <= 1253 and 13 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 3 workloads, 8.59x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. 1253 < total_seq_len <= 3130 and num_seqs <= 5: triton_prefill_chunked.v16, 3 workloads, 3.75x (3.12x .. 4.42x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   7. 1253 < total_seq_len <= 3130 and num_seqs > 5: triton_prefill_chunked.v64, 5 workloads, 3.92x (2.49x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   8. 3130 < total_seq_len <= 10868: triton_prefill_chunked.v16, 4 workloads, 2.27x (1.63x .. 2.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   9. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 108), 'total_seq_len': (None, 200)}, 'workloads': 5, 'speedup': (3.95, 7.76, 13.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (108, None), 'total_seq_len': (None, 12413)}, 'workloads': 5, 'speedup': (1.12, 1.78, 2.9), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 108), 'total_seq_len': (200, None)}, 'workloads': 3, 'speedup': (1.09, 1.65, 2.34), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (108, None), 'total_seq_len': (12413, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 77)}, 'workloads': 4, 'speedup': (4.05, 7.36, 13.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5899)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, 19)}, 'workloads': 6, 'speedup': (1.12, 2.16, 3.7), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (19, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (77, 400)}, 'workloads': 3, 'speedup': (3.31, 4.02, 5.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 6, 'speedup': (1.09, 2.04, 3.56), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (5899, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 361)}, 'workloads': 3, 'speedup': (5.65, 11.28, 16.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 361)}, 'workloads': 3, 'speedup': (5.27, 9.01, 12.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (361, 12413)}, 'workloads': 7, 'speedup': (1.38, 2.36, 3.9), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (12413, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (None, 54)}, 'workloads': 3, 'speedup': (13.51, 17.8, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.01, 4.98, 11.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (54, 203)}, 'workloads': 3, 'speedup': (12.79, 15.12, 18.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (203, 1253)}, 'workloads': 6, 'speedup': (2.94, 7.39, 16.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (13, 22), 'total_seq_len': (203, 1253)}, 'workloads': 3, 'speedup': (3.36, 8.59, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1253, 3130)}, 'workloads': 3, 'speedup': (3.12, 3.75, 4.42), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (1253, 3130)}, 'workloads': 5, 'speedup': (2.49, 3.92, 5.5), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (3130, 10868)}, 'workloads': 4, 'speedup': (1.63, 2.27, 2.65), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -74,14 +90,20 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.76x (3.95x .. 13.34x) over sglang_flashinfer_prefill
-    if total_seq_len <= 200 and mean_seq_len <= 108:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 5 workloads, 1.78x (1.12x .. 2.90x) over sglang_flashinfer_prefill
-    if total_seq_len <= 12413 and mean_seq_len > 108:
-        return 'triton_prefill_chunked.v16'
-    # region 3: 3 workloads, 1.65x (1.09x .. 2.34x) over sglang_flashinfer_prefill
-    if total_seq_len > 200 and mean_seq_len <= 108:
+    # region 1: 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill
+    if total_seq_len <= 77 and mean_seq_len <= 66:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 5899 and num_seqs <= 8 and mean_seq_len > 66:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 3: 6 workloads, 2.16x (1.12x .. 3.70x) over sglang_flashinfer_prefill
+    if 8 < num_seqs <= 19 and mean_seq_len > 66:
+        return 'triton_prefill_chunked.v64'
+    # region 5: 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill
+    if 77 < total_seq_len <= 400 and mean_seq_len <= 66:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 6 workloads, 2.04x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+    if total_seq_len > 400 and mean_seq_len <= 66:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -89,13 +111,28 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 11.28x (5.65x .. 16.56x) over sglang_flashinfer_prefill
-    if total_seq_len <= 361 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 2: 3 workloads, 9.01x (5.27x .. 12.24x) over sglang_flashinfer_prefill
-    if total_seq_len <= 361 and num_seqs > 3:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 7 workloads, 2.36x (1.38x .. 3.90x) over sglang_flashinfer_prefill
-    if 361 < total_seq_len <= 12413:
+    # region 1: 3 workloads, 17.80x (13.51x .. 20.59x) over sglang_flashinfer_prefill
+    if total_seq_len <= 54 and num_seqs <= 22:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 4.98x (2.01x .. 11.27x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and num_seqs > 22:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 3: 3 workloads, 15.12x (12.79x .. 18.57x) over sglang_flashinfer_prefill
+    if 54 < total_seq_len <= 203 and num_seqs <= 22:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 4: 6 workloads, 7.39x (2.94x .. 16.88x) over sglang_flashinfer_prefill
+    if 203 < total_seq_len <= 1253 and num_seqs <= 13:
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 5: 3 workloads, 8.59x (3.36x .. 18.33x) over sglang_flashinfer_prefill
+    if 203 < total_seq_len <= 1253 and 13 < num_seqs <= 22:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 6: 3 workloads, 3.75x (3.12x .. 4.42x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 3130 and num_seqs <= 5:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 7: 5 workloads, 3.92x (2.49x .. 5.50x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 3130 and num_seqs > 5:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 8: 4 workloads, 2.27x (1.63x .. 2.65x) over sglang_flashinfer_prefill
+    if 3130 < total_seq_len <= 10868:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

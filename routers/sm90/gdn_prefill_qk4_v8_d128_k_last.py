@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T07:41:12Z
+# measured    up to 2026-11-26T11:04:28Z
 # workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer                       5f880aff8b2e1e91  252/252  1.00x
-#   cuda_prefill_thread_rows.k16c16  bd7b9a9fcbccce20  236/236  0.91x
-#   cuda_prefill_thread_rows.k16c8   51f5705ed42c6c53  236/236  0.80x
-#   cuda_prefill_thread_rows.k1c8    cca2b70e31dfae9f  236/236  0.28x
-#   cuda_prefill_thread_rows.k2c16   1f5ea709a5627361  236/236  0.46x
-#   cuda_prefill_thread_rows.k2c8    610b8523b0773121  236/236  0.45x
-#   cuda_prefill_thread_rows.k4c16   b2451b3a6bf31b19  236/236  0.76x
-#   cuda_prefill_thread_rows.k4c8    5a354da4f96ad0ff  236/236  0.70x
-#   cuda_prefill_thread_rows.k8c16   54fd262efb9f1dab  236/236  0.96x
-#   cuda_prefill_thread_rows.k8c8    3eb6d4182748e2b9  236/236  0.82x
+#   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  236/236  0.91x
+#   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  236/236  0.80x
+#   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  236/236  0.28x
+#   cuda_prefill_thread_rows.k2c16   09d6dc419402c053  236/236  0.46x
+#   cuda_prefill_thread_rows.k2c8    fe37bc3b453634d0  236/236  0.45x
+#   cuda_prefill_thread_rows.k4c16   ae94dd39ce72c56c  236/236  0.76x
+#   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  236/236  0.71x
+#   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  236/236  0.96x
+#   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  236/236  0.82x
 #   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_chunked.v16       79c5d18fff537ae6  252/252  1.04x
-#   triton_prefill_chunked.v64       e458f95817acf6d9  252/252  1.03x
+#   triton_prefill_chunked.v16       2316fe86c0685f03  252/252  1.04x
+#   triton_prefill_chunked.v64       a1257c0d0bf13065  252/252  1.03x
 #   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
@@ -42,64 +42,72 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.77% mean, 105.77% max;
-#             1.312x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.04% mean, 145.93% max;
-#             2.979x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.56% mean, 106.53% max;
+#             1.309x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.45% mean, 118.58% max;
+#             3.105x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 43 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 129 and mean_seq_len > 46: cuda_prefill_thread_rows.k16c16, 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. total_seq_len <= 134 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c16
+#   1. total_seq_len <= 81 and num_seqs <= 5 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 37 workloads, 5.05x (2.08x .. 10.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 81 and 5 < num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 3 workloads, 6.60x (5.16x .. 8.24x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 134 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.75x (1.70x .. 1.78x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
 #   4. total_seq_len <= 149 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
-#   5. 43 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. 129 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer; then triton_prefill_chunked.v16
-#   7. 129 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer; then triton_prefill_chunked.v64
+#   5. total_seq_len <= 160 and 46 < mean_seq_len <= 121: cuda_prefill_thread_rows.k16c16, 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. total_seq_len <= 160 and mean_seq_len > 121: triton_prefill_chunked.v16, 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
+#   7. 81 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 16 workloads, 2.57x (1.66x .. 5.44x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   8. total_seq_len > 149 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
-#   9. total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   10. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
+#   9. 160 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16
+#   10. 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer; then triton_prefill_chunked.v64
+#   11. total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.38x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
+#   12. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 37 and mean_seq_len <= 40: cuda_prefill_thread_rows.k16c8, 33 workloads, 11.84x (4.33x .. 18.68x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 91 and 40 < mean_seq_len <= 144: cuda_prefill_thread_rows.k16c16, 12 workloads, 10.35x (6.77x .. 17.37x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. total_seq_len <= 284 and mean_seq_len > 144: cuda_prefill_thread_rows.k16c16, 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
-#   4. 37 < total_seq_len <= 757 and mean_seq_len <= 40: cuda_prefill_thread_rows.k8c16, 39 workloads, 4.97x (1.21x .. 20.70x) over flashinfer
-#   5. 91 < total_seq_len <= 757 and 40 < mean_seq_len <= 144: cuda_prefill_thread_rows.k8c16, 54 workloads, 5.79x (2.30x .. 12.39x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. 284 < total_seq_len <= 1651 and mean_seq_len > 144: triton_prefill_chunked.v16, 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   7. 757 < total_seq_len <= 964 and mean_seq_len <= 144: triton_prefill_chunked.v64, 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer; then triton_prefill_chunked.v16
-#   8. 964 < total_seq_len <= 1641 and mean_seq_len <= 144: cuda_prefill_thread_rows.k4c16, 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   9. 1641 < total_seq_len <= 2259 and mean_seq_len <= 144: triton_prefill_chunked.v64, 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
-#   10. 1651 < total_seq_len <= 3627 and 144 < mean_seq_len <= 598: triton_prefill_chunked.v64, 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16
-#   11. 1651 < total_seq_len <= 3627 and mean_seq_len > 598: triton_prefill_chunked.v16, 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
-#   12. total_seq_len > 2259 and mean_seq_len <= 144: flashinfer (baseline), 10 workloads
-#   13. total_seq_len > 3627 and mean_seq_len > 144: flashinfer (baseline), 36 workloads
+#   1. total_seq_len <= 37 and num_seqs <= 37 and mean_seq_len <= 16: cuda_prefill_thread_rows.k8c8, 22 workloads, 16.24x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
+#   2. total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231: cuda_prefill_thread_rows.k16c16, 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 634 and mean_seq_len > 443: triton_prefill_chunked.v16, 4 workloads, 3.14x (2.66x .. 4.01x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   4. total_seq_len <= 965 and 231 < mean_seq_len <= 443: cuda_prefill_thread_rows.k8c16, 17 workloads, 3.88x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   5. total_seq_len <= 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231: triton_prefill_chunked.v64, 3 workloads, 1.23x (1.15x .. 1.37x) over flashinfer
+#   6. 37 < num_seqs <= 81 and mean_seq_len <= 13: cuda_prefill_thread_rows.k8c16, 4 workloads, 2.09x (1.26x .. 2.70x) over flashinfer; then cuda_prefill_thread_rows.k16c16
+#   7. num_seqs > 81 and mean_seq_len <= 13: cuda_prefill_thread_rows.k2c8, 5 workloads, 2.59x (1.84x .. 3.64x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   8. 37 < total_seq_len <= 1978 and num_seqs <= 37 and mean_seq_len <= 231: cuda_prefill_thread_rows.k8c16, 117 workloads, 6.93x (1.24x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8
+#   9. 634 < total_seq_len <= 965 and mean_seq_len > 443: triton_prefill_chunked.v64, 3 workloads, 5.25x (4.95x .. 5.60x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16
+#   10. 965 < total_seq_len <= 3147 and mean_seq_len > 602: triton_prefill_chunked.v16, 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
+#   11. 965 < total_seq_len <= 3627 and 231 < mean_seq_len <= 602: triton_prefill_chunked.v64, 10 workloads, 2.49x (1.40x .. 5.81x) over flashinfer; then triton_prefill_chunked.v16
+#   12. total_seq_len > 1978 and num_seqs <= 37 and mean_seq_len <= 231: flashinfer (baseline), 3 workloads
+#   13. total_seq_len > 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231: flashinfer (baseline), 16 workloads
+#   14. total_seq_len > 3147 and mean_seq_len > 602: flashinfer (baseline), 17 workloads
+#   15. total_seq_len > 3627 and 231 < mean_seq_len <= 602: flashinfer (baseline), 12 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (None, 43)}, 'workloads': 34, 'speedup': (3.0, 5.56, 10.98), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (None, 129)}, 'workloads': 21, 'speedup': (1.4, 2.0, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 134)}, 'workloads': 3, 'speedup': (1.71, 1.74, 1.77), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 5), 'total_seq_len': (None, 81)}, 'workloads': 37, 'speedup': (2.08, 5.05, 10.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (5, 8), 'total_seq_len': (None, 81)}, 'workloads': 3, 'speedup': (5.16, 6.6, 8.24), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 134)}, 'workloads': 3, 'speedup': (1.7, 1.75, 1.78), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
     {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 149)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (43, 221)}, 'workloads': 22, 'speedup': (1.67, 2.7, 6.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (129, 929)}, 'workloads': 10, 'speedup': (1.96, 2.37, 2.67), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (129, 1051)}, 'workloads': 73, 'speedup': (1.34, 1.69, 2.12), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, 121), 'total_seq_len': (None, 160)}, 'workloads': 19, 'speedup': (1.49, 2.1, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (121, None), 'total_seq_len': (None, 160)}, 'workloads': 6, 'speedup': (1.41, 1.46, 1.49), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (81, 221)}, 'workloads': 16, 'speedup': (1.66, 2.57, 5.44), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (149, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (221, None)}, 'workloads': 3, 'speedup': (2.36, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (160, 929)}, 'workloads': 10, 'speedup': (1.99, 2.38, 2.68), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (160, 1051)}, 'workloads': 69, 'speedup': (1.35, 1.7, 2.08), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (221, None)}, 'workloads': 3, 'speedup': (2.38, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 40), 'total_seq_len': (None, 37)}, 'workloads': 33, 'speedup': (4.33, 11.84, 18.68), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (40, 144), 'total_seq_len': (None, 91)}, 'workloads': 12, 'speedup': (6.77, 10.35, 17.37), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (None, 284)}, 'workloads': 6, 'speedup': (3.68, 5.33, 6.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 40), 'total_seq_len': (37, 757)}, 'workloads': 39, 'speedup': (1.21, 4.97, 20.7), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (40, 144), 'total_seq_len': (91, 757)}, 'workloads': 54, 'speedup': (2.3, 5.79, 12.39), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (284, 1651)}, 'workloads': 38, 'speedup': (2.73, 3.81, 6.64), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (757, 964)}, 'workloads': 4, 'speedup': (1.45, 3.44, 6.27), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (964, 1641)}, 'workloads': 4, 'speedup': (1.5, 1.82, 2.07), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (1641, 2259)}, 'workloads': 3, 'speedup': (1.23, 1.32, 1.45), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (144, 598), 'total_seq_len': (1651, 3627)}, 'workloads': 3, 'speedup': (1.75, 1.99, 2.32), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16')},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (1651, 3627)}, 'workloads': 10, 'speedup': (1.11, 2.0, 3.01), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'total_seq_len': (2259, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'total_seq_len': (3627, None)}, 'workloads': 36, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 16), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 22, 'speedup': (4.04, 16.24, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (16, 231), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (10.62, 16.88, 23.3), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (None, 634)}, 'workloads': 4, 'speedup': (2.66, 3.14, 4.01), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (231, 443), 'total_seq_len': (None, 965)}, 'workloads': 17, 'speedup': (2.19, 3.88, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, None), 'total_seq_len': (None, 2137)}, 'workloads': 3, 'speedup': (1.15, 1.23, 1.37), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (37, 81)}, 'workloads': 4, 'speedup': (1.26, 2.09, 2.7), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (81, None)}, 'workloads': 5, 'speedup': (1.84, 2.59, 3.64), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (37, 1978)}, 'workloads': 117, 'speedup': (1.24, 6.93, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (634, 965)}, 'workloads': 3, 'speedup': (4.95, 5.25, 5.6), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (965, 3147)}, 'workloads': 8, 'speedup': (1.19, 2.15, 3.25), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (965, 3627)}, 'workloads': 10, 'speedup': (1.4, 2.49, 5.81), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (1978, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, None), 'total_seq_len': (2137, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (3147, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (3627, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -108,25 +116,31 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 34 workloads, 5.56x (3.00x .. 10.98x) over flashinfer
-    if total_seq_len <= 43 and num_seqs <= 8 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 2: 21 workloads, 2.00x (1.40x .. 2.87x) over flashinfer
-    if total_seq_len <= 129 and mean_seq_len > 46:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 3 workloads, 1.74x (1.71x .. 1.77x) over flashinfer
+    # region 1: 37 workloads, 5.05x (2.08x .. 10.92x) over flashinfer
+    if total_seq_len <= 81 and num_seqs <= 5 and mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 2: 3 workloads, 6.60x (5.16x .. 8.24x) over flashinfer
+    if total_seq_len <= 81 and 5 < num_seqs <= 8 and mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 3: 3 workloads, 1.75x (1.70x .. 1.78x) over flashinfer
     if total_seq_len <= 134 and num_seqs > 8 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 5: 22 workloads, 2.70x (1.67x .. 6.75x) over flashinfer
-    if 43 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 10 workloads, 2.37x (1.96x .. 2.67x) over flashinfer
-    if 129 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 5: 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer
+    if total_seq_len <= 160 and 46 < mean_seq_len <= 121:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 6: 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer
+    if total_seq_len <= 160 and mean_seq_len > 121:
+        return ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
+    # region 7: 16 workloads, 2.57x (1.66x .. 5.44x) over flashinfer
+    if 81 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 9: 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer
+    if 160 < total_seq_len <= 929 and num_seqs > 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 7: 73 workloads, 1.69x (1.34x .. 2.12x) over flashinfer
-    if 129 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46:
+    # region 10: 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer
+    if 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 9: 3 workloads, 2.42x (2.36x .. 2.45x) over flashinfer
+    # region 11: 3 workloads, 2.42x (2.38x .. 2.45x) over flashinfer
     if total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'
@@ -135,37 +149,37 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 33 workloads, 11.84x (4.33x .. 18.68x) over flashinfer
-    if total_seq_len <= 37 and mean_seq_len <= 40:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 2: 12 workloads, 10.35x (6.77x .. 17.37x) over flashinfer
-    if total_seq_len <= 91 and 40 < mean_seq_len <= 144:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 6 workloads, 5.33x (3.68x .. 6.87x) over flashinfer
-    if total_seq_len <= 284 and mean_seq_len > 144:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 39 workloads, 4.97x (1.21x .. 20.70x) over flashinfer
-    if 37 < total_seq_len <= 757 and mean_seq_len <= 40:
-        return 'cuda_prefill_thread_rows.k8c16'
-    # region 5: 54 workloads, 5.79x (2.30x .. 12.39x) over flashinfer
-    if 91 < total_seq_len <= 757 and 40 < mean_seq_len <= 144:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 38 workloads, 3.81x (2.73x .. 6.64x) over flashinfer
-    if 284 < total_seq_len <= 1651 and mean_seq_len > 144:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
-    # region 7: 4 workloads, 3.44x (1.45x .. 6.27x) over flashinfer
-    if 757 < total_seq_len <= 964 and mean_seq_len <= 144:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 8: 4 workloads, 1.82x (1.50x .. 2.07x) over flashinfer
-    if 964 < total_seq_len <= 1641 and mean_seq_len <= 144:
-        return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k4c16'
-    # region 9: 3 workloads, 1.32x (1.23x .. 1.45x) over flashinfer
-    if 1641 < total_seq_len <= 2259 and mean_seq_len <= 144:
+    # region 1: 22 workloads, 16.24x (4.04x .. 27.49x) over flashinfer
+    if total_seq_len <= 37 and num_seqs <= 37 and mean_seq_len <= 16:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 2: 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer
+    if total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 4 workloads, 3.14x (2.66x .. 4.01x) over flashinfer
+    if total_seq_len <= 634 and mean_seq_len > 443:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 17 workloads, 3.88x (2.19x .. 8.88x) over flashinfer
+    if total_seq_len <= 965 and 231 < mean_seq_len <= 443:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 5: 3 workloads, 1.23x (1.15x .. 1.37x) over flashinfer
+    if total_seq_len <= 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231:
         return 'triton_prefill_chunked.v64'
-    # region 10: 3 workloads, 1.99x (1.75x .. 2.32x) over flashinfer
-    if 1651 < total_seq_len <= 3627 and 144 < mean_seq_len <= 598:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16') if inside else 'triton_prefill_chunked.v64'
-    # region 11: 10 workloads, 2.00x (1.11x .. 3.01x) over flashinfer
-    if 1651 < total_seq_len <= 3627 and mean_seq_len > 598:
+    # region 6: 4 workloads, 2.09x (1.26x .. 2.70x) over flashinfer
+    if 37 < num_seqs <= 81 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 7: 5 workloads, 2.59x (1.84x .. 3.64x) over flashinfer
+    if num_seqs > 81 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c8'
+    # region 8: 117 workloads, 6.93x (1.24x .. 32.35x) over flashinfer
+    if 37 < total_seq_len <= 1978 and num_seqs <= 37 and mean_seq_len <= 231:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 9: 3 workloads, 5.25x (4.95x .. 5.60x) over flashinfer
+    if 634 < total_seq_len <= 965 and mean_seq_len > 443:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16') if inside else 'triton_prefill_chunked.v64'
+    # region 10: 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
+    if 965 < total_seq_len <= 3147 and mean_seq_len > 602:
         return 'triton_prefill_chunked.v16'
+    # region 11: 10 workloads, 2.49x (1.40x .. 5.81x) over flashinfer
+    if 965 < total_seq_len <= 3627 and 231 < mean_seq_len <= 602:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'

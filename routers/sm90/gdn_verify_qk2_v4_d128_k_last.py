@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:10:17Z
-# workloads   12 (workload-set digest 31e059965df0a0d9)
+# measured    up to 2026-11-26T11:09:48Z
+# workloads   21 (workload-set digest 904429b7297c7a57)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
-#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.83x
-#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  1.01x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.98x
-#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.86x
+#   sglang_verify        bcf501ffeb835a03  21/21  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  21/21  0.81x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  21/21  0.99x
+#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.96x
+#   cuda_verify_rows.r8  96bd10991a68155b  21/21  0.84x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,30 +24,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.13% mean, 29.38% max;
-#             0.994x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.76% mean, 42.59% max;
-#             2.584x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.18% mean, 31.67% max;
+#             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.23% mean, 39.24% max;
+#             2.460x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 15: cuda_verify_rows.r2, 6 workloads, 1.54x (1.29x .. 1.84x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 15 < num_seqs <= 103: cuda_verify_rows.r4, 3 workloads, 1.19x (1.04x .. 1.29x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   3. num_seqs > 103: sglang_verify (baseline), 3 workloads
+#   1. num_seqs <= 10: cuda_verify_rows.r2, 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 10 < num_seqs <= 71: cuda_verify_rows.r4, 6 workloads, 1.20x (1.10x .. 1.33x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 71 < num_seqs <= 185: cuda_verify_rows.r8, 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
+#   4. num_seqs > 185: sglang_verify (baseline), 3 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 25 and cache_steps <= 3: cuda_verify_rows.r4, 3 workloads, 4.29x (3.39x .. 6.53x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
-#   2. num_seqs <= 25 and cache_steps > 3: cuda_verify_rows.r2, 4 workloads, 4.06x (3.08x .. 6.22x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
-#   3. num_seqs > 25: cuda_verify_rows.r8, 5 workloads, 2.17x (1.63x .. 2.61x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   1. num_seqs <= 3: cuda_verify_rows.r2, 6 workloads, 3.62x (2.55x .. 5.23x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8
+#   2. 3 < num_seqs <= 14 and cache_steps <= 4: cuda_verify_rows.r1, 3 workloads, 3.68x (2.60x .. 4.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r8
+#   3. num_seqs > 3 and cache_steps > 4: cuda_verify_rows.r8, 3 workloads, 2.44x (1.28x .. 3.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   4. num_seqs > 14 and cache_steps <= 4: cuda_verify_rows.r4, 9 workloads, 2.47x (1.58x .. 5.19x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 15)}, 'workloads': 6, 'speedup': (1.29, 1.54, 1.84), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (15, 103)}, 'workloads': 3, 'speedup': (1.04, 1.19, 1.29), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (103, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 10)}, 'workloads': 9, 'speedup': (1.29, 1.61, 1.87), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (10, 71)}, 'workloads': 6, 'speedup': (1.1, 1.2, 1.33), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 3, 'speedup': (1.05, 1.12, 1.28), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 25)}, 'workloads': 3, 'speedup': (3.39, 4.29, 6.53), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 25)}, 'workloads': 4, 'speedup': (3.08, 4.06, 6.22), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (25, None)}, 'workloads': 5, 'speedup': (1.63, 2.17, 2.61), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 6, 'speedup': (2.55, 3.62, 5.23), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (3, 14)}, 'workloads': 3, 'speedup': (2.6, 3.68, 4.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (3, None)}, 'workloads': 3, 'speedup': (1.28, 2.44, 3.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (14, None)}, 'workloads': 9, 'speedup': (1.58, 2.47, 5.19), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -55,30 +59,38 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 1.54x (1.29x .. 1.84x) over sglang_verify's guarded call
-    if num_seqs <= 15:
+    # region 1: 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call
+    if num_seqs <= 10:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 1.19x (1.04x .. 1.29x) over sglang_verify
-    if 15 < num_seqs <= 103:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 2: 6 workloads, 1.20x (1.10x .. 1.33x) over sglang_verify's guarded call
+    if 10 < num_seqs <= 71:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
+    if 71 < num_seqs <= 185:
+        return 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 4.29x (3.39x .. 6.53x) over sglang_verify
-    if num_seqs <= 25 and cache_steps <= 3:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 2: 4 workloads, 4.06x (3.08x .. 6.22x) over sglang_verify
-    if num_seqs <= 25 and cache_steps > 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 3: 5 workloads, 2.17x (1.63x .. 2.61x) over sglang_verify
-    if num_seqs > 25:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
+    # region 1: 6 workloads, 3.62x (2.55x .. 5.23x) over sglang_verify
+    if num_seqs <= 3:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 2: 3 workloads, 3.68x (2.60x .. 4.58x) over sglang_verify
+    if 3 < num_seqs <= 14 and cache_steps <= 4:
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
+    # region 3: 3 workloads, 2.44x (1.28x .. 3.40x) over sglang_verify
+    if num_seqs > 3 and cache_steps > 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 4: 9 workloads, 2.47x (1.58x .. 5.19x) over sglang_verify
+    if num_seqs > 14 and cache_steps <= 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 15:  # region 1
+    if num_seqs <= 10:  # region 1
+        return True
+    if 10 < num_seqs <= 71:  # region 2
         return True
     return False

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:10:34Z
-# workloads   12 (workload-set digest 4f80aa0bb9ce0d46)
+# measured    up to 2026-11-26T11:09:56Z
+# workloads   21 (workload-set digest e648ff52c61ba93e)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
-#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.76x
-#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  0.96x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.94x
-#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.83x
+#   sglang_verify        bcf501ffeb835a03  21/21  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  21/21  0.75x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  21/21  0.95x
+#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.94x
+#   cuda_verify_rows.r8  96bd10991a68155b  21/21  0.84x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,28 +24,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.61% mean, 8.77% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.04% mean, 7.98% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.87% mean, 44.45% max;
-#             1.900x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.37% mean, 67.75% max;
+#             1.989x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 33: cuda_verify_rows.r2, 7 workloads, 1.42x (1.14x .. 1.76x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. num_seqs > 33: sglang_verify (baseline), 5 workloads
+#   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.51x (1.23x .. 1.75x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 6 < num_seqs <= 98: cuda_verify_rows.r4, 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. num_seqs > 98: sglang_verify (baseline), 5 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 10 and cache_steps > 2: cuda_verify_rows.r2, 4 workloads, 4.26x (3.39x .. 7.03x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4
-#   2. cache_steps <= 2: cuda_verify_rows.r4, 3 workloads, 3.00x (1.93x .. 3.86x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   3. num_seqs > 10 and cache_steps > 2: cuda_verify_rows.r8, 5 workloads, 1.73x (1.15x .. 2.56x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   1. num_seqs <= 2 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 4.01x (2.42x .. 6.06x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4
+#   2. num_seqs <= 11 and cache_steps > 4: cuda_verify_rows.r4, 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r8
+#   3. 2 < num_seqs <= 11 and cache_steps <= 4: cuda_verify_rows.r8, 3 workloads, 3.85x (3.22x .. 4.65x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r2
+#   4. 11 < num_seqs <= 40: cuda_verify_rows.r2, 3 workloads, 3.29x (2.38x .. 4.28x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
+#   5. num_seqs > 40: cuda_verify_rows.r8, 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 33)}, 'workloads': 7, 'speedup': (1.14, 1.42, 1.76), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (33, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 8, 'speedup': (1.23, 1.51, 1.75), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 98)}, 'workloads': 8, 'speedup': (1.03, 1.13, 1.34), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (2, None), 'num_seqs': (None, 10)}, 'workloads': 4, 'speedup': (3.39, 4.26, 7.03), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 2)}, 'workloads': 3, 'speedup': (1.93, 3.0, 3.86), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (2, None), 'num_seqs': (10, None)}, 'workloads': 5, 'speedup': (1.15, 1.73, 2.56), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (2.42, 4.01, 6.06), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 11)}, 'workloads': 3, 'speedup': (2.37, 3.14, 4.4), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (2, 11)}, 'workloads': 3, 'speedup': (3.22, 3.85, 4.65), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (11, 40)}, 'workloads': 3, 'speedup': (2.38, 3.29, 4.28), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (40, None)}, 'workloads': 8, 'speedup': (1.2, 1.58, 1.92), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -53,27 +59,38 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 1.42x (1.14x .. 1.76x) over sglang_verify's guarded call
-    if num_seqs <= 33:
+    # region 1: 8 workloads, 1.51x (1.23x .. 1.75x) over sglang_verify's guarded call
+    if num_seqs <= 6:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
+    # region 2: 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call
+    if 6 < num_seqs <= 98:
+        return 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.26x (3.39x .. 7.03x) over sglang_verify
-    if num_seqs <= 10 and cache_steps > 2:
+    # region 1: 4 workloads, 4.01x (2.42x .. 6.06x) over sglang_verify
+    if num_seqs <= 2 and cache_steps <= 4:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 3.00x (1.93x .. 3.86x) over sglang_verify
-    if cache_steps <= 2:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
-    # region 3: 5 workloads, 1.73x (1.15x .. 2.56x) over sglang_verify
-    if num_seqs > 10 and cache_steps > 2:
+    # region 2: 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify
+    if num_seqs <= 11 and cache_steps > 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 3 workloads, 3.85x (3.22x .. 4.65x) over sglang_verify
+    if 2 < num_seqs <= 11 and cache_steps <= 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 4: 3 workloads, 3.29x (2.38x .. 4.28x) over sglang_verify
+    if 11 < num_seqs <= 40:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 5: 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify
+    if num_seqs > 40:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 33:  # region 1
+    if num_seqs <= 6:  # region 1
+        return True
+    if 6 < num_seqs <= 98:  # region 2
         return True
     return False

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T10:10:55Z
-# workloads   12 (workload-set digest 57091ffb271d0800)
+# measured    up to 2026-11-26T11:10:09Z
+# workloads   20 (workload-set digest 5d79802fe2272f45)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        b8bf64a5e728bf02  12/12  1.00x
-#   cuda_verify_rows.r1  b1e273f26d4d1646  12/12  0.76x
-#   cuda_verify_rows.r2  f0dd62997723d2aa  12/12  0.96x
-#   cuda_verify_rows.r4  f15262686ec5e4c6  12/12  0.97x
-#   cuda_verify_rows.r8  26cdbe90f5b7ce2d  12/12  0.90x
+#   sglang_verify        bcf501ffeb835a03  20/20  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  20/20  0.74x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  20/20  0.95x
+#   cuda_verify_rows.r4  9020b799747f7de9  20/20  0.97x
+#   cuda_verify_rows.r8  96bd10991a68155b  20/20  0.91x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,26 +24,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.40% mean, 33.19% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.25% mean, 33.93% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 0.91% mean, 5.09% max;
-#             1.582x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.91% mean, 17.83% max;
+#             1.552x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 3: cuda_verify_rows.r2, 4 workloads, 1.45x (1.34x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 3 < num_seqs <= 42: cuda_verify_rows.r4, 3 workloads, 1.15x (1.08x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r8, cuda_verify_rows.r2; engine plugins keep the engine's kernel (`hand_back`)
-#   3. num_seqs > 42: sglang_verify (baseline), 5 workloads
+#   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   3. num_seqs > 43: sglang_verify (baseline), 8 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r4, 12 workloads, 2.66x (1.06x .. 5.33x) over sglang_verify; then cuda_verify_rows.r8
+#   1. every shape: cuda_verify_rows.r8, 20 workloads, 2.23x (1.06x .. 5.40x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (1.34, 1.45, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 42)}, 'workloads': 3, 'speedup': (1.08, 1.15, 1.2), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2'), 'hand_back': True},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (42, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.37, 1.48, 1.62), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.12, 1.19), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (1.06, 2.66, 5.33), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r8', 'bounds': {}, 'workloads': 20, 'speedup': (1.06, 2.23, 5.4), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -51,24 +51,24 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.45x (1.34x .. 1.63x) over sglang_verify's guarded call
-    if num_seqs <= 3:
+    # region 1: 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call
+    if num_seqs <= 2:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 1.15x (1.08x .. 1.20x) over sglang_verify's guarded call
-    if 3 < num_seqs <= 42:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 2: 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call
+    if 2 < num_seqs <= 43:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 2.66x (1.06x .. 5.33x) over sglang_verify
-    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 1: 20 workloads, 2.23x (1.06x .. 5.40x) over sglang_verify
+    return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 3:  # region 1
+    if num_seqs <= 2:  # region 1
         return True
-    if 3 < num_seqs <= 42:  # region 2
+    if 2 < num_seqs <= 43:  # region 2
         return True
     return False

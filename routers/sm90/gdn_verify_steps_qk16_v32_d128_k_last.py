@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:50:04Z
+# measured    up to 2026-11-26T13:00:09Z
 # workloads   12 (workload-set digest 51309c599f14e7ab)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  8908dd2ee650072d  12/12  51.10x
-#   cuda_verify_steps_rows.r2  c4c85ac90c6d9804  12/12  64.62x
-#   cuda_verify_steps_rows.r4  e05b20aafbbbc6b7  12/12  68.57x
-#   cuda_verify_steps_rows.r8  c4dbad357db4aac9  12/12  68.94x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  51.23x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  64.67x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  68.58x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  69.08x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,24 +24,22 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.54% mean, 3.77% max;
-#             27.471x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.14% mean, 41.73% max;
-#             26.029x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.54% mean, 3.94% max;
+#             27.520x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.82% mean, 3.21% max;
+#             25.745x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 68.94x (20.72x .. 357.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 69.08x (20.75x .. 358.29x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r2, 3 workloads, 109.27x (71.20x .. 138.55x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 1: cuda_verify_steps_rows.r8, 9 workloads, 29.68x (19.89x .. 67.33x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r4, 12 workloads, 38.63x (19.07x .. 142.59x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (20.72, 68.94, 357.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (20.75, 69.08, 358.29), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (71.2, 109.27, 138.55), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (19.89, 29.68, 67.33), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (19.07, 38.63, 142.59), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -49,16 +47,11 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 68.94x (20.72x .. 357.82x) over reference
+    # region 1: 12 workloads, 69.08x (20.75x .. 358.29x) over reference
     return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 109.27x (71.20x .. 138.55x) over reference
-    if num_seqs <= 1:
-        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r2'
-    # region 2: 9 workloads, 29.68x (19.89x .. 67.33x) over reference
-    if num_seqs > 1:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    return 'reference'
+    # region 1: 12 workloads, 38.63x (19.07x .. 142.59x) over reference
+    return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:50:09Z
+# measured    up to 2026-11-26T11:13:31Z
 # workloads   12 (workload-set digest ca56be8826037903)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  8908dd2ee650072d  12/12  124.99x
-#   cuda_verify_steps_rows.r2  c4c85ac90c6d9804  12/12  137.00x
-#   cuda_verify_steps_rows.r4  e05b20aafbbbc6b7  12/12  140.36x
-#   cuda_verify_steps_rows.r8  c4dbad357db4aac9  12/12  138.66x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  126.68x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  137.17x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  139.90x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  138.57x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,24 +24,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.38% mean, 8.59% max;
-#             73.822x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.98% mean, 56.05% max;
-#             46.778x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.48% mean, 8.04% max;
+#             73.847x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.26% mean, 30.98% max;
+#             39.822x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 7: cuda_verify_steps_rows.r1, 5 workloads, 455.78x (330.16x .. 591.35x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 7: cuda_verify_steps_rows.r4, 7 workloads, 68.90x (31.70x .. 281.79x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 7: cuda_verify_steps_rows.r1, 5 workloads, 471.12x (331.35x .. 606.83x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. num_seqs > 7: cuda_verify_steps_rows.r4, 7 workloads, 68.69x (31.70x .. 280.69x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 56.75x (25.45x .. 123.06x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r8, 4 workloads, 64.60x (47.58x .. 113.30x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2
+#   2. 3 < num_seqs <= 38: cuda_verify_steps_rows.r2, 3 workloads, 74.78x (58.13x .. 101.19x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   3. num_seqs > 38: cuda_verify_steps_rows.r8, 5 workloads, 29.16x (20.77x .. 50.79x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 7)}, 'workloads': 5, 'speedup': (330.16, 455.78, 591.35), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, None)}, 'workloads': 7, 'speedup': (31.7, 68.9, 281.79), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 7)}, 'workloads': 5, 'speedup': (331.35, 471.12, 606.83), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, None)}, 'workloads': 7, 'speedup': (31.7, 68.69, 280.69), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (25.45, 56.75, 123.06), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (47.58, 64.6, 113.3), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 38)}, 'workloads': 3, 'speedup': (58.13, 74.78, 101.19), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (38, None)}, 'workloads': 5, 'speedup': (20.77, 29.16, 50.79), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -49,10 +53,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 455.78x (330.16x .. 591.35x) over reference
+    # region 1: 5 workloads, 471.12x (331.35x .. 606.83x) over reference
     if num_seqs <= 7:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 7 workloads, 68.90x (31.70x .. 281.79x) over reference
+    # region 2: 7 workloads, 68.69x (31.70x .. 280.69x) over reference
     if num_seqs > 7:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
@@ -60,5 +64,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 56.75x (25.45x .. 123.06x) over reference
-    return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 1: 4 workloads, 64.60x (47.58x .. 113.30x) over reference
+    if num_seqs <= 3:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r8'
+    # region 2: 3 workloads, 74.78x (58.13x .. 101.19x) over reference
+    if 3 < num_seqs <= 38:
+        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r2'
+    # region 3: 5 workloads, 29.16x (20.77x .. 50.79x) over reference
+    if num_seqs > 38:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    return 'reference'

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:50:16Z
+# measured    up to 2026-11-26T11:13:38Z
 # workloads   12 (workload-set digest 3f2a2c54ebd409d4)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  8908dd2ee650072d  12/12  95.29x
-#   cuda_verify_steps_rows.r2  c4c85ac90c6d9804  12/12  111.02x
-#   cuda_verify_steps_rows.r4  e05b20aafbbbc6b7  12/12  114.26x
-#   cuda_verify_steps_rows.r8  c4dbad357db4aac9  12/12  112.75x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  95.62x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  111.23x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  114.40x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  112.86x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,26 +24,24 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.46% mean, 32.24% max;
-#             46.846x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.64% mean, 12.11% max;
-#             36.932x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.35% mean, 32.50% max;
+#             46.903x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.53% mean, 11.79% max;
+#             34.952x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 403.44x (328.90x .. 519.50x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 8 workloads, 65.12x (25.75x .. 260.49x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 404.92x (329.71x .. 519.15x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 8 workloads, 65.07x (25.63x .. 260.22x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 91.98x (61.04x .. 157.67x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   2. num_seqs > 4: cuda_verify_steps_rows.r8, 8 workloads, 39.08x (22.46x .. 82.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 44.81x (20.91x .. 92.61x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (328.9, 403.44, 519.5), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (25.75, 65.12, 260.49), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (329.71, 404.92, 519.15), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (25.63, 65.07, 260.22), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (61.04, 91.98, 157.67), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (22.46, 39.08, 82.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (20.91, 44.81, 92.61), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -51,10 +49,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 403.44x (328.90x .. 519.50x) over reference
+    # region 1: 4 workloads, 404.92x (329.71x .. 519.15x) over reference
     if num_seqs <= 4:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 8 workloads, 65.12x (25.75x .. 260.49x) over reference
+    # region 2: 8 workloads, 65.07x (25.63x .. 260.22x) over reference
     if num_seqs > 4:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
@@ -62,10 +60,5 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 91.98x (61.04x .. 157.67x) over reference
-    if num_seqs <= 4:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 8 workloads, 39.08x (22.46x .. 82.81x) over reference
-    if num_seqs > 4:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    return 'reference'
+    # region 1: 12 workloads, 44.81x (20.91x .. 92.61x) over reference
+    return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'

@@ -5,15 +5,15 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-25T21:50:32Z
+# measured    up to 2026-11-26T11:13:51Z
 # workloads   12 (workload-set digest 6594a396562cc041)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  8908dd2ee650072d  12/12  67.28x
-#   cuda_verify_steps_rows.r2  c4c85ac90c6d9804  12/12  79.81x
-#   cuda_verify_steps_rows.r4  e05b20aafbbbc6b7  12/12  84.12x
-#   cuda_verify_steps_rows.r8  c4dbad357db4aac9  12/12  83.87x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  67.42x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  79.90x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  84.30x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  83.91x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,24 +24,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.65% mean, 6.51% max;
-#             33.585x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.45% mean, 9.08% max;
-#             28.839x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.65% mean, 6.19% max;
+#             33.587x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.29% mean, 70.46% max;
+#             27.427x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 387.32x (352.36x .. 419.48x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2
-#   2. num_seqs > 1: cuda_verify_steps_rows.r4, 9 workloads, 52.74x (22.01x .. 283.63x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 388.35x (351.87x .. 423.13x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   2. num_seqs > 1: cuda_verify_steps_rows.r4, 9 workloads, 52.79x (21.93x .. 285.37x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_steps_rows.r4, 12 workloads, 41.40x (20.76x .. 87.88x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 9: cuda_verify_steps_rows.r4, 5 workloads, 62.93x (52.39x .. 108.37x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. 9 < num_seqs <= 68: cuda_verify_steps_rows.r2, 3 workloads, 35.99x (26.71x .. 45.07x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
+#   3. num_seqs > 68: cuda_verify_steps_rows.r8, 4 workloads, 22.54x (20.54x .. 24.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (352.36, 387.32, 419.48), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (22.01, 52.74, 283.63), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (351.87, 388.35, 423.13), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (21.93, 52.79, 285.37), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (20.76, 41.4, 87.88), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (52.39, 62.93, 108.37), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (9, 68)}, 'workloads': 3, 'speedup': (26.71, 35.99, 45.07), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (68, None)}, 'workloads': 4, 'speedup': (20.54, 22.54, 24.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -49,10 +53,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 387.32x (352.36x .. 419.48x) over reference
+    # region 1: 3 workloads, 388.35x (351.87x .. 423.13x) over reference
     if num_seqs <= 1:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 9 workloads, 52.74x (22.01x .. 283.63x) over reference
+        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
+    # region 2: 9 workloads, 52.79x (21.93x .. 285.37x) over reference
     if num_seqs > 1:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
@@ -60,5 +64,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 41.40x (20.76x .. 87.88x) over reference
-    return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 1: 5 workloads, 62.93x (52.39x .. 108.37x) over reference
+    if num_seqs <= 9:
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 3 workloads, 35.99x (26.71x .. 45.07x) over reference
+    if 9 < num_seqs <= 68:
+        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
+    # region 3: 4 workloads, 22.54x (20.54x .. 24.23x) over reference
+    if num_seqs > 68:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    return 'reference'

@@ -8,7 +8,7 @@ import torch
 from engine_pool import paged, untouched_margins
 from engine_pool import runnable as _runnable
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS
+from kdispatch.definitions.gdn.names import PACKED_HEADS
 from kdispatch.workloads import materialize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

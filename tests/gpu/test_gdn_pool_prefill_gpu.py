@@ -10,7 +10,7 @@ from engine_pool import paged, untouched_margins
 from engine_pool import args_for as _args_for
 from engine_pool import runnable as _runnable
 from kdispatch import registry
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -13,6 +13,7 @@ import math
 import torch
 
 from kdispatch.checks import Tol, first_bad
+from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name, verify_steps_name
 from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
 
 
@@ -141,18 +142,16 @@ def check_prefill_values(args: dict) -> tuple[str, str] | None:
     return None
 
 
+def powers_of_two(hi: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to hi: the batch sizes engines capture CUDA graphs for (SGLang pads to them)."""
+    return tuple(2 ** i for i in range(hi.bit_length()) if 2 ** i <= hi)
+
+
 _COMMON = dict(family="gdn", in_place={"new_state": "state"}, rotation=STATE_ROTATION, floor=floor,
                strided=frozenset({"q", "k", "v", "a", "b"}),  # engines split them out of packed projections
                model_scalars={"scale": 1.0 / math.sqrt(128)})  # Qwen3-Next: 1/sqrt(head_size)
 
 # ---- the engines' convention: packed q/k/v rows, a state pool, slot indices ----------------------
-
-PACKED_HEADS = {1: (16, 32), 2: (8, 16), 4: (4, 8), 8: (2, 4)}  # Qwen3-Next-80B per TP degree: (q/k, v) heads
-
-
-def packed_name(hq: int, hv: int) -> str:
-    return f"gdn_decode_packed_qk{hq}_v{hv}_d128_k_last"
-
 
 def build_decode_packed(axes, given, ctx) -> dict:
     """Raw q/k/v rows (the op normalises q and k), a pool of batch_size + 1 or more slots whose
@@ -218,14 +217,11 @@ def _packed_spec(hq: int, hv: int) -> Spec:
         model_scalars={"scale": 1.0 / math.sqrt(128)},
         tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state_pool": Tol(1e-2, 1e-2, rel_norm=1e-2)},
         coverage=Coverage({"batch_size": (1, 512)}, points=16, heldout=6,
-                          complete=lambda axes: {**axes, "num_slots": axes["batch_size"] + 1}))
+                          complete=lambda axes: {**axes, "num_slots": axes["batch_size"] + 1},
+                          grid={"batch_size": powers_of_two(512)}))
 
 
 # ---- the engines' prefill: gates activated by the engine, a state pool, slot indices ------------
-
-def pool_prefill_name(hq: int, hv: int) -> str:
-    return f"gdn_prefill_pool_qk{hq}_v{hv}_d128_k_last"
-
 
 def _live_slots(n: int, slots: int, g: torch.Generator) -> torch.Tensor:
     """[n] int32: distinct slots from 1 on in random order (slot 0 stays unused, as SGLang reserves
@@ -299,9 +295,15 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         tolerances={"output": Tol(5e-2, 5e-2, rel_norm=2e-2), "new_state_pool": Tol(5e-2, 5e-2, rel_norm=1e-2)},
         reference_graph_safe=False,  # loops over cu_seqlens on the host
         # The contest prefill's ranges and length mixes, one slot per sequence; fewer points (four
-        # head counts, and the recurrence's pairs are the tune's slowest).
-        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=16, heldout=6,
-                          complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix))
+        # head counts, and the recurrence's pairs are the tune's slowest), but more than 16: with 16,
+        # regions of 3-5 workloads put a 1 x 1226-token call on the wrong chunked configuration and
+        # left a gap of 2x in tokens where the chunked kernel lost to FlashInfer (H100, 2026-11-26).
+        coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=24, heldout=8,
+                          complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix,
+                          # 4-16 sequences of 32-512 tokens on average, in every mix: the recurrence wins
+                          # them when lengths are even, the chunked kernel 3-4x when one is long (held-out
+                          # 369 x 7 and 563 x 12 at 8 value heads: 89 / 134 us against 29 / 33)
+                          grid={"num_seqs": (4, 16), "total_seq_len": (512, 2048)}, grid_every_mix=True))
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
@@ -317,10 +319,6 @@ def pool_prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
 
 
 # ---- the engines' speculative verification (SGLang's contract) -------------------------------------
-
-def verify_name(hq: int, hv: int) -> str:
-    return f"gdn_verify_qk{hq}_v{hv}_d128_k_last"
-
 
 def build_verify(axes, given, ctx) -> dict:
     """num_seqs requests of cache_steps draft tokens each (raw q/k, raw gates), a pool of num_seqs + 1
@@ -397,14 +395,13 @@ def _verify_spec(hq: int, hv: int) -> Spec:
         # speculative decoding batches (decode sizes) of 2-8 tokens a request (MTP 1-3 drafts + 1,
         # EAGLE chains up to 7)
         coverage=Coverage({"num_seqs": (1, 256), "cache_steps": (2, 8)}, points=12, heldout=4,
-                          complete=_verify_axes))
+                          complete=_verify_axes,
+                          # SGLang's CUDA-graph batch sizes at its default 4 draft tokens: the router split
+                          # between 14 and 17 requests and served 16 with the slower kernel
+                          grid={"num_seqs": powers_of_two(256), "cache_steps": (4,)}))
 
 
 # ---- the engines' speculative verification (vLLM's contract) --------------------------------------
-
-def verify_steps_name(hq: int, hv: int) -> str:
-    return f"gdn_verify_steps_qk{hq}_v{hv}_d128_k_last"
-
 
 def build_verify_steps(axes, given, ctx) -> dict:
     """num_seqs requests of num_steps draft tokens each (raw q/k, raw gates), a distinct slot per
@@ -491,7 +488,7 @@ SPECS = {
     "gdn_decode_qk4_v8_d128_k_last": Spec(
         short="gdn_decode", build=build_decode, reference="kdispatch.references.gdn_decode",
         fit=("batch_size",), main="batch_size",
-        coverage=Coverage({"batch_size": (1, 1024)}, points=40, heldout=12),
+        coverage=Coverage({"batch_size": (1, 1024)}, points=40, heldout=12, grid={"batch_size": powers_of_two(1024)}),
         # FlashInfer-Bench's default 1e-2 elementwise, with the norm bounds of benchmarks/gdn.py.
         tolerances={"output": Tol(1e-2, 1e-2, rel_norm=2e-2), "new_state": Tol(1e-2, 1e-2, rel_norm=1e-2)},
         **_COMMON),

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, verify_name, verify_steps_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, verify_name, verify_steps_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("decode_warp_rows.cu")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from kdispatch import nvrtc
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_thread_rows.cu")

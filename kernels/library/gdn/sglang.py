@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name
 from kdispatch.kernels.cuda.gdn import pool_states, prefill_guard, slot_guard
 from kdispatch.kernels.library.sglang_loader import sglang_function
 from kdispatch.registry import variant

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kdispatch.definitions.gdn.spec import PACKED_HEADS, pool_prefill_name
+from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
 from kdispatch.kernels.triton.launch import launch
 from kdispatch.registry import variant

@@ -1,0 +1,45 @@
+"""The tuner's graph timing on the GPU (tuner/timing.py `graph_times_us`): a replay must do the
+captured work, and a call that writes into its inputs the same values every time still counts as
+doing it (a prefill of fresh sequences: outputs and states depend on the inputs only)."""
+import pytest
+import torch
+
+from kdispatch.tuner.timing import WorkEscaped, graph_times_us
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _sets(n=3):
+    return [[torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda")] for _ in range(n)]
+
+
+def test_an_in_place_output_rewritten_with_the_same_values_is_work_done():
+    def deterministic(x, out):
+        torch.mul(x, 2.0, out=out)  # the same values on every replay
+        return out
+
+    sets = _sets()
+    times, reps = graph_times_us(deterministic, sets)
+    assert reps >= 3 and all(t > 0 for t in times)
+    for x, out in sets:  # restored after the check, and then rewritten by the timed replays
+        assert torch.equal(out, x * 2.0)
+
+
+def test_an_in_place_output_left_unwritten_on_replay_is_escaped_work():
+    def host_side(x, out):
+        return out  # nothing captured: a replay writes nothing
+
+    with pytest.raises(WorkEscaped):
+        graph_times_us(host_side, _sets())
+
+
+def test_a_fresh_output_left_unwritten_on_replay_is_escaped_work():
+    cached = {}
+
+    def memoised(x, out):
+        if "y" not in cached:  # computed during the warm-up, outside the capture
+            cached["y"] = x * 2.0
+        return cached["y"]
+
+    with pytest.raises(WorkEscaped):
+        graph_times_us(memoised, _sets())
