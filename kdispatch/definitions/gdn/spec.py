@@ -300,10 +300,13 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         # left a gap of 2x in tokens where the chunked kernel lost to FlashInfer (H100, 2026-11-26).
         coverage=Coverage({"total_seq_len": (1, 32768), "num_seqs": (1, 256)}, points=24, heldout=8,
                           complete=_pool_prefill_axes, mixes=("random", "skewed", "equal"), mix=pool_prefill_mix,
-                          # 4-16 sequences of 32-512 tokens on average, in every mix: the recurrence wins
-                          # them when lengths are even, the chunked kernel 3-4x when one is long (held-out
-                          # 369 x 7 and 563 x 12 at 8 value heads: 89 / 134 us against 29 / 33)
-                          grid={"num_seqs": (4, 16), "total_seq_len": (512, 2048)}, grid_every_mix=True))
+                          # 4-64 sequences of 8-2,048 tokens on average, in every mix: the recurrence wins
+                          # them when lengths are even or short, the chunked kernel 3-4x when one is long
+                          # (held-out 369 x 7 and 563 x 12 at 8 value heads: 89 / 134 us against 29 / 33),
+                          # and with 16-32 value heads FlashInfer's where they are long; with 4-16 sequences
+                          # only, 1,069 tokens in 91 sequences at 32 value heads went to the chunked kernel,
+                          # 2.1x slower than the recurrence (H100, 2026-11-26)
+                          grid={"num_seqs": (4, 16, 64), "total_seq_len": (512, 2048, 8192)}, grid_every_mix=True))
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
