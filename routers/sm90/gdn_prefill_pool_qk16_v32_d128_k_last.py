@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T12:55:04Z
-# workloads   36 (workload-set digest 2a4f069fd93a8586)
+# measured    up to 2026-11-26T13:26:18Z
+# workloads   51 (workload-set digest 2ca381f48adf0a5c)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  31/31  0.50x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  31/31  0.51x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  31/31  0.32x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  31/31  0.65x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  31/31  0.65x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  31/31  0.65x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  31/31  0.62x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  31/31  0.60x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  31/31  0.62x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  0.71x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  0.81x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  51/51  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  46/46  0.40x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  46/46  0.41x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  46/46  0.28x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  46/46  0.54x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  46/46  0.54x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  46/46  0.52x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  46/46  0.50x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  46/46  0.49x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  46/46  0.50x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  0.66x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  0.75x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,40 +38,46 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.33% mean, 90.21% max;
-#             1.007x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 28.13% mean, 265.50% max;
-#             1.001x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 10.93% mean, 106.93% max;
+#             1.038x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.68% mean, 122.88% max;
+#             1.269x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. 20 < total_seq_len <= 87: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.00x (2.54x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
 #   3. 87 < total_seq_len <= 391: triton_prefill_chunked.v64, 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. total_seq_len > 391 and mean_seq_len <= 35: triton_prefill_chunked.v64, 6 workloads, 1.21x (1.04x .. 1.39x) over sglang_flashinfer_prefill
-#   5. total_seq_len > 391 and mean_seq_len > 35: sglang_flashinfer_prefill (baseline), 21 workloads
+#   4. 391 < total_seq_len <= 732 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.86x (1.10x .. 2.54x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
+#   5. total_seq_len > 391 and num_seqs <= 21 and mean_seq_len <= 64: triton_prefill_chunked.v64, 3 workloads, 1.21x (1.17x .. 1.26x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 391 and num_seqs <= 21 and mean_seq_len > 64: sglang_flashinfer_prefill (baseline), 21 workloads
+#   7. total_seq_len > 732 and num_seqs > 21 and mean_seq_len <= 28: triton_prefill_chunked.v64, 3 workloads, 1.22x (1.04x .. 1.39x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 732 and num_seqs > 21 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 12 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 392 and num_seqs <= 3: cuda_prefill_pool_rows.k4c16, 4 workloads, 8.84x (4.19x .. 19.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20: triton_prefill_chunked.v64, 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16
-#   3. total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 6 workloads, 6.09x (2.66x .. 18.58x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 9 workloads, 4.62x (1.67x .. 18.58x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   4. 392 < total_seq_len <= 1781 and num_seqs <= 3: triton_prefill_chunked.v16, 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. total_seq_len > 1781 and mean_seq_len <= 68: triton_prefill_chunked.v64, 3 workloads, 1.29x (1.06x .. 1.71x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 1781 and mean_seq_len > 68: sglang_flashinfer_prefill (baseline), 14 workloads
+#   5. total_seq_len > 1781 and mean_seq_len <= 68: triton_prefill_chunked.v64, 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 1781 and mean_seq_len > 68: sglang_flashinfer_prefill (baseline), 23 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 20)}, 'workloads': 3, 'speedup': (4.06, 8.46, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (20, 87)}, 'workloads': 3, 'speedup': (2.54, 3.0, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
     {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (87, 391)}, 'workloads': 3, 'speedup': (1.26, 1.54, 1.9), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 35), 'total_seq_len': (391, None)}, 'workloads': 6, 'speedup': (1.04, 1.21, 1.39), 'fallbacks': ()},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (35, None), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (391, 732)}, 'workloads': 3, 'speedup': (1.1, 1.86, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 64), 'num_seqs': (None, 21), 'total_seq_len': (391, None)}, 'workloads': 3, 'speedup': (1.17, 1.21, 1.26), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, None), 'num_seqs': (None, 21), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (21, None), 'total_seq_len': (732, None)}, 'workloads': 3, 'speedup': (1.04, 1.22, 1.39), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, None), 'total_seq_len': (732, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 392)}, 'workloads': 4, 'speedup': (4.19, 8.84, 19.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1024)}, 'workloads': 6, 'speedup': (1.55, 2.09, 3.26), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (3, None), 'total_seq_len': (None, 1781)}, 'workloads': 6, 'speedup': (2.66, 6.09, 18.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (3, None), 'total_seq_len': (None, 1781)}, 'workloads': 9, 'speedup': (1.67, 4.62, 18.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (392, 1781)}, 'workloads': 3, 'speedup': (2.23, 2.43, 2.59), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 68), 'total_seq_len': (1781, None)}, 'workloads': 3, 'speedup': (1.06, 1.29, 1.71), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (68, None), 'total_seq_len': (1781, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 68), 'total_seq_len': (1781, None)}, 'workloads': 6, 'speedup': (1.06, 1.25, 1.71), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (68, None), 'total_seq_len': (1781, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -89,8 +95,14 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 3: 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill
     if 87 < total_seq_len <= 391:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 6 workloads, 1.21x (1.04x .. 1.39x) over sglang_flashinfer_prefill
-    if total_seq_len > 391 and mean_seq_len <= 35:
+    # region 4: 3 workloads, 1.86x (1.10x .. 2.54x) over sglang_flashinfer_prefill
+    if 391 < total_seq_len <= 732 and num_seqs > 21:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 3 workloads, 1.21x (1.17x .. 1.26x) over sglang_flashinfer_prefill
+    if total_seq_len > 391 and num_seqs <= 21 and mean_seq_len <= 64:
+        return 'triton_prefill_chunked.v64'
+    # region 7: 3 workloads, 1.22x (1.04x .. 1.39x) over sglang_flashinfer_prefill
+    if total_seq_len > 732 and num_seqs > 21 and mean_seq_len <= 28:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -104,13 +116,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 2: 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill
     if total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_chunked.v64'
-    # region 3: 6 workloads, 6.09x (2.66x .. 18.58x) over sglang_flashinfer_prefill
+    # region 3: 9 workloads, 4.62x (1.67x .. 18.58x) over sglang_flashinfer_prefill
     if total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill
     if 392 < total_seq_len <= 1781 and num_seqs <= 3:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 3 workloads, 1.29x (1.06x .. 1.71x) over sglang_flashinfer_prefill
+    # region 5: 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
     if total_seq_len > 1781 and mean_seq_len <= 68:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'

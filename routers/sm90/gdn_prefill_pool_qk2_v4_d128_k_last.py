@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T12:56:24Z
-# workloads   36 (workload-set digest cd7889b50ab7e9cb)
+# measured    up to 2026-11-26T13:27:58Z
+# workloads   51 (workload-set digest 2d58366a2bf33aa3)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  30/30  1.06x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  30/30  1.09x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  30/30  0.30x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  30/30  0.82x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  30/30  0.78x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  30/30  0.97x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  30/30  0.91x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  30/30  1.12x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  30/30  1.08x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  1.54x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  1.53x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  51/51  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  45/45  0.71x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  45/45  0.72x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  45/45  0.22x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  45/45  0.58x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  45/45  0.55x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  45/45  0.67x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  45/45  0.63x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  45/45  0.76x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  45/45  0.73x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  1.35x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.34x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,50 +38,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 25.79% mean, 405.85% max;
-#             1.364x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 32.16% mean, 201.28% max;
-#             2.573x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.58% mean, 305.89% max;
+#             1.124x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.60% mean, 396.91% max;
+#             2.477x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 77 and mean_seq_len <= 66: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 5899 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   3. 8 < num_seqs <= 19 and mean_seq_len > 66: triton_prefill_chunked.v64, 6 workloads, 2.16x (1.12x .. 3.70x) over sglang_flashinfer_prefill
-#   4. num_seqs > 19 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 3 workloads
-#   5. 77 < total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   6. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 6 workloads, 2.04x (1.09x .. 3.56x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 5899 and num_seqs <= 8 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 4 workloads
+#   2. total_seq_len <= 2707 and num_seqs > 8 and mean_seq_len > 66: triton_prefill_chunked.v64, 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   3. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. 77 < total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 3130 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 17 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 54 and num_seqs <= 22: cuda_prefill_pool_rows.k16c8, 3 workloads, 17.80x (13.51x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1253 and num_seqs > 22: cuda_prefill_pool_rows.k4c16, 4 workloads, 4.98x (2.01x .. 11.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 54 < total_seq_len <= 203 and num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 3 workloads, 15.12x (12.79x .. 18.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. 203 < total_seq_len <= 1253 and num_seqs <= 13: cuda_prefill_pool_rows.k16c16, 6 workloads, 7.39x (2.94x .. 16.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   5. 203 < total_seq_len <= 1253 and 13 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 3 workloads, 8.59x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   6. 1253 < total_seq_len <= 3130 and num_seqs <= 5: triton_prefill_chunked.v16, 3 workloads, 3.75x (3.12x .. 4.42x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. 1253 < total_seq_len <= 3130 and num_seqs > 5: triton_prefill_chunked.v64, 5 workloads, 3.92x (2.49x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   8. 3130 < total_seq_len <= 10868: triton_prefill_chunked.v16, 4 workloads, 2.27x (1.63x .. 2.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   9. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 405 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 1253 and 5 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1253 and num_seqs > 22: cuda_prefill_pool_rows.k4c16, 7 workloads, 5.01x (2.01x .. 11.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 405 < total_seq_len <= 5101 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. 1253 < total_seq_len <= 5116 and num_seqs > 5: triton_prefill_chunked.v64, 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   6. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 77)}, 'workloads': 4, 'speedup': (4.05, 7.36, 13.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5899)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, 19)}, 'workloads': 6, 'speedup': (1.12, 2.16, 3.7), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (19, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (77, 400)}, 'workloads': 3, 'speedup': (3.31, 4.02, 5.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 6, 'speedup': (1.09, 2.04, 3.56), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (5899, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, None), 'total_seq_len': (None, 2707)}, 'workloads': 5, 'speedup': (1.56, 2.46, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (77, 400)}, 'workloads': 3, 'speedup': (3.31, 4.02, 5.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 12, 'speedup': (1.09, 1.75, 3.56), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'total_seq_len': (3130, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (None, 54)}, 'workloads': 3, 'speedup': (13.51, 17.8, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.01, 4.98, 11.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (54, 203)}, 'workloads': 3, 'speedup': (12.79, 15.12, 18.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (203, 1253)}, 'workloads': 6, 'speedup': (2.94, 7.39, 16.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (13, 22), 'total_seq_len': (203, 1253)}, 'workloads': 3, 'speedup': (3.36, 8.59, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1253, 3130)}, 'workloads': 3, 'speedup': (3.12, 3.75, 4.42), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (1253, 3130)}, 'workloads': 5, 'speedup': (2.49, 3.92, 5.5), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (3130, 10868)}, 'workloads': 4, 'speedup': (1.63, 2.27, 2.65), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 405)}, 'workloads': 7, 'speedup': (6.35, 13.62, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (5, 22), 'total_seq_len': (None, 1253)}, 'workloads': 5, 'speedup': (3.36, 9.8, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (None, 1253)}, 'workloads': 7, 'speedup': (2.01, 5.01, 11.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (405, 5101)}, 'workloads': 6, 'speedup': (3.12, 4.89, 10.63), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (1253, 5116)}, 'workloads': 10, 'speedup': (2.31, 3.25, 5.5), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 11, 'speedup': (1.19, 1.96, 3.91), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -93,16 +87,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 1: 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill
     if total_seq_len <= 77 and mean_seq_len <= 66:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5899 and num_seqs <= 8 and mean_seq_len > 66:
+    # region 2: 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2707 and num_seqs > 8 and mean_seq_len > 66:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 3: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 3: 6 workloads, 2.16x (1.12x .. 3.70x) over sglang_flashinfer_prefill
-    if 8 < num_seqs <= 19 and mean_seq_len > 66:
-        return 'triton_prefill_chunked.v64'
-    # region 5: 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill
+    # region 4: 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill
     if 77 < total_seq_len <= 400 and mean_seq_len <= 66:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 6 workloads, 2.04x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+    # region 5: 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
     if total_seq_len > 400 and mean_seq_len <= 66:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
@@ -111,28 +105,22 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 17.80x (13.51x .. 20.59x) over sglang_flashinfer_prefill
-    if total_seq_len <= 54 and num_seqs <= 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 4.98x (2.01x .. 11.27x) over sglang_flashinfer_prefill
+    # region 1: 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill
+    if total_seq_len <= 405 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and 5 < num_seqs <= 22:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 7 workloads, 5.01x (2.01x .. 11.27x) over sglang_flashinfer_prefill
     if total_seq_len <= 1253 and num_seqs > 22:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 3 workloads, 15.12x (12.79x .. 18.57x) over sglang_flashinfer_prefill
-    if 54 < total_seq_len <= 203 and num_seqs <= 22:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 4: 6 workloads, 7.39x (2.94x .. 16.88x) over sglang_flashinfer_prefill
-    if 203 < total_seq_len <= 1253 and num_seqs <= 13:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 5: 3 workloads, 8.59x (3.36x .. 18.33x) over sglang_flashinfer_prefill
-    if 203 < total_seq_len <= 1253 and 13 < num_seqs <= 22:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 6: 3 workloads, 3.75x (3.12x .. 4.42x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 3130 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 4: 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill
+    if 405 < total_seq_len <= 5101 and num_seqs <= 5:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 7: 5 workloads, 3.92x (2.49x .. 5.50x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 3130 and num_seqs > 5:
+    # region 5: 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 5116 and num_seqs > 5:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 8: 4 workloads, 2.27x (1.63x .. 2.65x) over sglang_flashinfer_prefill
-    if 3130 < total_seq_len <= 10868:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+    if 5116 < total_seq_len <= 10868:
+        return 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

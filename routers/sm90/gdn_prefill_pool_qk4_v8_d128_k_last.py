@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T12:57:25Z
-# workloads   36 (workload-set digest 1065f48ba2ac3e00)
+# measured    up to 2026-11-26T13:29:19Z
+# workloads   51 (workload-set digest 8ee3b102a715c7cb)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  29/29  0.80x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  29/29  0.81x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  29/29  0.26x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  29/29  0.71x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  29/29  0.67x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  29/29  0.81x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  29/29  0.76x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  29/29  0.89x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  29/29  0.85x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  1.18x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  1.18x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  51/51  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  44/44  0.58x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  44/44  0.58x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  44/44  0.21x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  44/44  0.54x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  44/44  0.52x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  44/44  0.60x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  44/44  0.56x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  44/44  0.65x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  44/44  0.62x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  1.05x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.08x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,46 +38,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.73% mean, 67.40% max;
-#             1.194x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.63% mean, 99.05% max;
-#             1.893x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 10.91% mean, 268.16% max;
+#             1.133x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 30.77% mean, 339.88% max;
+#             1.380x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 246 and 20 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 3901 and num_seqs <= 9 and mean_seq_len > 61: triton_prefill_chunked.v16, 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
-#   3. total_seq_len <= 3901 and num_seqs > 9 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
-#   4. mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.57x (1.29x .. 13.31x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 4 < mean_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.85x (2.56x .. 8.25x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   6. total_seq_len > 246 and 20 < mean_seq_len <= 55: triton_prefill_chunked.v64, 4 workloads, 1.32x (1.25x .. 1.39x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 3901 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 9 workloads
+#   1. total_seq_len <= 203 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.34x (5.38x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 203 and 22 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 3901 and num_seqs <= 9 and mean_seq_len > 61: triton_prefill_chunked.v16, 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
+#   4. total_seq_len <= 3901 and num_seqs > 9 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
+#   5. total_seq_len > 203 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 3 workloads, 1.99x (1.29x .. 2.64x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
+#   6. total_seq_len > 203 and 6 < mean_seq_len <= 55: triton_prefill_chunked.v64, 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 3901 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 18 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 8627 and num_seqs > 3 and mean_seq_len > 61: triton_prefill_chunked.v16, 14 workloads, 2.92x (1.13x .. 8.32x) over sglang_flashinfer_prefill
-#   2. total_seq_len <= 14149 and num_seqs <= 3 and mean_seq_len > 61: triton_prefill_chunked.v64, 3 workloads, 2.36x (1.24x .. 4.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.66x (1.99x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. 4 < mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 4 workloads, 7.51x (4.63x .. 12.48x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 22 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   6. total_seq_len > 8627 and num_seqs > 3 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
-#   7. total_seq_len > 14149 and num_seqs <= 3 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 77 and mean_seq_len <= 30: cuda_prefill_pool_rows.k8c16, 3 workloads, 12.75x (10.24x .. 18.03x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 540 and 30 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 4 workloads, 4.82x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 2248 and num_seqs <= 4 and 61 < mean_seq_len <= 185: triton_prefill_chunked.v16, 3 workloads, 5.44x (4.36x .. 8.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 2248 and num_seqs <= 4 and mean_seq_len > 185: triton_prefill_chunked.v64, 5 workloads, 3.29x (2.39x .. 4.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   5. total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
+#   6. 77 < total_seq_len <= 540 and mean_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.03x (1.57x .. 12.87x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. 540 < total_seq_len <= 1893 and mean_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.30x (1.62x .. 4.78x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   8. total_seq_len > 1893 and mean_seq_len <= 61: triton_prefill_chunked.v64, 3 workloads, 1.92x (1.70x .. 2.32x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   9. 2248 < total_seq_len <= 14149 and num_seqs <= 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 6 workloads, 1.76x (1.07x .. 2.83x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 7435 and num_seqs > 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 9 workloads
+#   11. total_seq_len > 14149 and num_seqs <= 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (20, 61), 'total_seq_len': (None, 246)}, 'workloads': 3, 'speedup': (2.95, 3.8, 4.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3901)}, 'workloads': 11, 'speedup': (1.05, 1.82, 2.92), 'fallbacks': ()},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (9, None), 'total_seq_len': (None, 3901)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4)}, 'workloads': 3, 'speedup': (1.29, 3.57, 13.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (4, 20)}, 'workloads': 3, 'speedup': (2.56, 4.85, 8.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (20, 55), 'total_seq_len': (246, None)}, 'workloads': 4, 'speedup': (1.25, 1.32, 1.39), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'total_seq_len': (3901, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 203)}, 'workloads': 3, 'speedup': (5.38, 8.34, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 61), 'total_seq_len': (None, 203)}, 'workloads': 3, 'speedup': (2.95, 3.8, 4.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3901)}, 'workloads': 11, 'speedup': (1.05, 1.82, 2.92), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (9, None), 'total_seq_len': (None, 3901)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (203, None)}, 'workloads': 3, 'speedup': (1.29, 1.99, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, 55), 'total_seq_len': (203, None)}, 'workloads': 10, 'speedup': (1.19, 1.38, 1.69), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'total_seq_len': (3901, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (3, None), 'total_seq_len': (None, 8627)}, 'workloads': 14, 'speedup': (1.13, 2.92, 8.32), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 14149)}, 'workloads': 3, 'speedup': (1.24, 2.36, 4.57), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4)}, 'workloads': 3, 'speedup': (1.99, 5.66, 17.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (4, 22)}, 'workloads': 4, 'speedup': (4.63, 7.51, 12.48), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 61)}, 'workloads': 6, 'speedup': (1.63, 6.29, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (3, None), 'total_seq_len': (8627, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 3), 'total_seq_len': (14149, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (None, 77)}, 'workloads': 3, 'speedup': (10.24, 12.75, 18.03), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (30, 61), 'total_seq_len': (None, 540)}, 'workloads': 4, 'speedup': (1.63, 4.82, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, 185), 'num_seqs': (None, 4), 'total_seq_len': (None, 2248)}, 'workloads': 3, 'speedup': (4.36, 5.44, 8.32), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (185, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2248)}, 'workloads': 5, 'speedup': (2.39, 3.29, 4.57), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (None, 7435)}, 'workloads': 6, 'speedup': (1.13, 2.03, 5.56), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (77, 540)}, 'workloads': 6, 'speedup': (1.57, 6.03, 12.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 61), 'total_seq_len': (540, 1893)}, 'workloads': 3, 'speedup': (1.62, 3.3, 4.78), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 61), 'total_seq_len': (1893, None)}, 'workloads': 3, 'speedup': (1.7, 1.92, 2.32), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (2248, 14149)}, 'workloads': 6, 'speedup': (1.07, 1.76, 2.83), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (7435, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (14149, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -86,20 +94,20 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill
-    if total_seq_len <= 246 and 20 < mean_seq_len <= 61:
+    # region 1: 3 workloads, 8.34x (5.38x .. 13.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and mean_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and 22 < mean_seq_len <= 61:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 2: 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
+    # region 3: 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
     if total_seq_len <= 3901 and num_seqs <= 9 and mean_seq_len > 61:
         return 'triton_prefill_chunked.v16'
-    # region 4: 3 workloads, 3.57x (1.29x .. 13.31x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 4.85x (2.56x .. 8.25x) over sglang_flashinfer_prefill
-    if 4 < mean_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 1.32x (1.25x .. 1.39x) over sglang_flashinfer_prefill
-    if total_seq_len > 246 and 20 < mean_seq_len <= 55:
+    # region 5: 3 workloads, 1.99x (1.29x .. 2.64x) over sglang_flashinfer_prefill
+    if total_seq_len > 203 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
+    if total_seq_len > 203 and 6 < mean_seq_len <= 55:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -107,19 +115,31 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 14 workloads, 2.92x (1.13x .. 8.32x) over sglang_flashinfer_prefill
-    if total_seq_len <= 8627 and num_seqs > 3 and mean_seq_len > 61:
-        return 'triton_prefill_chunked.v16'
-    # region 2: 3 workloads, 2.36x (1.24x .. 4.57x) over sglang_flashinfer_prefill
-    if total_seq_len <= 14149 and num_seqs <= 3 and mean_seq_len > 61:
+    # region 1: 3 workloads, 12.75x (10.24x .. 18.03x) over sglang_flashinfer_prefill
+    if total_seq_len <= 77 and mean_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 2: 4 workloads, 4.82x (1.63x .. 12.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 540 and 30 < mean_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 3 workloads, 5.44x (4.36x .. 8.32x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2248 and num_seqs <= 4 and 61 < mean_seq_len <= 185:
+        return ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 5 workloads, 3.29x (2.39x .. 4.57x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2248 and num_seqs <= 4 and mean_seq_len > 185:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 3: 3 workloads, 5.66x (1.99x .. 17.35x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 4 workloads, 7.51x (4.63x .. 12.48x) over sglang_flashinfer_prefill
-    if 4 < mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill
-    if 22 < mean_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 5: 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
+    if total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61:
+        return 'triton_prefill_chunked.v16'
+    # region 6: 6 workloads, 6.03x (1.57x .. 12.87x) over sglang_flashinfer_prefill
+    if 77 < total_seq_len <= 540 and mean_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 3 workloads, 3.30x (1.62x .. 4.78x) over sglang_flashinfer_prefill
+    if 540 < total_seq_len <= 1893 and mean_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 3 workloads, 1.92x (1.70x .. 2.32x) over sglang_flashinfer_prefill
+    if total_seq_len > 1893 and mean_seq_len <= 61:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 9: 6 workloads, 1.76x (1.07x .. 2.83x) over sglang_flashinfer_prefill
+    if 2248 < total_seq_len <= 14149 and num_seqs <= 4 and mean_seq_len > 61:
+        return 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

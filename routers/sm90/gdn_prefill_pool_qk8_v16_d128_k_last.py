@@ -5,22 +5,22 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T12:58:17Z
-# workloads   36 (workload-set digest 9bbb5f4c862f682d)
+# measured    up to 2026-11-26T13:31:56Z
+# workloads   51 (workload-set digest 186378ca8cd58e36)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  36/36  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  30/30  0.83x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  30/30  0.84x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  30/30  0.35x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  30/30  0.85x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  30/30  0.84x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  30/30  0.91x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  30/30  0.88x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  30/30  0.94x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  30/30  0.94x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  36/36  1.11x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  36/36  1.21x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  51/51  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  45/45  0.58x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  45/45  0.58x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  45/45  0.27x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  45/45  0.62x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  45/45  0.62x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  45/45  0.66x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  45/45  0.63x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  45/45  0.67x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  45/45  0.67x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  0.96x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.05x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -38,48 +38,48 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 16.33% mean, 238.13% max;
-#             1.146x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 29.69% mean, 268.29% max;
-#             1.647x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 16.75% mean, 238.13% max;
+#             1.101x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.67% mean, 286.31% max;
+#             1.651x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 1097 and mean_seq_len > 32: triton_prefill_chunked.v64, 7 workloads, 2.07x (1.10x .. 3.15x) over sglang_flashinfer_prefill
-#   2. num_seqs <= 3 and mean_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.51x (5.10x .. 13.08x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   1. total_seq_len <= 1097 and mean_seq_len > 27: triton_prefill_chunked.v64, 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
+#   2. num_seqs <= 3 and mean_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.51x (5.10x .. 13.08x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. num_seqs > 3 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.01x (3.74x .. 4.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. num_seqs > 3 and 4 < mean_seq_len <= 32: triton_prefill_chunked.v64, 6 workloads, 1.68x (1.32x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   5. total_seq_len > 1097 and mean_seq_len > 32: sglang_flashinfer_prefill (baseline), 16 workloads
+#   4. num_seqs > 3 and 4 < mean_seq_len <= 27: triton_prefill_chunked.v64, 6 workloads, 1.74x (1.32x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   5. total_seq_len > 1097 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 28 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 75 and num_seqs <= 2 and mean_seq_len <= 80: cuda_prefill_pool_rows.k16c8, 3 workloads, 26.14x (18.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 75 and 2 < num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 3 workloads, 17.86x (16.24x .. 20.15x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1512 and num_seqs > 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.98x (2.69x .. 6.89x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len <= 4185 and num_seqs > 3 and 80 < mean_seq_len <= 289: triton_prefill_chunked.v16, 7 workloads, 2.65x (1.29x .. 4.78x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. total_seq_len <= 5617 and num_seqs > 3 and mean_seq_len > 289: triton_prefill_chunked.v64, 3 workloads, 3.07x (2.43x .. 3.52x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16
-#   6. total_seq_len <= 6383 and num_seqs <= 3 and mean_seq_len > 80: triton_prefill_chunked.v16, 3 workloads, 1.63x (1.16x .. 1.97x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len <= 4096 and num_seqs > 3 and 80 < mean_seq_len <= 289: triton_prefill_chunked.v16, 7 workloads, 2.65x (1.29x .. 4.78x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. total_seq_len <= 4096 and num_seqs > 3 and mean_seq_len > 289: triton_prefill_chunked.v64, 3 workloads, 3.07x (2.43x .. 3.52x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16
+#   6. total_seq_len <= 6247 and num_seqs <= 3 and mean_seq_len > 80: triton_prefill_chunked.v16, 3 workloads, 1.63x (1.16x .. 1.97x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
 #   7. 75 < total_seq_len <= 406 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.31x (3.13x .. 15.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   8. total_seq_len > 406 and num_seqs <= 21 and mean_seq_len <= 80: triton_prefill_chunked.v64, 3 workloads, 2.25x (1.85x .. 2.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   9. total_seq_len > 1512 and num_seqs > 21 and mean_seq_len <= 75: triton_prefill_chunked.v64, 3 workloads, 1.28x (1.12x .. 1.42x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 6383 and mean_seq_len > 80: sglang_flashinfer_prefill (baseline), 5 workloads
+#   9. total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 75: triton_prefill_chunked.v64, 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 6247 and mean_seq_len > 80: sglang_flashinfer_prefill (baseline), 14 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (32, None), 'total_seq_len': (None, 1097)}, 'workloads': 7, 'speedup': (1.1, 2.07, 3.15), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 32), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (5.1, 9.51, 13.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (None, 1097)}, 'workloads': 10, 'speedup': (1.1, 1.89, 3.15), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (5.1, 9.51, 13.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (3, None)}, 'workloads': 3, 'speedup': (3.74, 4.01, 4.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (4, 32), 'num_seqs': (3, None)}, 'workloads': 6, 'speedup': (1.32, 1.68, 2.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (32, None), 'total_seq_len': (1097, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (4, 27), 'num_seqs': (3, None)}, 'workloads': 6, 'speedup': (1.32, 1.74, 2.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (1097, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 2), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (18.85, 26.14, 43.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (2, 21), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (16.24, 17.86, 20.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (21, None), 'total_seq_len': (None, 1512)}, 'workloads': 3, 'speedup': (2.69, 4.98, 6.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, 289), 'num_seqs': (3, None), 'total_seq_len': (None, 4185)}, 'workloads': 7, 'speedup': (1.29, 2.65, 4.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (289, None), 'num_seqs': (3, None), 'total_seq_len': (None, 5617)}, 'workloads': 3, 'speedup': (2.43, 3.07, 3.52), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 6383)}, 'workloads': 3, 'speedup': (1.16, 1.63, 1.97), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (21, None), 'total_seq_len': (None, 1353)}, 'workloads': 6, 'speedup': (1.25, 3.76, 6.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, 289), 'num_seqs': (3, None), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.29, 2.65, 4.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (289, None), 'num_seqs': (3, None), 'total_seq_len': (None, 4096)}, 'workloads': 3, 'speedup': (2.43, 3.07, 3.52), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 6247)}, 'workloads': 3, 'speedup': (1.16, 1.63, 1.97), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (75, 406)}, 'workloads': 3, 'speedup': (3.13, 6.31, 15.97), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (406, None)}, 'workloads': 3, 'speedup': (1.85, 2.25, 2.49), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 75), 'num_seqs': (21, None), 'total_seq_len': (1512, None)}, 'workloads': 3, 'speedup': (1.12, 1.28, 1.42), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (6383, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 75), 'num_seqs': (21, None), 'total_seq_len': (1353, None)}, 'workloads': 6, 'speedup': (1.12, 1.37, 1.6), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (6247, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -88,17 +88,17 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 2.07x (1.10x .. 3.15x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1097 and mean_seq_len > 32:
+    # region 1: 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1097 and mean_seq_len > 27:
         return 'triton_prefill_chunked.v64'
     # region 2: 4 workloads, 9.51x (5.10x .. 13.08x) over sglang_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len <= 32:
+    if num_seqs <= 3 and mean_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 3 workloads, 4.01x (3.74x .. 4.52x) over sglang_flashinfer_prefill
     if num_seqs > 3 and mean_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 1.68x (1.32x .. 2.96x) over sglang_flashinfer_prefill
-    if num_seqs > 3 and 4 < mean_seq_len <= 32:
+    # region 4: 6 workloads, 1.74x (1.32x .. 2.96x) over sglang_flashinfer_prefill
+    if num_seqs > 3 and 4 < mean_seq_len <= 27:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -112,17 +112,17 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 2: 3 workloads, 17.86x (16.24x .. 20.15x) over sglang_flashinfer_prefill
     if total_seq_len <= 75 and 2 < num_seqs <= 21 and mean_seq_len <= 80:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 3 workloads, 4.98x (2.69x .. 6.89x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1512 and num_seqs > 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 7 workloads, 2.65x (1.29x .. 4.78x) over sglang_flashinfer_prefill
-    if total_seq_len <= 4185 and num_seqs > 3 and 80 < mean_seq_len <= 289:
+    if total_seq_len <= 4096 and num_seqs > 3 and 80 < mean_seq_len <= 289:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 5: 3 workloads, 3.07x (2.43x .. 3.52x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5617 and num_seqs > 3 and mean_seq_len > 289:
+    if total_seq_len <= 4096 and num_seqs > 3 and mean_seq_len > 289:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16') if inside else 'triton_prefill_chunked.v64'
     # region 6: 3 workloads, 1.63x (1.16x .. 1.97x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6383 and num_seqs <= 3 and mean_seq_len > 80:
+    if total_seq_len <= 6247 and num_seqs <= 3 and mean_seq_len > 80:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 7: 3 workloads, 6.31x (3.13x .. 15.97x) over sglang_flashinfer_prefill
     if 75 < total_seq_len <= 406 and num_seqs <= 21 and mean_seq_len <= 80:
@@ -130,7 +130,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 8: 3 workloads, 2.25x (1.85x .. 2.49x) over sglang_flashinfer_prefill
     if total_seq_len > 406 and num_seqs <= 21 and mean_seq_len <= 80:
         return ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 3 workloads, 1.28x (1.12x .. 1.42x) over sglang_flashinfer_prefill
-    if total_seq_len > 1512 and num_seqs > 21 and mean_seq_len <= 75:
+    # region 9: 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
+    if total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 75:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
