@@ -162,12 +162,13 @@ def test_recovers_a_two_feature_prefill_policy():
         assert pol.route(features.compute(PREFILL, axes)) == truth(axes), axes
 
 
-def test_a_region_ends_midway_to_the_nearest_shape_the_baseline_won():
+def test_a_region_ends_between_its_shapes_and_the_nearest_shape_the_baseline_won():
     """The shapes of a pool-prefill tune (H100, 2026-11-26): A wins few-sequence calls up to 74 tokens,
     B many short sequences, the baseline the rest. The tree splits total tokens between 421 (75
-    sequences) and 719 (4 sequences), then sequences; A's region ends midway by ratio between 74 and
-    719 (230), where the baseline won: a 4-sequence, 300-token call goes to the baseline, a 200-token
-    one (nearer 74 by ratio) to A; B's region keeps the split's bound."""
+    sequences) and 719 (4 sequences), then sequences; A's region ends between 74 and 719, where the
+    baseline won (A 0.3x and 3x the baseline's time there: the crossing, 243, is near their
+    geometric midpoint, 230): a 4-sequence, 300-token call goes to the baseline, a 200-token one to
+    A; B's region keeps the split's bound."""
     a_wins, b_wins = [(1, 1), (2, 1), (74, 2)], [(12, 10), (232, 217), (421, 75)]
     loses = [(719, 4), (1075, 97), (1243, 4), (2397, 26), (3840, 7), (9753, 3), (18048, 19), (24995, 225),
              (32768, 1), (32768, 256)]
@@ -188,6 +189,27 @@ def test_a_region_ends_midway_to_the_nearest_shape_the_baseline_won():
     assert route(300, 4) == "flashinfer"
     assert route(200, 4) == "A"
     assert route(540, 100) == "B"  # below the split between 421 and 719 (550)
+
+
+def test_a_region_ends_where_its_time_ratio_crosses_the_baseline():
+    """A is 0.85x the baseline's time up to batch 32 and 1.7x from 128: the ratio, interpolated in
+    log-log, crosses 1 near 44, so batch 40 goes to A and 60 (below the geometric midpoint, 64) to
+    the baseline. Where A was not measured beyond 32, nothing says where it stops winning: midway."""
+    wl = [(f"d{b}-{k}", {"batch_size": b}) for b in (1, 2, 4, 8, 16, 32, 128, 256, 512, 1024) for k in range(2)]
+
+    def policy(measured_beyond: bool):
+        def lat(name, axes):
+            b = axes["batch_size"]
+            if name == "B" or (name == "A" and b > 32 and not measured_beyond):
+                return None
+            return (10.0 + b) * (1.0 if name == "flashinfer" else 0.85 if b <= 32 else 1.7)
+        return fitting.fit(fitting.load_table(build_store(DECODE, wl, lat), DECODE, "sm90"), with_heldout=False)
+
+    crossing, midway = policy(True), policy(False)
+    assert [crossing.route({"batch_size": b}) for b in (1, 32, 40, 44)] == ["A"] * 4
+    assert [crossing.route({"batch_size": b}) for b in (45, 60, 128, 2048)] == ["flashinfer"] * 4
+    assert [midway.route({"batch_size": b}) for b in (32, 60, 64)] == ["A"] * 3
+    assert midway.route({"batch_size": 65}) == "flashinfer"
 
 
 def test_determinism_byte_identical(tmp_path):

@@ -62,11 +62,13 @@ untuned shapes between go to the nearer side by ratio (a pool prefill at 4 value
 chunked kernel at 8,692 tokens and lost at 17,728 sent 12,700 tokens to it, 2.8x slower than the
 baseline, with the arithmetic midpoint 13,210; H100, 2026-11-26); shapes beyond the tuned range get
 the outermost region's choice. A region of a variant other than the baseline then has each split
-bound pulled in to midway (the same) between
-its own workloads and the nearest workload beyond them where the baseline was chosen (among those
-inside its other bounds): a split found between workloads elsewhere in the feature space does not
-hand the variant shapes far from any it won on, nearer to where the baseline won; they go to the
-baseline (`_tighten`).
+bound pulled in between its own workloads and the nearest workload beyond them where the baseline
+was chosen (among those inside its other bounds): a split found between workloads elsewhere in the
+feature space does not hand the variant shapes far from any it won on, nearer to where the baseline
+won; they go to the baseline (`_tighten`). That bound sits where the variant's time over the
+baseline's, interpolated in log-log between the two, crosses 1 (`_crossing`; midway where the
+variant was not measured beyond its region): a kernel that wins by 15% on one side and loses by 70%
+on the other stops winning much nearer the first.
 
 Fallback chains. Each region also lists its other admissible variants, by total cost there
 (`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
@@ -471,9 +473,9 @@ def _merge_boxes(boxes, fit_names):
 
 
 def _tighten(boxes, m: _Matrix):
-    """Each box of a variant other than the baseline, its split bounds pulled in to midway between its
-    own workloads and the nearest ones beyond them, inside its other bounds, where the baseline was
-    chosen. A split is placed between the node's neighbouring values, often of workloads far off in
+    """Each box of a variant other than the baseline, its split bounds pulled in between its own
+    workloads and the nearest ones beyond them, inside its other bounds, where the baseline was
+    chosen (to where the variant's time ratio crosses the baseline's, `_crossing`). A split is placed between the node's neighbouring values, often of workloads far off in
     another feature: a box of few-sequence shapes measured up to 74 tokens kept a bound of 570 set
     between many-sequence workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the
     baseline, which was chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
@@ -498,15 +500,40 @@ def _tighten(boxes, m: _Matrix):
                     near &= x > olo
                 if other != name and ohi is not None:
                     near &= x <= ohi
-            x, own = m.X[near, m.fit.index(name)], m.X[idx, m.fit.index(name)]
+            fi = m.fit.index(name)
+            x, own = m.X[near, fi], m.X[idx, fi]
             above, below = x[x > own.max()], x[x < own.min()]
+            inner, outer = np.asarray(idx), np.nonzero(near)[0]
             if hi is not None and above.size:
-                hi = min(hi, _midway(int(own.max()), int(above.min())))
+                hi = min(hi, _crossing(m, vj, fi, inner, outer, int(own.max()), int(above.min())))
             if lo is not None and below.size:
-                lo = max(lo, _midway(int(below.max()), int(own.min())))
+                lo = max(lo, _crossing(m, vj, fi, inner, outer, int(own.min()), int(below.max())))
             tight[name] = (lo, hi)
         out.append((tight, vj, idx))
     return out
+
+
+def _crossing(m: _Matrix, vj: int, fi: int, inner, outer, a: int, b: int) -> int:
+    """The threshold on feature `fi` between a box's own edge value `a` (variant vj chosen) and the
+    nearest value `b` where the baseline was chosen: where vj's time over the baseline's, in log-log
+    between its mean at a (own workloads) and at b (the baseline's), crosses 1; the geometric
+    midpoint where that cannot be estimated (vj not measured at b, or not losing there). Returned as
+    the bound beyond which the baseline takes over: the last value of the box's side (a <= t < b
+    when b > a; b <= t < a when b < a, a lower bound being exclusive). The times fall steeply on one
+    side of a crossover: 32 value heads, 16 sequences, the chunked kernel 0.85x the baseline's time
+    at 32 tokens a sequence and 1.7x at 128; the midpoint (64) sent 64-token sequences to it, 1.10x
+    slower than the baseline (H100, 2026-11-26)."""
+    def log_ratio(rows, at: int) -> float:
+        rows = rows[m.X[rows, fi] == at]
+        r = m.lat[vj, rows] / m.lat[0, rows]
+        r = r[np.isfinite(r) & (r > 0)]
+        return float(np.log(r).mean()) if r.size else math.nan
+    lo_v, hi_v = min(a, b), max(a, b)
+    la, lb = log_ratio(inner, a), log_ratio(outer, b)
+    if not (la < 0 < lb) or lo_v <= 0:
+        return _midway(lo_v, hi_v)
+    t = math.exp(math.log(a) + la / (la - lb) * (math.log(b) - math.log(a)))
+    return min(max(int(t), lo_v), hi_v - 1)
 
 
 def _midway(a: int, b: int) -> int:

@@ -46,7 +46,7 @@
 #   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.88x (4.25x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.28x .. 3.67x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads
-#   5. 118 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.09x .. 1.21x) over flashmla_sparse
+#   5. 120 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.09x .. 1.21x) over flashmla_sparse
 #   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads
 #   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.09x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
@@ -66,7 +66,7 @@ REGIONS = (
     {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.25, 4.88, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.28, 2.29, 3.67), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (118, 269)}, 'workloads': 3, 'speedup': (1.09, 1.16, 1.21), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (120, 269)}, 'workloads': 3, 'speedup': (1.09, 1.16, 1.21), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.09, 1.12, 1.13), 'fallbacks': ()},
 )
@@ -98,7 +98,7 @@ def route(num_tokens, num_pages):
     if 8 < num_tokens <= 52:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
     # region 5: 3 workloads, 1.16x (1.09x .. 1.21x) over flashmla_sparse
-    if 118 < num_tokens <= 269:
+    if 120 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
     # region 7: 10 workloads, 1.12x (1.09x .. 1.13x) over flashmla_sparse
     if num_tokens > 612:

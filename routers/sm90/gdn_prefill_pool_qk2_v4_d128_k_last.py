@@ -44,8 +44,8 @@
 #             2.477x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 77 and mean_seq_len <= 66: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 2707 and num_seqs > 8 and mean_seq_len > 66: triton_prefill_chunked.v64, 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   2. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66: triton_prefill_chunked.v64, 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
 #   4. 77 < total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   5. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
 #   6. total_seq_len > 3130 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 17 workloads
@@ -53,7 +53,7 @@
 #   1. total_seq_len <= 405 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 1253 and 5 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   3. total_seq_len <= 1253 and num_seqs > 22: cuda_prefill_pool_rows.k4c16, 7 workloads, 5.01x (2.01x .. 11.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 405 < total_seq_len <= 5101 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. 405 < total_seq_len <= 5116 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
 #   5. 1253 < total_seq_len <= 5116 and num_seqs > 5: triton_prefill_chunked.v64, 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
 #   6. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
 #   7. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
@@ -61,8 +61,8 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 77)}, 'workloads': 4, 'speedup': (4.05, 7.36, 13.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, None), 'total_seq_len': (None, 2707)}, 'workloads': 5, 'speedup': (1.56, 2.46, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3130)}, 'workloads': 5, 'speedup': (1.56, 2.46, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (77, 400)}, 'workloads': 3, 'speedup': (3.31, 4.02, 5.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 12, 'speedup': (1.09, 1.75, 3.56), 'fallbacks': ()},
     {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'total_seq_len': (3130, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
@@ -72,7 +72,7 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 405)}, 'workloads': 7, 'speedup': (6.35, 13.62, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (5, 22), 'total_seq_len': (None, 1253)}, 'workloads': 5, 'speedup': (3.36, 9.8, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (None, 1253)}, 'workloads': 7, 'speedup': (2.01, 5.01, 11.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (405, 5101)}, 'workloads': 6, 'speedup': (3.12, 4.89, 10.63), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (405, 5116)}, 'workloads': 6, 'speedup': (3.12, 4.89, 10.63), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (1253, 5116)}, 'workloads': 10, 'speedup': (2.31, 3.25, 5.5), 'fallbacks': ('triton_prefill_chunked.v16',)},
     {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 11, 'speedup': (1.19, 1.96, 3.91), 'fallbacks': ()},
     {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
@@ -87,12 +87,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 1: 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill
     if total_seq_len <= 77 and mean_seq_len <= 66:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2707 and num_seqs > 8 and mean_seq_len > 66:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 3: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
+    # region 2: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
     if total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 3: 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 4: 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill
     if 77 < total_seq_len <= 400 and mean_seq_len <= 66:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
@@ -115,7 +115,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 1253 and num_seqs > 22:
         return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
     # region 4: 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill
-    if 405 < total_seq_len <= 5101 and num_seqs <= 5:
+    if 405 < total_seq_len <= 5116 and num_seqs <= 5:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 5: 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill
     if 1253 < total_seq_len <= 5116 and num_seqs > 5:
