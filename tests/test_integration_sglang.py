@@ -256,3 +256,27 @@ def test_extend_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels
         "asked once: the second call's answer is remembered"
     assert list(asked[0]) == d.checker.var_axes, "the definition's variable axes, as its router takes them"
     d.reset()
+
+
+def test_decode_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels_here, monkeypatch):
+    """A packed-decode call the router gives back (SGLang's kernel measured fastest there) goes to
+    SGLang's kernel before kdispatch's output buffer, float32 gates and checks are built, and the
+    answer is asked once per shape (H100, 2026-11-26: 32 value heads x 256 requests, handed back
+    eagerly, took 31 us more host time than SGLang's own call when built first)."""
+    from kdispatch.ops import DISPATCHERS
+
+    d = DISPATCHERS["gdn_decode_packed_qk4_v8"]
+    engine = registry.Variant(d.definition, "sglang_packed_decode", lambda *a: pytest.fail("kdispatch ran"),
+                              "library", ("*",), baseline=True)
+    asked = []
+    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    monkeypatch.setattr(packed_decode, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
+    d.reset()
+    args, kw = sglang_call(batch=6, slots=9)
+    passed = plugin.STATS["passed"]
+    for _ in range(2):
+        assert plugin.hook(lambda self, *a, **k: "sglang", None, *args, **kw) == "sglang"
+    assert plugin.STATS["passed"] == passed + 2
+    assert asked == [{"batch_size": 6, "num_slots": 9}], "asked once: the second call's answer is remembered"
+    assert list(asked[0]) == d.checker.var_axes, "the definition's variable axes, as its router takes them"
+    d.reset()

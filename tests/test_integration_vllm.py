@@ -121,6 +121,30 @@ def test_uncovered_calls_reach_vllms_kernel(monkeypatch, fake_vllm):
     assert calls == [torch.bfloat16, torch.float32]
 
 
+def test_decode_shapes_routed_to_the_baseline_reach_vllms_kernel_first(monkeypatch, fake_vllm, kernels_here):
+    """A packed-decode call the router gives back goes to vLLM's kernel before kdispatch's checks and
+    float32 gates are built; the answer is asked once per shape."""
+    from kdispatch.integrations import packed_decode
+    from kdispatch.ops import DISPATCHERS
+
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    d = DISPATCHERS["gdn_decode_packed_qk4_v8"]
+    engine = registry.Variant(d.definition, "sglang_packed_decode", lambda *a: pytest.fail("kdispatch ran"),
+                              "library", ("*",), baseline=True)
+    asked = []
+    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    monkeypatch.setattr(packed_decode, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
+    d.reset()
+    kw, _ = vllm_call(batch=5, slots=8)
+    for _ in range(2):
+        module.fused_recurrent_gated_delta_rule_packed_decode(**kw)
+    assert calls == [torch.float32] * 2
+    assert asked == [{"batch_size": 5, "num_slots": 8}], "asked once: the second call's answer is remembered"
+    d.reset()
+
+
 def vllm_verify_call(seqs=5, steps=3, bucket=8):
     """fused_sigmoid_gating_delta_rule_update's keyword arguments as vLLM's spec-decode path passes
     them (q/k/v [1, T, H, 128], a/b [T, 8] bf16, dt_bias bf16, a pool view into cache pages, the step

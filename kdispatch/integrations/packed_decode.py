@@ -34,6 +34,11 @@ def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int)
     return serving.not_served(serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device)
 
 
+def axes(batch_size: int, pool) -> dict:
+    """The gdn_decode_packed definitions' variable axes of a call (for `serving.gives_back`)."""
+    return {"batch_size": batch_size, "num_slots": pool.shape[0]}
+
+
 def as_fp32(t: torch.Tensor) -> torch.Tensor:
     """A layer parameter (A_log, dt_bias) as float32, the definitions' dtype: converted once per
     tensor and version (a parameter loaded in place is converted again; a tensor that died is never

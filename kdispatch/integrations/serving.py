@@ -66,6 +66,15 @@ def gives_back(short: str, device, axes: dict) -> bool:
 _archs: dict = {}  # device -> its architecture
 
 
+def given_back(short: str, value_heads: int, device, axes) -> bool:
+    """`gives_back` for a call of a head count the GDN definitions cover, on a device where kdispatch
+    serves `short`, else False (the call's own checks then say why). `axes()`: the definition's
+    variable axes of the call, built only when asked."""
+    from kdispatch.integrations.packed_decode import HEADS
+
+    return value_heads in HEADS and not_served(short, device) is None and gives_back(short, device, axes())
+
+
 def attempt(stats: dict, short: str, device, serve, engine):
     """serve() (kdispatch), counted in `stats`; engine() (the engine's own kernel) where the router
     sends the call to the baseline, and if serve() raises, for this call and every later one of

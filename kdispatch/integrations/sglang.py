@@ -74,22 +74,26 @@ def _passed(stats: dict, why: str) -> None:
 def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
          head_v_dim, **kwargs):
     """AROUND hook of TritonGDNKernel.packed_decode: same arguments, same result ([1, B, HV, V])."""
-    why = ("ReplaySSM ring caches" if any(kwargs.get(k) is not None for k in RING_CACHES) else
-           packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim))
-    if why is not None:
-        _passed(STATS, why)
+    def engine():
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
+
+    short = serving.gdn_short("decode_packed", num_v_heads)
+    why = "ReplaySSM ring caches" if any(kwargs.get(k) is not None for k in RING_CACHES) else None
+    if why is None and serving.given_back(short, num_v_heads, mixed_qkv.device,
+                                          lambda: packed_decode.axes(mixed_qkv.shape[0], ssm_states)):
+        why = f"{short}: routed to the baseline for this shape"
+    why = why or packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim)
+    if why is not None:
+        _passed(STATS, why)
+        return engine()
 
     def ours():
         out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
         packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
         return out.transpose(0, 1)
 
-    return serving.attempt(STATS, serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device, ours,
-                           lambda: original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale,
-                                            ssm_states=ssm_states, cache_indices=cache_indices,
-                                            num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs))
+    return serving.attempt(STATS, short, mixed_qkv.device, ours, engine)
 
 
 def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
@@ -111,7 +115,7 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
            else None)
     if why is None:
         short = serving.gdn_short("prefill_pool", v.shape[2])
-        if _given_back(short, v, lambda: pool_prefill.axes(v.shape[1], n, ssm_states)):
+        if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, ssm_states)):
             _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
@@ -149,7 +153,7 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
     if why is None:
         short = serving.gdn_short("verify", v.shape[2])
         if buffer is not None and buffer.dim() == 5 and \
-                _given_back(short, v, lambda: verify.axes(v.shape[1], n, ssm_states, buffer)):
+                serving.given_back(short, v.shape[2], v.device, lambda: verify.axes(v.shape[1], n, ssm_states, buffer)):
             _passed(VERIFY_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, slots = q[0], k[0], v[0], cache_indices[:n]  # a CUDA-graph bucket may pass more
@@ -163,10 +167,3 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
         lambda: verify.serve(q0, k0, v0, a, b, A_log, dt_bias, ssm_states, slots, query_start_loc, buffer, rows)[None],
         engine)
 
-
-def _given_back(short: str, v, axes) -> bool:
-    """Does the router give this call back to SGLang's kernel (asked before kdispatch's views are
-    built)? `axes()`: the definition's variable axes of the call; only for head counts it covers, on
-    devices where kdispatch serves."""
-    return v.shape[2] in packed_decode.HEADS and serving.not_served(short, v.device) is None and \
-        serving.gives_back(short, v.device, axes())

@@ -106,9 +106,13 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
     """vLLM's packed decode contract: writes [B, 1, HV, V] into `out`, the states into the pool in
     place; returns (out, initial_state)."""
     heads, width = out.shape[-2], out.shape[-1]
+    short = serving.gdn_short("decode_packed", heads)
     why = ("no L2 norm in the kernel" if not use_qk_l2norm_in_kernel else
            f"out {tuple(out.shape)} {out.dtype}" if out.dim() != 4 or out.dtype != mixed_qkv.dtype
            or not out.is_contiguous() else
+           f"{short}: routed to the baseline for this shape"
+           if serving.given_back(short, heads, mixed_qkv.device,
+                                 lambda: packed_decode.axes(mixed_qkv.shape[0], initial_state)) else
            packed_decode.not_covered(mixed_qkv, a, b, initial_state, ssm_state_indices, heads, width))
     if why is not None:
         _passed(STATS, why)
@@ -120,7 +124,7 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
         packed_decode.serve(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ssm_state_indices, out)
         return out, initial_state
 
-    return serving.attempt(STATS, serving.gdn_short("decode_packed", heads), mixed_qkv.device, ours,
+    return serving.attempt(STATS, short, mixed_qkv.device, ours,
                            lambda: _originals[KERNEL](mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                                       scale=scale, initial_state=initial_state, out=out,
                                                       ssm_state_indices=ssm_state_indices,
