@@ -8,7 +8,8 @@
 #
 #   bash benchmarks/stage_engines.sh                       # here, once
 #   run: carry [".kd-wheels/engines"], command bash .kd-wheels/engines/gpu-setup.sh   (first)
-#   then shared/device's c1, c2, c4 (see the end), c3, each its own call, in the same hold of the machine
+#   then benchmarks/rebundle.sh's b1 .. bN (shared/device's bundles re-packed to fit beside the tree),
+#   each its own call, in the same hold of the machine
 # gpu-setup.sh unpacks it under /tmp/kd-engines; benchmarks/gpu_env.sh puts /tmp/kd-engines on
 # PYTHONPATH when it exists.
 set -euo pipefail
@@ -110,5 +111,5 @@ if [ -f .kd-wheels/c2/part.aa ] && [ ! -f .kd-wheels/c1/part.a0 ]; then
   for c in c1 c2 c3; do
     sed -i 's|if \[ ! -f "$parts/part.aa" \]|if [ ! -f "$parts/part.a0" ] \|\| [ ! -f "$parts/part.ac" ] \|\| [ ! -f "$parts/part.aa" ]|; s|cat "$parts/part.aa" "$parts/part.ab"|cat "$parts/part.a0" "$parts/part.aa" "$parts/part.ab" "$parts/part.ac"|' .kd-wheels/$c/gpu-setup.sh
   done
-  echo "re-split the big wheel's parts: send engines, c1, c2, then c4 (mkdir -p /tmp/kd-parts && cp .kd-wheels/c4/part.ac /tmp/kd-parts/), then c3"
+  echo "re-split the big wheel's parts; now run benchmarks/rebundle.sh (bundles that fit beside the tree)"
 fi

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Re-packs the GPU machine's package bundles (shared/device's stage-wheels.sh: .kd-wheels/c1 ..)
+# into bundles that each fit one transfer beside the working tree. A transfer carries the tracked
+# tree and the paths named in `carry`, 64 MiB at most; the tree grows with the results twins (29 MB
+# on 2026-11-26, when c2's and c3's 43 MB halves of the CuTe-DSL wheel no longer fit beside it).
+#
+#   bash benchmarks/rebundle.sh        # here, after stage-wheels.sh (and benchmarks/stage_engines.sh)
+#
+# writes .kd-wheels/b1 .. bN (files split where one alone would not fit) and prints the run calls:
+# one per bundle, back to back in one hold of the machine, each with carry [".kd-wheels/bK"] and
+# the command `bash .kd-wheels/bK/take.sh`. Each copies its files to /tmp/kd-parts there; the call
+# that completes the set joins the split files and runs shared/device's gpu-setup.sh (one pip run
+# into /tmp/kd-site), so later commands start with `. /tmp/kd-site/env.sh` (or benchmarks/gpu_env.sh).
+# The engines bundles (stage_engines.sh) travel as before, first.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+tree=$( (git ls-files; git ls-files --others --exclude-standard) | tr '\n' '\0' | du -cb --files0-from=- | tail -1 | cut -f1)
+python3 - "$tree" <<'PY'
+import os, pathlib, shutil, sys
+
+MiB = 1 << 20
+limit = int(os.environ.get("KD_TRANSFER_MIB", "63")) * MiB  # a transfer's 64 MiB, less 1 for the scripts
+budget = limit - int(sys.argv[1])
+if budget < limit // 8:
+    sys.exit(f"the working tree leaves {budget / MiB:.1f} MiB a transfer: too little to bundle packages")
+root = pathlib.Path(".kd-wheels")
+sources = sorted(p for p in root.glob("c[0-9]*") if p.is_dir())
+setup = next((p / "gpu-setup.sh" for p in sources if (p / "gpu-setup.sh").exists()), None)
+if setup is None:
+    sys.exit("no .kd-wheels/c*/gpu-setup.sh: run shared/device's stage-wheels.sh first")
+files = sorted({f.name: f for c in sources for f in c.iterdir() if f.name != "gpu-setup.sh"}.values())
+for old in root.glob("b[0-9]*"):
+    shutil.rmtree(old)
+# pieces no larger than the budget, largest first into the first bundle with room
+pieces = []  # (size, name on the GPU machine, source file, offset)
+for f in files:
+    size = f.stat().st_size
+    n = -(-size // budget) if size > budget else 1
+    for k in range(n):
+        part = min(budget, size - k * budget)
+        pieces.append((part, f"{f.name}.p{k:02d}" if n > 1 else f.name, f, k * budget))
+bundles = []
+for piece in sorted(pieces, key=lambda p: (-p[0], p[1])):
+    home = next((b for b in bundles if sum(p[0] for p in b) + piece[0] <= budget), None)
+    if home is None:
+        bundles.append(home := [])
+    home.append(piece)
+joins = {f.name: [p[1] for p in pieces if p[2] == f] for f in files}
+manifest = "".join(f"{name} {' '.join(parts)}\n" for name, parts in joins.items())
+for i, b in enumerate(bundles, 1):
+    out = root / f"b{i}"
+    out.mkdir()
+    for size, name, src, offset in b:
+        with open(src, "rb") as fi, open(out / name, "wb") as fo:
+            fi.seek(offset)
+            fo.write(fi.read(size))
+    shutil.copy(setup, out / "gpu-setup.sh")
+    (out / "MANIFEST").write_text(manifest)
+    shutil.copy(pathlib.Path("benchmarks/rebundle_take.sh"), out / "take.sh")
+    print(f"b{i}: {sum(p[0] for p in b) / MiB:.1f} MiB, {len(b)} files")
+print(f"send b1 .. b{len(bundles)}, each: carry [\".kd-wheels/bK\"], command: bash .kd-wheels/bK/take.sh")
+PY
