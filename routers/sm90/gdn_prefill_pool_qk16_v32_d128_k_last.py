@@ -38,44 +38,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 10.93% mean, 106.93% max;
-#             1.038x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.68% mean, 122.88% max;
-#             1.269x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.82% mean, 106.93% max;
+#             1.031x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.69% mean, 122.88% max;
+#             1.283x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. 20 < total_seq_len <= 87: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.00x (2.54x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
-#   3. 87 < total_seq_len <= 391: triton_prefill_chunked.v64, 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. 391 < total_seq_len <= 732 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.86x (1.10x .. 2.54x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   5. total_seq_len > 391 and num_seqs <= 21 and mean_seq_len <= 54: triton_prefill_chunked.v64, 3 workloads, 1.21x (1.17x .. 1.26x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 391 and num_seqs <= 21 and mean_seq_len > 64: sglang_flashinfer_prefill (baseline), 21 workloads
-#   7. total_seq_len > 732 and num_seqs > 21 and mean_seq_len <= 28: triton_prefill_chunked.v64, 3 workloads, 1.22x (1.04x .. 1.39x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 732 and num_seqs > 21 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 12 workloads
+#   1. total_seq_len <= 141 and mean_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 894 and num_seqs <= 3 and mean_seq_len > 28: triton_prefill_chunked.v64, 4 workloads, 1.33x (1.13x .. 1.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   3. total_seq_len <= 1056 and num_seqs > 3 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 6 workloads
+#   4. 8 < mean_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.26x .. 2.54x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64
+#   5. total_seq_len > 141 and mean_seq_len <= 8: triton_prefill_chunked.v64, 4 workloads, 1.49x (1.39x .. 1.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v16
+#   6. total_seq_len > 1056 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 28 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 392 and num_seqs <= 3: cuda_prefill_pool_rows.k4c16, 4 workloads, 8.84x (4.19x .. 19.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20: triton_prefill_chunked.v64, 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16
-#   3. total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 9 workloads, 4.62x (1.67x .. 18.58x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 392 < total_seq_len <= 1781 and num_seqs <= 3: triton_prefill_chunked.v16, 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   1. total_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 5 workloads, 12.12x (6.40x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. 53 < total_seq_len <= 391: cuda_prefill_pool_rows.k4c16, 4 workloads, 4.65x (3.49x .. 6.84x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   3. 391 < total_seq_len <= 1781 and num_seqs <= 32: triton_prefill_chunked.v64, 9 workloads, 2.16x (1.55x .. 3.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. 391 < total_seq_len <= 1781 and num_seqs > 32: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.66x (1.67x .. 3.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   5. total_seq_len > 1781 and mean_seq_len <= 44: triton_prefill_chunked.v64, 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
 #   6. total_seq_len > 1781 and mean_seq_len > 68: sglang_flashinfer_prefill (baseline), 23 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 20)}, 'workloads': 3, 'speedup': (4.06, 8.46, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (20, 87)}, 'workloads': 3, 'speedup': (2.54, 3.0, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'total_seq_len': (87, 391)}, 'workloads': 3, 'speedup': (1.26, 1.54, 1.9), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (391, 732)}, 'workloads': 3, 'speedup': (1.1, 1.86, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 54), 'num_seqs': (None, 21), 'total_seq_len': (391, None)}, 'workloads': 3, 'speedup': (1.17, 1.21, 1.26), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, None), 'num_seqs': (None, 21), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (21, None), 'total_seq_len': (732, None)}, 'workloads': 3, 'speedup': (1.04, 1.22, 1.39), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, None), 'total_seq_len': (732, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (None, 141)}, 'workloads': 5, 'speedup': (2.57, 5.64, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 894)}, 'workloads': 4, 'speedup': (1.13, 1.33, 1.9), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1056)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (8, 27)}, 'workloads': 4, 'speedup': (1.26, 1.83, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (141, None)}, 'workloads': 4, 'speedup': (1.39, 1.49, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'total_seq_len': (1056, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 392)}, 'workloads': 4, 'speedup': (4.19, 8.84, 19.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1024)}, 'workloads': 6, 'speedup': (1.55, 2.09, 3.26), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (3, None), 'total_seq_len': (None, 1781)}, 'workloads': 9, 'speedup': (1.67, 4.62, 18.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (392, 1781)}, 'workloads': 3, 'speedup': (2.23, 2.43, 2.59), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (None, 53)}, 'workloads': 5, 'speedup': (6.4, 12.12, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'total_seq_len': (53, 391)}, 'workloads': 4, 'speedup': (3.49, 4.65, 6.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 32), 'total_seq_len': (391, 1781)}, 'workloads': 9, 'speedup': (1.55, 2.16, 3.26), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (32, None), 'total_seq_len': (391, 1781)}, 'workloads': 4, 'speedup': (1.67, 2.66, 3.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 44), 'total_seq_len': (1781, None)}, 'workloads': 6, 'speedup': (1.06, 1.25, 1.71), 'fallbacks': ()},
     {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (68, None), 'total_seq_len': (1781, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
@@ -86,42 +82,36 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 20:
+    # region 1: 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 141 and mean_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 3.00x (2.54x .. 3.90x) over sglang_flashinfer_prefill
-    if 20 < total_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 3 workloads, 1.54x (1.26x .. 1.90x) over sglang_flashinfer_prefill
-    if 87 < total_seq_len <= 391:
+    # region 2: 4 workloads, 1.33x (1.13x .. 1.90x) over sglang_flashinfer_prefill
+    if total_seq_len <= 894 and num_seqs <= 3 and mean_seq_len > 28:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 3 workloads, 1.86x (1.10x .. 2.54x) over sglang_flashinfer_prefill
-    if 391 < total_seq_len <= 732 and num_seqs > 24:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 3 workloads, 1.21x (1.17x .. 1.26x) over sglang_flashinfer_prefill
-    if total_seq_len > 391 and num_seqs <= 21 and mean_seq_len <= 54:
-        return 'triton_prefill_chunked.v64'
-    # region 7: 3 workloads, 1.22x (1.04x .. 1.39x) over sglang_flashinfer_prefill
-    if total_seq_len > 732 and num_seqs > 21 and mean_seq_len <= 28:
-        return 'triton_prefill_chunked.v64'
+    # region 4: 4 workloads, 1.83x (1.26x .. 2.54x) over sglang_flashinfer_prefill
+    if 8 < mean_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 4 workloads, 1.49x (1.39x .. 1.56x) over sglang_flashinfer_prefill
+    if total_seq_len > 141 and mean_seq_len <= 8:
+        return ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.84x (4.19x .. 19.88x) over sglang_flashinfer_prefill
-    if total_seq_len <= 392 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 2: 6 workloads, 2.09x (1.55x .. 3.26x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1024 and num_seqs > 3 and mean_seq_len > 20:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_chunked.v64'
-    # region 3: 9 workloads, 4.62x (1.67x .. 18.58x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and num_seqs > 3 and mean_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 3 workloads, 2.43x (2.23x .. 2.59x) over sglang_flashinfer_prefill
-    if 392 < total_seq_len <= 1781 and num_seqs <= 3:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 1: 5 workloads, 12.12x (6.40x .. 20.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 4 workloads, 4.65x (3.49x .. 6.84x) over sglang_flashinfer_prefill
+    if 53 < total_seq_len <= 391:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 3: 9 workloads, 2.16x (1.55x .. 3.26x) over sglang_flashinfer_prefill
+    if 391 < total_seq_len <= 1781 and num_seqs <= 32:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 4 workloads, 2.66x (1.67x .. 3.42x) over sglang_flashinfer_prefill
+    if 391 < total_seq_len <= 1781 and num_seqs > 32:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 5: 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
     if total_seq_len > 1781 and mean_seq_len <= 44:
         return 'triton_prefill_chunked.v64'

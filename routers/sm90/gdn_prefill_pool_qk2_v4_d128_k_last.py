@@ -38,17 +38,16 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 26.58% mean, 305.89% max;
-#             1.124x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.60% mean, 396.91% max;
-#             2.477x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 21.56% mean, 305.89% max;
+#             1.222x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.58% mean, 396.91% max;
+#             2.522x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 77 and mean_seq_len <= 66: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   1. total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.52x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
 #   3. total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66: triton_prefill_chunked.v64, 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. 77 < total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 3130 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 17 workloads
+#   4. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+#   5. total_seq_len > 3130 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 17 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 405 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 1253 and 5 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -60,12 +59,11 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 77)}, 'workloads': 4, 'speedup': (4.05, 7.36, 13.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 400)}, 'workloads': 7, 'speedup': (3.31, 5.52, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3130)}, 'workloads': 5, 'speedup': (1.56, 2.46, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (77, 400)}, 'workloads': 3, 'speedup': (3.31, 4.02, 5.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 12, 'speedup': (1.09, 1.75, 3.56), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'total_seq_len': (3130, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 12, 'speedup': (1.09, 1.75, 3.56), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'total_seq_len': (3130, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -84,19 +82,16 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 7.36x (4.05x .. 13.56x) over sglang_flashinfer_prefill
-    if total_seq_len <= 77 and mean_seq_len <= 66:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 7 workloads, 5.52x (3.31x .. 13.14x) over sglang_flashinfer_prefill
+    if total_seq_len <= 400 and mean_seq_len <= 66:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
     if total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 3: 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill
     if total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 3 workloads, 4.02x (3.31x .. 5.26x) over sglang_flashinfer_prefill
-    if 77 < total_seq_len <= 400 and mean_seq_len <= 66:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
+    # region 4: 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
     if total_seq_len > 400 and mean_seq_len <= 66:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'

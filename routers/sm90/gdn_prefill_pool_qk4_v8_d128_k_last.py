@@ -38,54 +38,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.01% mean, 268.16% max;
-#             1.133x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 30.77% mean, 339.88% max;
-#             1.380x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.51% mean, 268.16% max;
+#             1.146x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 34.53% mean, 339.88% max;
+#             1.405x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 203 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.34x (5.38x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 203 and 22 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 3901 and num_seqs <= 9 and mean_seq_len > 61: triton_prefill_chunked.v16, 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
-#   4. total_seq_len <= 3901 and num_seqs > 9 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
-#   5. total_seq_len > 203 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 3 workloads, 1.99x (1.29x .. 2.64x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   6. total_seq_len > 203 and 6 < mean_seq_len <= 61: triton_prefill_chunked.v64, 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 3901 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 18 workloads
+#   1. total_seq_len <= 287 and 6 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c8, 5 workloads, 4.37x (2.70x .. 7.75x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 4016 and num_seqs <= 9 and mean_seq_len > 61: triton_prefill_chunked.v16, 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
+#   3. total_seq_len <= 5282 and num_seqs > 9 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 4 workloads
+#   4. mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.20x (1.29x .. 13.31x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len > 287 and 6 < mean_seq_len <= 61: triton_prefill_chunked.v64, 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 5282 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 17 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 77 and mean_seq_len <= 30: cuda_prefill_pool_rows.k8c16, 3 workloads, 12.75x (10.24x .. 18.03x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 540 and 30 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 4 workloads, 4.82x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 2248 and num_seqs <= 4 and 61 < mean_seq_len <= 185: triton_prefill_chunked.v16, 3 workloads, 5.44x (4.36x .. 8.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 2248 and num_seqs <= 4 and mean_seq_len > 185: triton_prefill_chunked.v64, 5 workloads, 3.29x (2.39x .. 4.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   5. total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
-#   6. 77 < total_seq_len <= 540 and mean_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.03x (1.57x .. 12.87x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. 540 < total_seq_len <= 1893 and mean_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.30x (1.62x .. 4.78x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   8. total_seq_len > 1893 and mean_seq_len <= 61: triton_prefill_chunked.v64, 3 workloads, 1.92x (1.70x .. 2.32x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   9. 2248 < total_seq_len <= 14149 and num_seqs <= 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 6 workloads, 1.76x (1.07x .. 2.83x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 7435 and num_seqs > 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 9 workloads
-#   11. total_seq_len > 14149 and num_seqs <= 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 644 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 644 and mean_seq_len > 22: cuda_prefill_pool_rows.k8c16, 10 workloads, 5.63x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len <= 55: triton_prefill_chunked.v64, 4 workloads, 2.09x (1.70x .. 2.66x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 55: triton_prefill_chunked.v16, 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
+#   5. 644 < total_seq_len <= 10420 and num_seqs <= 14: triton_prefill_chunked.v16, 11 workloads, 2.46x (1.07x .. 5.56x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 9 workloads
+#   7. total_seq_len > 10420 and num_seqs <= 14: sglang_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 203)}, 'workloads': 3, 'speedup': (5.38, 8.34, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 61), 'total_seq_len': (None, 203)}, 'workloads': 3, 'speedup': (2.95, 3.8, 4.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3901)}, 'workloads': 11, 'speedup': (1.05, 1.82, 2.92), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (9, None), 'total_seq_len': (None, 3901)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (203, None)}, 'workloads': 3, 'speedup': (1.29, 1.99, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, 61), 'total_seq_len': (203, None)}, 'workloads': 10, 'speedup': (1.19, 1.38, 1.69), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'total_seq_len': (3901, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 61), 'total_seq_len': (None, 287)}, 'workloads': 5, 'speedup': (2.7, 4.37, 7.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 4016)}, 'workloads': 11, 'speedup': (1.05, 1.82, 2.92), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (9, None), 'total_seq_len': (None, 5282)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6)}, 'workloads': 4, 'speedup': (1.29, 3.2, 13.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, 61), 'total_seq_len': (287, None)}, 'workloads': 10, 'speedup': (1.19, 1.38, 1.69), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'total_seq_len': (5282, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (None, 77)}, 'workloads': 3, 'speedup': (10.24, 12.75, 18.03), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (30, 61), 'total_seq_len': (None, 540)}, 'workloads': 4, 'speedup': (1.63, 4.82, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, 185), 'num_seqs': (None, 4), 'total_seq_len': (None, 2248)}, 'workloads': 3, 'speedup': (4.36, 5.44, 8.32), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (185, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2248)}, 'workloads': 5, 'speedup': (2.39, 3.29, 4.57), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (None, 7435)}, 'workloads': 6, 'speedup': (1.13, 2.03, 5.56), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (77, 540)}, 'workloads': 6, 'speedup': (1.57, 6.03, 12.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 61), 'total_seq_len': (540, 1893)}, 'workloads': 3, 'speedup': (1.62, 3.3, 4.78), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 61), 'total_seq_len': (1893, None)}, 'workloads': 3, 'speedup': (1.7, 1.92, 2.32), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (2248, 14149)}, 'workloads': 6, 'speedup': (1.07, 1.76, 2.83), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (7435, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (14149, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 644)}, 'workloads': 9, 'speedup': (1.57, 5.7, 17.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (None, 644)}, 'workloads': 10, 'speedup': (1.63, 5.63, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (14, None), 'total_seq_len': (644, 7435)}, 'workloads': 4, 'speedup': (1.7, 2.09, 2.66), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (55, None), 'num_seqs': (14, None), 'total_seq_len': (644, 7435)}, 'workloads': 4, 'speedup': (1.13, 1.71, 2.08), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (644, 10420)}, 'workloads': 11, 'speedup': (1.07, 2.46, 5.56), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,20 +84,17 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.34x (5.38x .. 13.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 203 and mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 3.80x (2.95x .. 4.99x) over sglang_flashinfer_prefill
-    if total_seq_len <= 203 and 22 < mean_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3901 and num_seqs <= 9 and mean_seq_len > 61:
+    # region 1: 5 workloads, 4.37x (2.70x .. 7.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 287 and 6 < mean_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
+    if total_seq_len <= 4016 and num_seqs <= 9 and mean_seq_len > 61:
         return 'triton_prefill_chunked.v16'
-    # region 5: 3 workloads, 1.99x (1.29x .. 2.64x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and 6 < mean_seq_len <= 61:
+    # region 4: 4 workloads, 3.20x (1.29x .. 13.31x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
+    if total_seq_len > 287 and 6 < mean_seq_len <= 61:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -115,31 +102,19 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 12.75x (10.24x .. 18.03x) over sglang_flashinfer_prefill
-    if total_seq_len <= 77 and mean_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 2: 4 workloads, 4.82x (1.63x .. 12.83x) over sglang_flashinfer_prefill
-    if total_seq_len <= 540 and 30 < mean_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 3 workloads, 5.44x (4.36x .. 8.32x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2248 and num_seqs <= 4 and 61 < mean_seq_len <= 185:
-        return ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 5 workloads, 3.29x (2.39x .. 4.57x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2248 and num_seqs <= 4 and mean_seq_len > 185:
+    # region 1: 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill
+    if total_seq_len <= 644 and mean_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 10 workloads, 5.63x (1.63x .. 12.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 644 and mean_seq_len > 22:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 4 workloads, 2.09x (1.70x .. 2.66x) over sglang_flashinfer_prefill
+    if 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len <= 55:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61:
+    # region 4: 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
+    if 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 55:
         return 'triton_prefill_chunked.v16'
-    # region 6: 6 workloads, 6.03x (1.57x .. 12.87x) over sglang_flashinfer_prefill
-    if 77 < total_seq_len <= 540 and mean_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 3 workloads, 3.30x (1.62x .. 4.78x) over sglang_flashinfer_prefill
-    if 540 < total_seq_len <= 1893 and mean_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 3 workloads, 1.92x (1.70x .. 2.32x) over sglang_flashinfer_prefill
-    if total_seq_len > 1893 and mean_seq_len <= 61:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 6 workloads, 1.76x (1.07x .. 2.83x) over sglang_flashinfer_prefill
-    if 2248 < total_seq_len <= 14149 and num_seqs <= 4 and mean_seq_len > 61:
+    # region 5: 11 workloads, 2.46x (1.07x .. 5.56x) over sglang_flashinfer_prefill
+    if 644 < total_seq_len <= 10420 and num_seqs <= 14:
         return 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

@@ -38,48 +38,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 16.75% mean, 238.13% max;
-#             1.101x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.67% mean, 286.31% max;
-#             1.651x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 16.41% mean, 238.13% max;
+#             1.104x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.19% mean, 286.31% max;
+#             1.653x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 1010 and mean_seq_len > 27: triton_prefill_chunked.v64, 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
-#   2. num_seqs <= 3 and mean_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.51x (5.10x .. 13.08x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. num_seqs > 3 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.01x (3.74x .. 4.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. num_seqs > 3 and 4 < mean_seq_len <= 27: triton_prefill_chunked.v64, 6 workloads, 1.74x (1.32x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   5. total_seq_len > 1097 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 28 workloads
+#   2. mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.64x (3.32x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 7 < mean_seq_len <= 27: triton_prefill_chunked.v64, 7 workloads, 1.87x (1.32x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. total_seq_len > 1097 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 28 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 75 and num_seqs <= 2 and mean_seq_len <= 80: cuda_prefill_pool_rows.k16c8, 3 workloads, 26.14x (18.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 75 and 2 < num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 3 workloads, 17.86x (16.24x .. 20.15x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len <= 4986 and num_seqs > 3 and 80 < mean_seq_len <= 289: triton_prefill_chunked.v16, 7 workloads, 2.65x (1.29x .. 4.78x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. total_seq_len <= 5831 and num_seqs <= 3 and mean_seq_len > 80: triton_prefill_chunked.v16, 3 workloads, 1.63x (1.16x .. 1.97x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   6. total_seq_len <= 6247 and num_seqs > 3 and mean_seq_len > 289: triton_prefill_chunked.v64, 3 workloads, 3.07x (2.43x .. 3.52x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16
-#   7. 75 < total_seq_len <= 406 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.31x (3.13x .. 15.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   8. total_seq_len > 406 and num_seqs <= 21 and mean_seq_len <= 80: triton_prefill_chunked.v64, 3 workloads, 2.25x (1.85x .. 2.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   9. total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 74: triton_prefill_chunked.v64, 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 6247 and mean_seq_len > 80: sglang_flashinfer_prefill (baseline), 14 workloads
+#   1. total_seq_len <= 33 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 4 workloads, 22.86x (17.41x .. 40.30x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 6007 and mean_seq_len > 80: triton_prefill_chunked.v16, 13 workloads, 2.41x (1.16x .. 4.78x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. 33 < total_seq_len <= 251 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k16c16, 4 workloads, 12.93x (5.03x .. 22.11x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   5. total_seq_len > 251 and num_seqs <= 21 and mean_seq_len <= 80: triton_prefill_chunked.v64, 4 workloads, 2.36x (1.85x .. 2.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
+#   6. total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 74: triton_prefill_chunked.v64, 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 6247 and mean_seq_len > 80: sglang_flashinfer_prefill (baseline), 14 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (None, 1010)}, 'workloads': 10, 'speedup': (1.1, 1.89, 3.15), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 27), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (5.1, 9.51, 13.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (3, None)}, 'workloads': 3, 'speedup': (3.74, 4.01, 4.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (4, 27), 'num_seqs': (3, None)}, 'workloads': 6, 'speedup': (1.32, 1.74, 2.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (1097, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7)}, 'workloads': 6, 'speedup': (3.32, 6.64, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (7, 27)}, 'workloads': 7, 'speedup': (1.32, 1.87, 2.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (1097, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 2), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (18.85, 26.14, 43.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (2, 21), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (16.24, 17.86, 20.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (21, None), 'total_seq_len': (None, 1353)}, 'workloads': 6, 'speedup': (1.25, 3.76, 6.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, 289), 'num_seqs': (3, None), 'total_seq_len': (None, 4986)}, 'workloads': 7, 'speedup': (1.29, 2.65, 4.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 5831)}, 'workloads': 3, 'speedup': (1.16, 1.63, 1.97), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (289, None), 'num_seqs': (3, None), 'total_seq_len': (None, 6247)}, 'workloads': 3, 'speedup': (2.43, 3.07, 3.52), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (75, 406)}, 'workloads': 3, 'speedup': (3.13, 6.31, 15.97), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (406, None)}, 'workloads': 3, 'speedup': (1.85, 2.25, 2.49), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 74), 'num_seqs': (21, None), 'total_seq_len': (1353, None)}, 'workloads': 6, 'speedup': (1.12, 1.37, 1.6), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (6247, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (None, 33)}, 'workloads': 4, 'speedup': (17.41, 22.86, 40.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (21, None), 'total_seq_len': (None, 1353)}, 'workloads': 6, 'speedup': (1.25, 3.76, 6.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (None, 6007)}, 'workloads': 13, 'speedup': (1.16, 2.41, 4.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (33, 251)}, 'workloads': 4, 'speedup': (5.03, 12.93, 22.11), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (251, None)}, 'workloads': 4, 'speedup': (1.85, 2.36, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 74), 'num_seqs': (21, None), 'total_seq_len': (1353, None)}, 'workloads': 6, 'speedup': (1.12, 1.37, 1.6), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (6247, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -91,14 +83,11 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 1: 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
     if total_seq_len <= 1010 and mean_seq_len > 27:
         return 'triton_prefill_chunked.v64'
-    # region 2: 4 workloads, 9.51x (5.10x .. 13.08x) over sglang_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 3 workloads, 4.01x (3.74x .. 4.52x) over sglang_flashinfer_prefill
-    if num_seqs > 3 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 1.74x (1.32x .. 2.96x) over sglang_flashinfer_prefill
-    if num_seqs > 3 and 4 < mean_seq_len <= 27:
+    # region 2: 6 workloads, 6.64x (3.32x .. 13.04x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 7 workloads, 1.87x (1.32x .. 2.96x) over sglang_flashinfer_prefill
+    if 7 < mean_seq_len <= 27:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -106,31 +95,22 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 26.14x (18.85x .. 43.42x) over sglang_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 2 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 17.86x (16.24x .. 20.15x) over sglang_flashinfer_prefill
-    if total_seq_len <= 75 and 2 < num_seqs <= 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill
+    # region 1: 4 workloads, 22.86x (17.41x .. 40.30x) over sglang_flashinfer_prefill
+    if total_seq_len <= 33 and num_seqs <= 21 and mean_seq_len <= 80:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill
     if total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 7 workloads, 2.65x (1.29x .. 4.78x) over sglang_flashinfer_prefill
-    if total_seq_len <= 4986 and num_seqs > 3 and 80 < mean_seq_len <= 289:
+    # region 3: 13 workloads, 2.41x (1.16x .. 4.78x) over sglang_flashinfer_prefill
+    if total_seq_len <= 6007 and mean_seq_len > 80:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 3 workloads, 1.63x (1.16x .. 1.97x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5831 and num_seqs <= 3 and mean_seq_len > 80:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 3 workloads, 3.07x (2.43x .. 3.52x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6247 and num_seqs > 3 and mean_seq_len > 289:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16') if inside else 'triton_prefill_chunked.v64'
-    # region 7: 3 workloads, 6.31x (3.13x .. 15.97x) over sglang_flashinfer_prefill
-    if 75 < total_seq_len <= 406 and num_seqs <= 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 3 workloads, 2.25x (1.85x .. 2.49x) over sglang_flashinfer_prefill
-    if total_seq_len > 406 and num_seqs <= 21 and mean_seq_len <= 80:
+    # region 4: 4 workloads, 12.93x (5.03x .. 22.11x) over sglang_flashinfer_prefill
+    if 33 < total_seq_len <= 251 and num_seqs <= 21 and mean_seq_len <= 80:
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 5: 4 workloads, 2.36x (1.85x .. 2.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 251 and num_seqs <= 21 and mean_seq_len <= 80:
         return ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
+    # region 6: 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
     if total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 74:
         return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'

@@ -42,70 +42,66 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.56% mean, 106.53% max;
-#             1.309x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.45% mean, 118.58% max;
-#             3.105x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.21% mean, 106.53% max;
+#             1.307x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.53% mean, 118.58% max;
+#             3.091x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 81 and num_seqs <= 5 and mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 37 workloads, 5.05x (2.08x .. 10.92x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 81 and 5 < num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 3 workloads, 6.60x (5.16x .. 8.24x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 136 and num_seqs > 8 and mean_seq_len <= 3: cuda_prefill_thread_rows.k8c8, 3 workloads, 1.75x (1.70x .. 1.78x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16
-#   4. total_seq_len <= 149 and num_seqs > 8 and 3 < mean_seq_len <= 46: flashinfer (baseline), 3 workloads
-#   5. total_seq_len <= 160 and 46 < mean_seq_len <= 121: cuda_prefill_thread_rows.k16c16, 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. total_seq_len <= 160 and mean_seq_len > 121: triton_prefill_chunked.v16, 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
-#   7. 81 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 16 workloads, 2.57x (1.66x .. 5.44x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   8. total_seq_len > 149 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 20 workloads
-#   9. 160 < total_seq_len <= 944 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16
-#   10. 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer; then triton_prefill_chunked.v64
-#   11. total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46: triton_prefill_chunked.v64, 3 workloads, 2.42x (2.38x .. 2.45x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
-#   12. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
+#   1. total_seq_len <= 43 and mean_seq_len <= 1: triton_prefill_recurrent, 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16
+#   2. total_seq_len <= 43 and 1 < mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16
+#   3. total_seq_len <= 43 and 3 < mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 4.90x (3.00x .. 8.51x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. total_seq_len <= 160 and 46 < mean_seq_len <= 121: cuda_prefill_thread_rows.k16c16, 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. total_seq_len <= 160 and mean_seq_len > 121: triton_prefill_chunked.v16, 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
+#   6. total_seq_len > 43 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 25 workloads, 2.63x (1.34x .. 6.76x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. total_seq_len > 43 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 24 workloads
+#   8. 160 < total_seq_len <= 944 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16
+#   9. 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer; then triton_prefill_chunked.v64
+#   10. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 37 and num_seqs <= 37 and mean_seq_len <= 16: cuda_prefill_thread_rows.k8c8, 22 workloads, 16.24x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
 #   2. total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231: cuda_prefill_thread_rows.k16c16, 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 634 and mean_seq_len > 443: triton_prefill_chunked.v16, 4 workloads, 3.14x (2.66x .. 4.01x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   4. total_seq_len <= 965 and 231 < mean_seq_len <= 443: cuda_prefill_thread_rows.k8c16, 17 workloads, 3.88x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   5. total_seq_len <= 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231: triton_prefill_chunked.v64, 3 workloads, 1.23x (1.15x .. 1.37x) over flashinfer
-#   6. 37 < num_seqs <= 81 and mean_seq_len <= 13: cuda_prefill_thread_rows.k8c16, 4 workloads, 2.09x (1.26x .. 2.70x) over flashinfer; then cuda_prefill_thread_rows.k16c16
-#   7. num_seqs > 81 and mean_seq_len <= 13: cuda_prefill_thread_rows.k2c8, 5 workloads, 2.59x (1.84x .. 3.64x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   8. 37 < total_seq_len <= 1978 and num_seqs <= 37 and mean_seq_len <= 231: cuda_prefill_thread_rows.k8c16, 117 workloads, 6.93x (1.24x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8
-#   9. 634 < total_seq_len <= 965 and mean_seq_len > 443: triton_prefill_chunked.v64, 3 workloads, 5.25x (4.95x .. 5.60x) over flashinfer; then triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16
+#   3. total_seq_len <= 443 and mean_seq_len > 271: cuda_prefill_thread_rows.k16c16, 4 workloads, 4.11x (3.14x .. 5.99x) over flashinfer; then cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   4. total_seq_len <= 965 and 231 < mean_seq_len <= 271: cuda_prefill_thread_rows.k8c16, 8 workloads, 3.85x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c8
+#   5. total_seq_len <= 2934 and num_seqs > 108 and mean_seq_len <= 231: cuda_prefill_thread_rows.k2c16, 4 workloads, 2.49x (1.89x .. 3.70x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
+#   6. 37 < num_seqs <= 105 and mean_seq_len <= 13: cuda_prefill_thread_rows.k8c16, 6 workloads, 2.09x (1.26x .. 2.70x) over flashinfer; then cuda_prefill_thread_rows.k16c16
+#   7. 37 < num_seqs <= 105 and 13 < mean_seq_len <= 231: flashinfer (baseline), 12 workloads
+#   8. 37 < total_seq_len <= 1473 and num_seqs <= 37 and mean_seq_len <= 231: cuda_prefill_thread_rows.k8c16, 116 workloads, 7.03x (1.72x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   9. 443 < total_seq_len <= 965 and mean_seq_len > 271: triton_prefill_chunked.v16, 12 workloads, 3.91x (2.21x .. 5.91x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
 #   10. 965 < total_seq_len <= 3147 and mean_seq_len > 602: triton_prefill_chunked.v16, 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
 #   11. 965 < total_seq_len <= 3627 and 231 < mean_seq_len <= 602: triton_prefill_chunked.v64, 10 workloads, 2.49x (1.40x .. 5.81x) over flashinfer; then triton_prefill_chunked.v16
-#   12. total_seq_len > 1978 and num_seqs <= 37 and mean_seq_len <= 231: flashinfer (baseline), 3 workloads
-#   13. total_seq_len > 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231: flashinfer (baseline), 16 workloads
+#   12. total_seq_len > 1473 and num_seqs <= 37 and mean_seq_len <= 231: flashinfer (baseline), 4 workloads
+#   13. total_seq_len > 2934 and num_seqs > 105 and mean_seq_len <= 231: flashinfer (baseline), 6 workloads
 #   14. total_seq_len > 3147 and mean_seq_len > 602: flashinfer (baseline), 17 workloads
 #   15. total_seq_len > 3627 and 231 < mean_seq_len <= 602: flashinfer (baseline), 12 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 5), 'total_seq_len': (None, 81)}, 'workloads': 37, 'speedup': (2.08, 5.05, 10.92), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (5, 8), 'total_seq_len': (None, 81)}, 'workloads': 3, 'speedup': (5.16, 6.6, 8.24), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 136)}, 'workloads': 3, 'speedup': (1.7, 1.75, 1.78), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 4, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 46), 'num_seqs': (8, None), 'total_seq_len': (None, 149)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, 121), 'total_seq_len': (None, 160)}, 'workloads': 19, 'speedup': (1.49, 2.1, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (121, None), 'total_seq_len': (None, 160)}, 'workloads': 6, 'speedup': (1.41, 1.46, 1.49), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (81, 221)}, 'workloads': 16, 'speedup': (1.66, 2.57, 5.44), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (149, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (160, 944)}, 'workloads': 10, 'speedup': (1.99, 2.38, 2.68), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (160, 1051)}, 'workloads': 69, 'speedup': (1.35, 1.7, 2.08), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (221, None)}, 'workloads': 3, 'speedup': (2.38, 2.42, 2.45), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 43)}, 'workloads': 4, 'speedup': (1.52, 6.8, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (1, 3), 'total_seq_len': (None, 43)}, 'workloads': 5, 'speedup': (1.61, 6.55, 10.01), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (3, 46), 'total_seq_len': (None, 43)}, 'workloads': 27, 'speedup': (3.0, 4.9, 8.51), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, 121), 'total_seq_len': (None, 160)}, 'workloads': 19, 'speedup': (1.49, 2.1, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (121, None), 'total_seq_len': (None, 160)}, 'workloads': 6, 'speedup': (1.41, 1.46, 1.49), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (43, None)}, 'workloads': 25, 'speedup': (1.34, 2.63, 6.76), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (43, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (160, 944)}, 'workloads': 10, 'speedup': (1.99, 2.38, 2.68), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (160, 1051)}, 'workloads': 69, 'speedup': (1.35, 1.7, 2.08), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 16), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 22, 'speedup': (4.04, 16.24, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
     {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (16, 231), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (10.62, 16.88, 23.3), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (None, 634)}, 'workloads': 4, 'speedup': (2.66, 3.14, 4.01), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (231, 443), 'total_seq_len': (None, 965)}, 'workloads': 17, 'speedup': (2.19, 3.88, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, None), 'total_seq_len': (None, 2137)}, 'workloads': 3, 'speedup': (1.15, 1.23, 1.37), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (37, 81)}, 'workloads': 4, 'speedup': (1.26, 2.09, 2.7), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (81, None)}, 'workloads': 5, 'speedup': (1.84, 2.59, 3.64), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (37, 1978)}, 'workloads': 117, 'speedup': (1.24, 6.93, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (634, 965)}, 'workloads': 3, 'speedup': (4.95, 5.25, 5.6), 'fallbacks': ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (271, None), 'total_seq_len': (None, 443)}, 'workloads': 4, 'speedup': (3.14, 4.11, 5.99), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (231, 271), 'total_seq_len': (None, 965)}, 'workloads': 8, 'speedup': (2.19, 3.85, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (108, None), 'total_seq_len': (None, 2934)}, 'workloads': 4, 'speedup': (1.89, 2.49, 3.7), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (37, 105)}, 'workloads': 6, 'speedup': (1.26, 2.09, 2.7), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, 105)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (37, 1473)}, 'workloads': 116, 'speedup': (1.72, 7.03, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (271, None), 'total_seq_len': (443, 965)}, 'workloads': 12, 'speedup': (2.21, 3.91, 5.91), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
     {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (965, 3147)}, 'workloads': 8, 'speedup': (1.19, 2.15, 3.25), 'fallbacks': ()},
     {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (965, 3627)}, 'workloads': 10, 'speedup': (1.4, 2.49, 5.81), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (1978, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, None), 'total_seq_len': (2137, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (1473, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (105, None), 'total_seq_len': (2934, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (3147, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 15, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (3627, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
@@ -116,33 +112,30 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 37 workloads, 5.05x (2.08x .. 10.92x) over flashinfer
-    if total_seq_len <= 81 and num_seqs <= 5 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 2: 3 workloads, 6.60x (5.16x .. 8.24x) over flashinfer
-    if total_seq_len <= 81 and 5 < num_seqs <= 8 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 3: 3 workloads, 1.75x (1.70x .. 1.78x) over flashinfer
-    if total_seq_len <= 136 and num_seqs > 8 and mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 5: 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer
+    # region 1: 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer
+    if total_seq_len <= 43 and mean_seq_len <= 1:
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16') if inside else 'triton_prefill_recurrent'
+    # region 2: 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer
+    if total_seq_len <= 43 and 1 < mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 3: 27 workloads, 4.90x (3.00x .. 8.51x) over flashinfer
+    if total_seq_len <= 43 and 3 < mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer
     if total_seq_len <= 160 and 46 < mean_seq_len <= 121:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer
+    # region 5: 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer
     if total_seq_len <= 160 and mean_seq_len > 121:
         return ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
-    # region 7: 16 workloads, 2.57x (1.66x .. 5.44x) over flashinfer
-    if 81 < total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 9: 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer
+    # region 6: 25 workloads, 2.63x (1.34x .. 6.76x) over flashinfer
+    if total_seq_len > 43 and num_seqs <= 8 and mean_seq_len <= 46:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 8: 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer
     if 160 < total_seq_len <= 944 and num_seqs > 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 10: 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer
+    # region 9: 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer
     if 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 11: 3 workloads, 2.42x (2.38x .. 2.45x) over flashinfer
-    if total_seq_len > 221 and num_seqs <= 8 and mean_seq_len <= 46:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'
 
 
@@ -155,27 +148,24 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer
     if total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 4 workloads, 3.14x (2.66x .. 4.01x) over flashinfer
-    if total_seq_len <= 634 and mean_seq_len > 443:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 17 workloads, 3.88x (2.19x .. 8.88x) over flashinfer
-    if total_seq_len <= 965 and 231 < mean_seq_len <= 443:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 5: 3 workloads, 1.23x (1.15x .. 1.37x) over flashinfer
-    if total_seq_len <= 2137 and num_seqs > 37 and 13 < mean_seq_len <= 231:
-        return 'triton_prefill_chunked.v64'
-    # region 6: 4 workloads, 2.09x (1.26x .. 2.70x) over flashinfer
-    if 37 < num_seqs <= 81 and mean_seq_len <= 13:
+    # region 3: 4 workloads, 4.11x (3.14x .. 5.99x) over flashinfer
+    if total_seq_len <= 443 and mean_seq_len > 271:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 8 workloads, 3.85x (2.19x .. 8.88x) over flashinfer
+    if total_seq_len <= 965 and 231 < mean_seq_len <= 271:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 5: 4 workloads, 2.49x (1.89x .. 3.70x) over flashinfer
+    if total_seq_len <= 2934 and num_seqs > 108 and mean_seq_len <= 231:
+        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c16'
+    # region 6: 6 workloads, 2.09x (1.26x .. 2.70x) over flashinfer
+    if 37 < num_seqs <= 105 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 7: 5 workloads, 2.59x (1.84x .. 3.64x) over flashinfer
-    if num_seqs > 81 and mean_seq_len <= 13:
-        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 8: 117 workloads, 6.93x (1.24x .. 32.35x) over flashinfer
-    if 37 < total_seq_len <= 1978 and num_seqs <= 37 and mean_seq_len <= 231:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 9: 3 workloads, 5.25x (4.95x .. 5.60x) over flashinfer
-    if 634 < total_seq_len <= 965 and mean_seq_len > 443:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16') if inside else 'triton_prefill_chunked.v64'
+    # region 8: 116 workloads, 7.03x (1.72x .. 32.35x) over flashinfer
+    if 37 < total_seq_len <= 1473 and num_seqs <= 37 and mean_seq_len <= 231:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 9: 12 workloads, 3.91x (2.21x .. 5.91x) over flashinfer
+    if 443 < total_seq_len <= 965 and mean_seq_len > 271:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v16'
     # region 10: 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
     if 965 < total_seq_len <= 3147 and mean_seq_len > 602:
         return 'triton_prefill_chunked.v16'
