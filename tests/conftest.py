@@ -7,7 +7,7 @@ already. GPU tests (tests/gpu/) run without it on a machine with CUDA.
 
 Helpers the test modules import (`from conftest import ...`): `INTERPRETED`, `DEVICE`,
 `kernel_module`, `official_definition`, `official_run`, `standalone_run`, `variant_cases`,
-`runnable_variant`.
+`runnable_variant`, `routed_to_baseline`.
 """
 import importlib
 import json
@@ -116,3 +116,19 @@ def runnable_variant(short: str, name: str, axes: dict):
     if why is not None:
         pytest.skip(f"{name}: {why}")
     return v
+
+
+def routed_to_baseline(monkeypatch, short: str, baseline: str):
+    """`short`'s dispatcher routing every shape to a baseline variant named `baseline` that fails the
+    test if it runs (a plugin hands such calls to the engine's own kernel), its remembered answers
+    forgotten. Returns (dispatcher, the axes it was asked about); call its reset() when done."""
+    from kdispatch import registry
+    from kdispatch.ops import DISPATCHERS
+
+    d = DISPATCHERS[short]
+    engine = registry.Variant(d.definition, baseline, lambda *a: pytest.fail("kdispatch ran"), "library", ("*",),
+                              baseline=True)
+    asked = []
+    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    d.reset()
+    return d, asked

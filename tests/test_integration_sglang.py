@@ -17,6 +17,7 @@ from kdispatch.integrations import packed_decode  # noqa: E402
 from kdispatch.integrations import serving  # noqa: E402
 from kdispatch.integrations import sglang as plugin  # noqa: E402
 from kdispatch.workloads import materialize  # noqa: E402
+from conftest import routed_to_baseline  # noqa: E402
 
 
 def sglang_call(batch=6, slots=9, seed=0):
@@ -216,15 +217,10 @@ def test_draft_trees_go_to_sglangs_verify_kernel():
 def test_verify_shapes_routed_to_the_baseline_go_to_sglangs_kernel(kernels_here, monkeypatch):
     """Where the router names the baseline (SGLang's own kernel behind kdispatch's guard), the hook calls
     SGLang's kernel as SGLang does: the guard and kdispatch's wrapper never run."""
-    from kdispatch.ops import DISPATCHERS
-
-    d = DISPATCHERS["gdn_verify_qk4_v8"]
-    guarded = registry.Variant(d.definition, "sglang_verify", lambda *a: pytest.fail("the guarded baseline ran"),
-                               "library", ("*",), baseline=True)
-    monkeypatch.setattr(d, "choose", lambda *a, **k: guarded)
     from kdispatch.integrations import verify
+
+    d, _ = routed_to_baseline(monkeypatch, "gdn_verify_qk4_v8", "sglang_verify")
     monkeypatch.setattr(verify, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
-    d.reset()
     kw, _ = sglang_verify_call()
     args = [kw.pop(n) for n in ("A_log", "dt_bias", "q", "k", "v", "a", "b")]
     passed = plugin.VERIFY_STATS["passed"]
@@ -238,15 +234,9 @@ def test_extend_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels
     before kdispatch's views and checks are built: SGLang's kernel gets it for a few microseconds of
     host time (prefill brings a new token count nearly every call, so no decision is cached)."""
     from kdispatch.integrations import pool_prefill
-    from kdispatch.ops import DISPATCHERS
 
-    d = DISPATCHERS["gdn_prefill_pool_qk4_v8"]
-    engine = registry.Variant(d.definition, "sglang_flashinfer_prefill", lambda *a: pytest.fail("kdispatch ran"),
-                              "library", ("*",), baseline=True)
-    asked = []
-    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_pool_qk4_v8", "sglang_flashinfer_prefill")
     monkeypatch.setattr(pool_prefill, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
-    d.reset()  # the answer is remembered per shape
     sg, kw, _ = sglang_extend_call(total=40, seqs=4, slots=7)
     passed = plugin.EXTEND_STATS["passed"]
     for _ in range(2):
@@ -263,15 +253,8 @@ def test_decode_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels
     SGLang's kernel before kdispatch's output buffer, float32 gates and checks are built, and the
     answer is asked once per shape (H100, 2026-11-26: 32 value heads x 256 requests, handed back
     eagerly, took 31 us more host time than SGLang's own call when built first)."""
-    from kdispatch.ops import DISPATCHERS
-
-    d = DISPATCHERS["gdn_decode_packed_qk4_v8"]
-    engine = registry.Variant(d.definition, "sglang_packed_decode", lambda *a: pytest.fail("kdispatch ran"),
-                              "library", ("*",), baseline=True)
-    asked = []
-    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    d, asked = routed_to_baseline(monkeypatch, "gdn_decode_packed_qk4_v8", "sglang_packed_decode")
     monkeypatch.setattr(packed_decode, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
-    d.reset()
     args, kw = sglang_call(batch=6, slots=9)
     passed = plugin.STATS["passed"]
     for _ in range(2):

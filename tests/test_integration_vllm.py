@@ -18,6 +18,8 @@ from kdispatch.integrations import serving
 from kdispatch.integrations import vllm as plugin
 from kdispatch.workloads import materialize
 
+from conftest import routed_to_baseline
+
 LAYER = plugin.LAYER_MODULES[0]
 
 
@@ -125,18 +127,12 @@ def test_decode_shapes_routed_to_the_baseline_reach_vllms_kernel_first(monkeypat
     """A packed-decode call the router gives back goes to vLLM's kernel before kdispatch's checks and
     float32 gates are built; the answer is asked once per shape."""
     from kdispatch.integrations import packed_decode
-    from kdispatch.ops import DISPATCHERS
 
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
     plugin.register()
-    d = DISPATCHERS["gdn_decode_packed_qk4_v8"]
-    engine = registry.Variant(d.definition, "sglang_packed_decode", lambda *a: pytest.fail("kdispatch ran"),
-                              "library", ("*",), baseline=True)
-    asked = []
-    monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
+    d, asked = routed_to_baseline(monkeypatch, "gdn_decode_packed_qk4_v8", "sglang_packed_decode")
     monkeypatch.setattr(packed_decode, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
-    d.reset()
     kw, _ = vllm_call(batch=5, slots=8)
     for _ in range(2):
         module.fused_recurrent_gated_delta_rule_packed_decode(**kw)
