@@ -490,10 +490,11 @@ def _merge_boxes(boxes, fit_names):
 def _tighten(boxes, m: _Matrix):
     """Each box of a variant other than the baseline, its split bounds pulled in between its own
     workloads and the nearest ones beyond them, inside its other bounds, where the baseline was
-    chosen (to where the variant's time ratio crosses the baseline's, `_crossing`). A split is placed between the node's neighbouring values, often of workloads far off in
-    another feature: a box of few-sequence shapes measured up to 74 tokens kept a bound of 570 set
-    between many-sequence workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the
-    baseline, which was chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
+    chosen (to where the variant's time ratio crosses the baseline's, `_crossing`). A split is placed
+    between the node's neighbouring values, often of workloads far off in another feature: a box of
+    few-sequence shapes measured up to 74 tokens kept a bound of 570 set between many-sequence
+    workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the baseline, which was
+    chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
     Bounds towards another variant's box stay where the split put them."""
     rivals = np.zeros(len(m.X), dtype=bool)
     for _bounds, vj, idx in boxes:
