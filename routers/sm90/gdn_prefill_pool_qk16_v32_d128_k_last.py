@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T13:26:18Z
+# measured    up to 2026-11-26T18:27:58Z
 # workloads   51 (workload-set digest 2ca381f48adf0a5c)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -21,6 +21,8 @@
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  46/46  0.50x
 #   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  0.66x
 #   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  0.75x
+#   triton_prefill_fused.c16v32    390308607b5503dc  51/51  0.92x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  51/51  1.14x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -33,47 +35,53 @@
 #   cuda_prefill_pool_rows.k8c8    cfg=(8, 16, 8)
 #   triton_prefill_chunked.v16     cfg=(16, 4)
 #   triton_prefill_chunked.v64     cfg=(64, 4)
+#   triton_prefill_fused.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64    cfg=(16, 64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.82% mean, 106.93% max;
-#             1.031x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.69% mean, 122.88% max;
-#             1.283x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.00% mean, 91.68% max;
+#             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.49% mean, 145.62% max;
+#             1.364x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 141 and mean_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 894 and num_seqs <= 3 and mean_seq_len > 28: triton_prefill_chunked.v64, 4 workloads, 1.33x (1.13x .. 1.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. total_seq_len <= 1056 and num_seqs > 3 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 6 workloads
-#   4. 8 < mean_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.26x .. 2.54x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64
-#   5. total_seq_len > 141 and mean_seq_len <= 8: triton_prefill_chunked.v64, 4 workloads, 1.49x (1.39x .. 1.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v16
-#   6. total_seq_len > 1056 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 28 workloads
+#   1. total_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. 53 < total_seq_len <= 391: triton_prefill_fused.c16v64, 4 workloads, 2.50x (1.81x .. 3.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len > 391 and num_seqs <= 55 and mean_seq_len <= 124: triton_prefill_fused.c16v64, 4 workloads, 1.48x (1.05x .. 2.11x) over sglang_flashinfer_prefill
+#   4. total_seq_len > 391 and num_seqs <= 55 and mean_seq_len > 124: sglang_flashinfer_prefill (baseline), 23 workloads
+#   5. total_seq_len > 391 and num_seqs > 55 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 6 workloads, 2.20x (1.74x .. 2.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. total_seq_len > 391 and num_seqs > 55 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 9 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 5 workloads, 12.12x (6.40x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. 53 < total_seq_len <= 391: cuda_prefill_pool_rows.k4c16, 4 workloads, 4.65x (3.49x .. 6.84x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   3. 391 < total_seq_len <= 1781 and num_seqs <= 32: triton_prefill_chunked.v64, 9 workloads, 2.16x (1.55x .. 3.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. 391 < total_seq_len <= 1781 and num_seqs > 32: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.66x (1.67x .. 3.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len > 1781 and mean_seq_len <= 44: triton_prefill_chunked.v64, 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 1781 and mean_seq_len > 68: sglang_flashinfer_prefill (baseline), 23 workloads
+#   1. total_seq_len <= 512 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 6.87x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 512 and mean_seq_len > 10: triton_prefill_fused.c16v64, 9 workloads, 3.23x (2.32x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16
+#   3. 512 < total_seq_len <= 2025: triton_prefill_fused.c16v64, 5 workloads, 2.69x (2.09x .. 4.15x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 2025 < total_seq_len <= 3367 and num_seqs > 55: triton_prefill_chunked.v64, 5 workloads, 1.18x (1.06x .. 1.24x) over sglang_flashinfer_prefill
+#   5. 2025 < total_seq_len <= 6677 and 5 < num_seqs <= 55: triton_prefill_fused.c16v64, 5 workloads, 1.39x (1.19x .. 1.81x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 2025 and num_seqs <= 5: sglang_flashinfer_prefill (baseline), 7 workloads
+#   7. total_seq_len > 4996 and num_seqs > 55: sglang_flashinfer_prefill (baseline), 5 workloads
+#   8. total_seq_len > 6677 and 5 < num_seqs <= 55: sglang_flashinfer_prefill (baseline), 6 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (None, 141)}, 'workloads': 5, 'speedup': (2.57, 5.64, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 894)}, 'workloads': 4, 'speedup': (1.13, 1.33, 1.9), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1056)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (8, 27)}, 'workloads': 4, 'speedup': (1.26, 1.83, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (141, None)}, 'workloads': 4, 'speedup': (1.39, 1.49, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'total_seq_len': (1056, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'total_seq_len': (None, 53)}, 'workloads': 5, 'speedup': (2.57, 5.64, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (53, 391)}, 'workloads': 4, 'speedup': (1.81, 2.5, 3.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 124), 'num_seqs': (None, 55), 'total_seq_len': (391, None)}, 'workloads': 4, 'speedup': (1.05, 1.48, 2.11), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (124, None), 'num_seqs': (None, 55), 'total_seq_len': (391, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (55, None), 'total_seq_len': (391, None)}, 'workloads': 6, 'speedup': (1.74, 2.2, 2.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (55, None), 'total_seq_len': (391, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'total_seq_len': (None, 53)}, 'workloads': 5, 'speedup': (6.4, 12.12, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'total_seq_len': (53, 391)}, 'workloads': 4, 'speedup': (3.49, 4.65, 6.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 32), 'total_seq_len': (391, 1781)}, 'workloads': 9, 'speedup': (1.55, 2.16, 3.26), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (32, None), 'total_seq_len': (391, 1781)}, 'workloads': 4, 'speedup': (1.67, 2.66, 3.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 44), 'total_seq_len': (1781, None)}, 'workloads': 6, 'speedup': (1.06, 1.25, 1.71), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (68, None), 'total_seq_len': (1781, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 512)}, 'workloads': 9, 'speedup': (1.67, 6.87, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 512)}, 'workloads': 9, 'speedup': (2.32, 3.23, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (512, 2025)}, 'workloads': 5, 'speedup': (2.09, 2.69, 4.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (55, None), 'total_seq_len': (2025, 3367)}, 'workloads': 5, 'speedup': (1.06, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (2025, 6677)}, 'workloads': 5, 'speedup': (1.19, 1.39, 1.81), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (2025, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (55, None), 'total_seq_len': (4996, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (6677, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -83,36 +91,36 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 141 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 4 workloads, 1.33x (1.13x .. 1.90x) over sglang_flashinfer_prefill
-    if total_seq_len <= 894 and num_seqs <= 3 and mean_seq_len > 28:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 4 workloads, 1.83x (1.26x .. 2.54x) over sglang_flashinfer_prefill
-    if 8 < mean_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 4 workloads, 1.49x (1.39x .. 1.56x) over sglang_flashinfer_prefill
-    if total_seq_len > 141 and mean_seq_len <= 8:
-        return ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    if total_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 2.50x (1.81x .. 3.09x) over sglang_flashinfer_prefill
+    if 53 < total_seq_len <= 391:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 4 workloads, 1.48x (1.05x .. 2.11x) over sglang_flashinfer_prefill
+    if total_seq_len > 391 and num_seqs <= 55 and mean_seq_len <= 124:
+        return 'triton_prefill_fused.c16v64'
+    # region 5: 6 workloads, 2.20x (1.74x .. 2.48x) over sglang_flashinfer_prefill
+    if total_seq_len > 391 and num_seqs > 55 and mean_seq_len <= 28:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 12.12x (6.40x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 4 workloads, 4.65x (3.49x .. 6.84x) over sglang_flashinfer_prefill
-    if 53 < total_seq_len <= 391:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 9 workloads, 2.16x (1.55x .. 3.26x) over sglang_flashinfer_prefill
-    if 391 < total_seq_len <= 1781 and num_seqs <= 32:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 4 workloads, 2.66x (1.67x .. 3.42x) over sglang_flashinfer_prefill
-    if 391 < total_seq_len <= 1781 and num_seqs > 32:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 6 workloads, 1.25x (1.06x .. 1.71x) over sglang_flashinfer_prefill
-    if total_seq_len > 1781 and mean_seq_len <= 44:
+    # region 1: 9 workloads, 6.87x (1.67x .. 20.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 512 and mean_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 9 workloads, 3.23x (2.32x .. 6.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 512 and mean_seq_len > 10:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 5 workloads, 2.69x (2.09x .. 4.15x) over sglang_flashinfer_prefill
+    if 512 < total_seq_len <= 2025:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 5 workloads, 1.18x (1.06x .. 1.24x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 3367 and num_seqs > 55:
         return 'triton_prefill_chunked.v64'
+    # region 5: 5 workloads, 1.39x (1.19x .. 1.81x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 6677 and 5 < num_seqs <= 55:
+        return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T13:27:58Z
+# measured    up to 2026-11-26T18:28:58Z
 # workloads   51 (workload-set digest 2d58366a2bf33aa3)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -21,6 +21,8 @@
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  45/45  0.73x
 #   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  1.35x
 #   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.34x
+#   triton_prefill_fused.c16v32    390308607b5503dc  51/51  1.19x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  51/51  1.16x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -33,47 +35,55 @@
 #   cuda_prefill_pool_rows.k8c8    cfg=(8, 16, 8)
 #   triton_prefill_chunked.v16     cfg=(16, 4)
 #   triton_prefill_chunked.v64     cfg=(64, 4)
+#   triton_prefill_fused.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64    cfg=(16, 64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 21.56% mean, 305.89% max;
-#             1.222x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.58% mean, 396.91% max;
-#             2.522x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 29.76% mean, 265.11% max;
+#             1.185x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 34.85% mean, 222.51% max;
+#             2.622x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 400 and mean_seq_len <= 66: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.52x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66: triton_prefill_chunked.v16, 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   3. total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66: triton_prefill_chunked.v64, 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. total_seq_len > 400 and mean_seq_len <= 66: triton_prefill_chunked.v64, 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
-#   5. total_seq_len > 3130 and mean_seq_len > 66: sglang_flashinfer_prefill (baseline), 17 workloads
+#   1. total_seq_len <= 1253 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1253 and 1 < mean_seq_len <= 33: triton_prefill_fused.c16v32, 10 workloads, 3.30x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1253 and 33 < mean_seq_len <= 123: triton_prefill_fused.c16v64, 4 workloads, 2.73x (2.09x .. 5.10x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   4. total_seq_len <= 1253 and mean_seq_len > 123: triton_prefill_chunked.v16, 4 workloads, 2.54x (2.21x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   5. 1253 < total_seq_len <= 3130 and num_seqs <= 10: triton_prefill_chunked.v16, 4 workloads, 1.91x (1.44x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   6. 1253 < total_seq_len <= 3130 and num_seqs > 10: triton_prefill_chunked.v64, 7 workloads, 1.91x (1.42x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   7. total_seq_len > 3130: sglang_flashinfer_prefill (baseline), 18 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 405 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1253 and 5 < num_seqs <= 22: cuda_prefill_pool_rows.k8c16, 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1253 and num_seqs > 22: cuda_prefill_pool_rows.k4c16, 7 workloads, 5.01x (2.01x .. 11.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 405 < total_seq_len <= 5116 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. 1253 < total_seq_len <= 5116 and num_seqs > 5: triton_prefill_chunked.v64, 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   6. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 1253 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 12.72x (5.68x .. 20.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1253 and 1 < mean_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.25x (2.24x .. 14.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1253 and 21 < mean_seq_len <= 33: cuda_prefill_pool_rows.k8c16, 4 workloads, 9.49x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. total_seq_len <= 1253 and mean_seq_len > 33: triton_prefill_fused.c16v32, 8 workloads, 8.08x (3.39x .. 17.43x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. 1253 < total_seq_len <= 5116 and num_seqs <= 19: triton_prefill_chunked.v64, 8 workloads, 3.82x (2.49x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 1253 < total_seq_len <= 5116 and num_seqs > 19: triton_prefill_fused.c16v64, 5 workloads, 3.46x (1.35x .. 7.28x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (None, 400)}, 'workloads': 7, 'speedup': (3.31, 5.52, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 10, 'speedup': (1.44, 2.22, 2.75), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (66, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3130)}, 'workloads': 5, 'speedup': (1.56, 2.46, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 66), 'total_seq_len': (400, None)}, 'workloads': 12, 'speedup': (1.09, 1.75, 3.56), 'fallbacks': ()},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (66, None), 'total_seq_len': (3130, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 33), 'total_seq_len': (None, 1253)}, 'workloads': 10, 'speedup': (1.05, 3.3, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (33, 123), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.09, 2.73, 5.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (123, None), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.21, 2.54, 2.75), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (1253, 3130)}, 'workloads': 4, 'speedup': (1.44, 1.91, 2.73), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (10, None), 'total_seq_len': (1253, 3130)}, 'workloads': 7, 'speedup': (1.42, 1.91, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3130, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 405)}, 'workloads': 7, 'speedup': (6.35, 13.62, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (5, 22), 'total_seq_len': (None, 1253)}, 'workloads': 5, 'speedup': (3.36, 9.8, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (None, 1253)}, 'workloads': 7, 'speedup': (2.01, 5.01, 11.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (405, 5116)}, 'workloads': 6, 'speedup': (3.12, 4.89, 10.63), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (1253, 5116)}, 'workloads': 10, 'speedup': (2.31, 3.25, 5.5), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 11, 'speedup': (1.19, 1.96, 3.91), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (5.68, 12.72, 20.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (1, 21), 'total_seq_len': (None, 1253)}, 'workloads': 6, 'speedup': (2.24, 6.25, 14.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (21, 33), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (3.36, 9.49, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (33, None), 'total_seq_len': (None, 1253)}, 'workloads': 8, 'speedup': (3.39, 8.08, 17.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (1253, 5116)}, 'workloads': 8, 'speedup': (2.49, 3.82, 5.5), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (1253, 5116)}, 'workloads': 5, 'speedup': (1.35, 3.46, 7.28), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 11, 'speedup': (1.19, 1.96, 3.91), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -82,40 +92,49 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.52x (3.31x .. 13.14x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and mean_seq_len <= 66:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 10 workloads, 2.22x (1.44x .. 2.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 66:
+    # region 1: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and mean_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 10 workloads, 3.30x (1.05x .. 7.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and 1 < mean_seq_len <= 33:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 4 workloads, 2.73x (2.09x .. 5.10x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and 33 < mean_seq_len <= 123:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 4 workloads, 2.54x (2.21x .. 2.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and mean_seq_len > 123:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
+    # region 5: 4 workloads, 1.91x (1.44x .. 2.73x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 3130 and num_seqs <= 10:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 3: 5 workloads, 2.46x (1.56x .. 3.70x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 66:
+    # region 6: 7 workloads, 1.91x (1.42x .. 3.70x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 3130 and num_seqs > 10:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 12 workloads, 1.75x (1.09x .. 3.56x) over sglang_flashinfer_prefill
-    if total_seq_len > 400 and mean_seq_len <= 66:
-        return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 13.62x (6.35x .. 20.59x) over sglang_flashinfer_prefill
-    if total_seq_len <= 405 and num_seqs <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and 5 < num_seqs <= 22:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 7 workloads, 5.01x (2.01x .. 11.27x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and num_seqs > 22:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 4: 6 workloads, 4.89x (3.12x .. 10.63x) over sglang_flashinfer_prefill
-    if 405 < total_seq_len <= 5116 and num_seqs <= 5:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 10 workloads, 3.25x (2.31x .. 5.50x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 5116 and num_seqs > 5:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+    # region 1: 4 workloads, 12.72x (5.68x .. 20.24x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and mean_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 6 workloads, 6.25x (2.24x .. 14.27x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and 1 < mean_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 9.49x (3.36x .. 18.33x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and 21 < mean_seq_len <= 33:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 4: 8 workloads, 8.08x (3.39x .. 17.43x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1253 and mean_seq_len > 33:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 8 workloads, 3.82x (2.49x .. 5.50x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 5116 and num_seqs <= 19:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 6: 5 workloads, 3.46x (1.35x .. 7.28x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 5116 and num_seqs > 19:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
     if 5116 < total_seq_len <= 10868:
         return 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'

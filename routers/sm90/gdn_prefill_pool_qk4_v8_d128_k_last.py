@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T13:29:19Z
+# measured    up to 2026-11-26T18:30:10Z
 # workloads   51 (workload-set digest 8ee3b102a715c7cb)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -21,6 +21,8 @@
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  44/44  0.62x
 #   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  1.05x
 #   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.08x
+#   triton_prefill_fused.c16v32    390308607b5503dc  51/51  1.01x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  51/51  1.00x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -33,49 +35,55 @@
 #   cuda_prefill_pool_rows.k8c8    cfg=(8, 16, 8)
 #   triton_prefill_chunked.v16     cfg=(16, 4)
 #   triton_prefill_chunked.v64     cfg=(64, 4)
+#   triton_prefill_fused.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64    cfg=(16, 64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.51% mean, 268.16% max;
-#             1.146x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 34.53% mean, 339.88% max;
-#             1.405x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 17.85% mean, 151.18% max;
+#             1.152x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 41.58% mean, 248.72% max;
+#             1.409x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 287 and 6 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c8, 5 workloads, 4.37x (2.70x .. 7.75x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 4016 and num_seqs <= 9 and mean_seq_len > 61: triton_prefill_chunked.v16, 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
-#   3. total_seq_len <= 5282 and num_seqs > 9 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 4 workloads
-#   4. mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.20x (1.29x .. 13.31x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len > 287 and 6 < mean_seq_len <= 61: triton_prefill_chunked.v64, 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 5282 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 17 workloads
+#   1. total_seq_len <= 113 and mean_seq_len <= 30: triton_prefill_fused.c16v32, 4 workloads, 7.56x (4.72x .. 9.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 1198 and 35 < mean_seq_len <= 136: triton_prefill_fused.c16v32, 5 workloads, 2.78x (1.39x .. 6.33x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   3. total_seq_len <= 3737 and mean_seq_len > 139: triton_prefill_chunked.v16, 7 workloads, 1.43x (1.05x .. 2.26x) over sglang_flashinfer_prefill
+#   4. 30 < mean_seq_len <= 35: triton_prefill_chunked.v64, 6 workloads, 1.28x (1.19x .. 1.39x) over sglang_flashinfer_prefill
+#   5. total_seq_len > 113 and mean_seq_len <= 30: triton_prefill_fused.c16v64, 8 workloads, 2.52x (1.11x .. 7.68x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. total_seq_len > 1198 and 35 < mean_seq_len <= 136: sglang_flashinfer_prefill (baseline), 8 workloads
+#   7. total_seq_len > 3901 and mean_seq_len > 136: sglang_flashinfer_prefill (baseline), 13 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 644 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 644 and mean_seq_len > 22: cuda_prefill_pool_rows.k8c16, 10 workloads, 5.63x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len <= 55: triton_prefill_chunked.v64, 4 workloads, 2.09x (1.70x .. 2.66x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 55: triton_prefill_chunked.v16, 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
-#   5. 644 < total_seq_len <= 10420 and num_seqs <= 14: triton_prefill_chunked.v16, 11 workloads, 2.46x (1.07x .. 5.56x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 9 workloads
-#   7. total_seq_len > 10420 and num_seqs <= 14: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 923 and num_seqs <= 4 and mean_seq_len > 61: triton_prefill_fused.c16v32, 4 workloads, 5.27x (3.97x .. 9.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 946 and 20 < mean_seq_len <= 61: cuda_prefill_pool_rows.k8c16, 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
+#   4. mean_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 923 < total_seq_len <= 10420 and num_seqs <= 4 and mean_seq_len > 61: triton_prefill_chunked.v16, 9 workloads, 2.38x (1.07x .. 4.00x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 946 and 20 < mean_seq_len <= 61: triton_prefill_fused.c16v64, 4 workloads, 3.00x (1.10x .. 6.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. total_seq_len > 7435 and num_seqs > 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 9 workloads
+#   8. total_seq_len > 10420 and num_seqs <= 4 and mean_seq_len > 61: sglang_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 61), 'total_seq_len': (None, 287)}, 'workloads': 5, 'speedup': (2.7, 4.37, 7.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 4016)}, 'workloads': 11, 'speedup': (1.05, 1.82, 2.92), 'fallbacks': ()},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (9, None), 'total_seq_len': (None, 5282)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6)}, 'workloads': 4, 'speedup': (1.29, 3.2, 13.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, 61), 'total_seq_len': (287, None)}, 'workloads': 10, 'speedup': (1.19, 1.38, 1.69), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'total_seq_len': (5282, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (None, 113)}, 'workloads': 4, 'speedup': (4.72, 7.56, 9.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (35, 136), 'total_seq_len': (None, 1198)}, 'workloads': 5, 'speedup': (1.39, 2.78, 6.33), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (139, None), 'total_seq_len': (None, 3737)}, 'workloads': 7, 'speedup': (1.05, 1.43, 2.26), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (30, 35)}, 'workloads': 6, 'speedup': (1.19, 1.28, 1.39), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (113, None)}, 'workloads': 8, 'speedup': (1.11, 2.52, 7.68), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (35, 136), 'total_seq_len': (1198, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (136, None), 'total_seq_len': (3901, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 644)}, 'workloads': 9, 'speedup': (1.57, 5.7, 17.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (None, 644)}, 'workloads': 10, 'speedup': (1.63, 5.63, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (14, None), 'total_seq_len': (644, 7435)}, 'workloads': 4, 'speedup': (1.7, 2.09, 2.66), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (55, None), 'num_seqs': (14, None), 'total_seq_len': (644, 7435)}, 'workloads': 4, 'speedup': (1.13, 1.71, 2.08), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (644, 10420)}, 'workloads': 11, 'speedup': (1.07, 2.46, 5.56), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 923)}, 'workloads': 4, 'speedup': (3.97, 5.27, 9.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (20, 61), 'total_seq_len': (None, 946)}, 'workloads': 6, 'speedup': (1.63, 6.29, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (None, 7435)}, 'workloads': 6, 'speedup': (1.13, 2.03, 5.56), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 20)}, 'workloads': 9, 'speedup': (1.57, 5.7, 17.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (923, 10420)}, 'workloads': 9, 'speedup': (1.07, 2.38, 4.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (20, 61), 'total_seq_len': (946, None)}, 'workloads': 4, 'speedup': (1.1, 3.0, 6.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (4, None), 'total_seq_len': (7435, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (61, None), 'num_seqs': (None, 4), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -84,37 +92,43 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 4.37x (2.70x .. 7.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 287 and 6 < mean_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 11 workloads, 1.82x (1.05x .. 2.92x) over sglang_flashinfer_prefill
-    if total_seq_len <= 4016 and num_seqs <= 9 and mean_seq_len > 61:
+    # region 1: 4 workloads, 7.56x (4.72x .. 9.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 113 and mean_seq_len <= 30:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 5 workloads, 2.78x (1.39x .. 6.33x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1198 and 35 < mean_seq_len <= 136:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 7 workloads, 1.43x (1.05x .. 2.26x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3737 and mean_seq_len > 139:
         return 'triton_prefill_chunked.v16'
-    # region 4: 4 workloads, 3.20x (1.29x .. 13.31x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 10 workloads, 1.38x (1.19x .. 1.69x) over sglang_flashinfer_prefill
-    if total_seq_len > 287 and 6 < mean_seq_len <= 61:
+    # region 4: 6 workloads, 1.28x (1.19x .. 1.39x) over sglang_flashinfer_prefill
+    if 30 < mean_seq_len <= 35:
         return 'triton_prefill_chunked.v64'
+    # region 5: 8 workloads, 2.52x (1.11x .. 7.68x) over sglang_flashinfer_prefill
+    if total_seq_len > 113 and mean_seq_len <= 30:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill
-    if total_seq_len <= 644 and mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 10 workloads, 5.63x (1.63x .. 12.83x) over sglang_flashinfer_prefill
-    if total_seq_len <= 644 and mean_seq_len > 22:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 4 workloads, 2.09x (1.70x .. 2.66x) over sglang_flashinfer_prefill
-    if 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len <= 55:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
-    if 644 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 55:
+    # region 1: 4 workloads, 5.27x (3.97x .. 9.06x) over sglang_flashinfer_prefill
+    if total_seq_len <= 923 and num_seqs <= 4 and mean_seq_len > 61:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 946 and 20 < mean_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 6 workloads, 2.03x (1.13x .. 5.56x) over sglang_flashinfer_prefill
+    if total_seq_len <= 7435 and num_seqs > 4 and mean_seq_len > 61:
         return 'triton_prefill_chunked.v16'
-    # region 5: 11 workloads, 2.46x (1.07x .. 5.56x) over sglang_flashinfer_prefill
-    if 644 < total_seq_len <= 10420 and num_seqs <= 14:
+    # region 4: 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 9 workloads, 2.38x (1.07x .. 4.00x) over sglang_flashinfer_prefill
+    if 923 < total_seq_len <= 10420 and num_seqs <= 4 and mean_seq_len > 61:
         return 'triton_prefill_chunked.v16'
+    # region 6: 4 workloads, 3.00x (1.10x .. 6.57x) over sglang_flashinfer_prefill
+    if total_seq_len > 946 and 20 < mean_seq_len <= 61:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

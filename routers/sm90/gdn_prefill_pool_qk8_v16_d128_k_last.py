@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T13:31:56Z
+# measured    up to 2026-11-26T18:32:16Z
 # workloads   51 (workload-set digest 186378ca8cd58e36)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -21,6 +21,8 @@
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  45/45  0.67x
 #   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  0.96x
 #   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.05x
+#   triton_prefill_fused.c16v32    390308607b5503dc  51/51  1.15x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  51/51  1.25x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -33,45 +35,45 @@
 #   cuda_prefill_pool_rows.k8c8    cfg=(8, 16, 8)
 #   triton_prefill_chunked.v16     cfg=(16, 4)
 #   triton_prefill_chunked.v64     cfg=(64, 4)
+#   triton_prefill_fused.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64    cfg=(16, 64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 16.41% mean, 238.13% max;
-#             1.104x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.19% mean, 286.31% max;
-#             1.653x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.13% mean, 185.44% max;
+#             0.948x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.87% mean, 126.99% max;
+#             1.607x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 1010 and mean_seq_len > 27: triton_prefill_chunked.v64, 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
-#   2. mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.64x (3.32x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 7 < mean_seq_len <= 27: triton_prefill_chunked.v64, 7 workloads, 1.87x (1.32x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. total_seq_len > 1097 and mean_seq_len > 27: sglang_flashinfer_prefill (baseline), 28 workloads
+#   1. total_seq_len <= 496 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.19x (3.32x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 496 and mean_seq_len > 3: triton_prefill_fused.c16v32, 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 496 < total_seq_len <= 1097 and num_seqs <= 19: triton_prefill_chunked.v64, 7 workloads, 2.10x (1.48x .. 3.15x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. 496 < total_seq_len <= 1097 and num_seqs > 19: triton_prefill_fused.c16v64, 4 workloads, 2.09x (1.61x .. 2.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. total_seq_len > 1097: sglang_flashinfer_prefill (baseline), 29 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 33 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 4 workloads, 22.86x (17.41x .. 40.30x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 6007 and mean_seq_len > 80: triton_prefill_chunked.v16, 13 workloads, 2.41x (1.16x .. 4.78x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. 33 < total_seq_len <= 251 and num_seqs <= 21 and mean_seq_len <= 80: cuda_prefill_pool_rows.k16c16, 4 workloads, 12.93x (5.03x .. 22.11x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
-#   5. total_seq_len > 251 and num_seqs <= 21 and mean_seq_len <= 80: triton_prefill_chunked.v64, 4 workloads, 2.36x (1.85x .. 2.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   6. total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 74: triton_prefill_chunked.v64, 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 6247 and mean_seq_len > 80: sglang_flashinfer_prefill (baseline), 14 workloads
+#   1. total_seq_len <= 251 and 3 < mean_seq_len <= 48: cuda_prefill_pool_rows.k16c8, 4 workloads, 12.73x (4.94x .. 21.01x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 3670 and mean_seq_len > 48: triton_prefill_fused.c16v32, 13 workloads, 3.47x (1.23x .. 18.10x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 5 workloads, 14.42x (6.66x .. 40.30x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. total_seq_len > 251 and 3 < mean_seq_len <= 48: triton_prefill_fused.c16v64, 14 workloads, 2.56x (1.05x .. 4.22x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. total_seq_len > 3670 and mean_seq_len > 48: sglang_flashinfer_prefill (baseline), 15 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (None, 1010)}, 'workloads': 10, 'speedup': (1.1, 1.89, 3.15), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7)}, 'workloads': 6, 'speedup': (3.32, 6.64, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (7, 27)}, 'workloads': 7, 'speedup': (1.32, 1.87, 2.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (1097, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 496)}, 'workloads': 5, 'speedup': (3.32, 6.19, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (None, 496)}, 'workloads': 6, 'speedup': (1.61, 3.89, 9.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (496, 1097)}, 'workloads': 7, 'speedup': (1.48, 2.1, 3.15), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (496, 1097)}, 'workloads': 4, 'speedup': (1.61, 2.09, 2.61), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (1097, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (None, 33)}, 'workloads': 4, 'speedup': (17.41, 22.86, 40.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (21, None), 'total_seq_len': (None, 1353)}, 'workloads': 6, 'speedup': (1.25, 3.76, 6.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (None, 6007)}, 'workloads': 13, 'speedup': (1.16, 2.41, 4.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (33, 251)}, 'workloads': 4, 'speedup': (5.03, 12.93, 22.11), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 80), 'num_seqs': (None, 21), 'total_seq_len': (251, None)}, 'workloads': 4, 'speedup': (1.85, 2.36, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 74), 'num_seqs': (21, None), 'total_seq_len': (1353, None)}, 'workloads': 6, 'speedup': (1.12, 1.37, 1.6), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (80, None), 'total_seq_len': (6247, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 48), 'total_seq_len': (None, 251)}, 'workloads': 4, 'speedup': (4.94, 12.73, 21.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (48, None), 'total_seq_len': (None, 3670)}, 'workloads': 13, 'speedup': (1.23, 3.47, 18.1), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3)}, 'workloads': 5, 'speedup': (6.66, 14.42, 40.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 48), 'total_seq_len': (251, None)}, 'workloads': 14, 'speedup': (1.05, 2.56, 4.22), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (48, None), 'total_seq_len': (3670, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -80,37 +82,34 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.89x (1.10x .. 3.15x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1010 and mean_seq_len > 27:
-        return 'triton_prefill_chunked.v64'
-    # region 2: 6 workloads, 6.64x (3.32x .. 13.04x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 7 workloads, 1.87x (1.32x .. 2.96x) over sglang_flashinfer_prefill
-    if 7 < mean_seq_len <= 27:
+    # region 1: 5 workloads, 6.19x (3.32x .. 13.04x) over sglang_flashinfer_prefill
+    if total_seq_len <= 496 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 496 and mean_seq_len > 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 7 workloads, 2.10x (1.48x .. 3.15x) over sglang_flashinfer_prefill
+    if 496 < total_seq_len <= 1097 and num_seqs <= 19:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 4 workloads, 2.09x (1.61x .. 2.61x) over sglang_flashinfer_prefill
+    if 496 < total_seq_len <= 1097 and num_seqs > 19:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 22.86x (17.41x .. 40.30x) over sglang_flashinfer_prefill
-    if total_seq_len <= 33 and num_seqs <= 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 6 workloads, 3.76x (1.25x .. 6.89x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1353 and num_seqs > 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 13 workloads, 2.41x (1.16x .. 4.78x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6007 and mean_seq_len > 80:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 4 workloads, 12.93x (5.03x .. 22.11x) over sglang_flashinfer_prefill
-    if 33 < total_seq_len <= 251 and num_seqs <= 21 and mean_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 5: 4 workloads, 2.36x (1.85x .. 2.74x) over sglang_flashinfer_prefill
-    if total_seq_len > 251 and num_seqs <= 21 and mean_seq_len <= 80:
-        return ('triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 6 workloads, 1.37x (1.12x .. 1.60x) over sglang_flashinfer_prefill
-    if total_seq_len > 1353 and num_seqs > 21 and mean_seq_len <= 74:
-        return 'triton_prefill_chunked.v64'
+    # region 1: 4 workloads, 12.73x (4.94x .. 21.01x) over sglang_flashinfer_prefill
+    if total_seq_len <= 251 and 3 < mean_seq_len <= 48:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 13 workloads, 3.47x (1.23x .. 18.10x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3670 and mean_seq_len > 48:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 5 workloads, 14.42x (6.66x .. 40.30x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 14 workloads, 2.56x (1.05x .. 4.22x) over sglang_flashinfer_prefill
+    if total_seq_len > 251 and 3 < mean_seq_len <= 48:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:04:28Z
+# measured    up to 2026-11-26T18:25:44Z
 # workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -23,6 +23,8 @@
 #   reference                        92f6f4739a2a173e  155/155  0.00x
 #   triton_prefill_chunked.v16       2316fe86c0685f03  252/252  1.04x
 #   triton_prefill_chunked.v64       a1257c0d0bf13065  252/252  1.03x
+#   triton_prefill_fused.c16v32      390308607b5503dc  252/252  1.35x
+#   triton_prefill_fused.c16v64      6af7eed16bb7eb54  252/252  1.18x
 #   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
@@ -36,74 +38,78 @@
 #   cuda_prefill_thread_rows.k8c8    cfg=(8, 16, 8)
 #   triton_prefill_chunked.v16       cfg=(16, 4)
 #   triton_prefill_chunked.v64       cfg=(64, 4)
+#   triton_prefill_fused.c16v32      cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64      cfg=(16, 64, 4)
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.21% mean, 106.53% max;
-#             1.307x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.53% mean, 118.58% max;
-#             3.091x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.56% mean, 121.66% max;
+#             1.354x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.76% mean, 148.33% max;
+#             3.123x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 43 and mean_seq_len <= 1: triton_prefill_recurrent, 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16
-#   2. total_seq_len <= 43 and 1 < mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16
-#   3. total_seq_len <= 43 and 3 < mean_seq_len <= 46: cuda_prefill_thread_rows.k16c16, 27 workloads, 4.90x (3.00x .. 8.51x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. total_seq_len <= 160 and 46 < mean_seq_len <= 121: cuda_prefill_thread_rows.k16c16, 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   5. total_seq_len <= 160 and mean_seq_len > 121: triton_prefill_chunked.v16, 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8
-#   6. total_seq_len > 43 and num_seqs <= 8 and mean_seq_len <= 46: cuda_prefill_thread_rows.k8c16, 25 workloads, 2.63x (1.34x .. 6.76x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. total_seq_len > 43 and num_seqs > 8 and mean_seq_len <= 46: flashinfer (baseline), 24 workloads
-#   8. 160 < total_seq_len <= 944 and num_seqs > 7 and mean_seq_len > 46: triton_prefill_chunked.v64, 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16
-#   9. 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46: triton_prefill_chunked.v16, 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer; then triton_prefill_chunked.v64
-#   10. total_seq_len > 1051 and mean_seq_len > 46: flashinfer (baseline), 63 workloads
+#   1. total_seq_len <= 13 and 3 < mean_seq_len <= 93: cuda_prefill_thread_rows.k16c16, 4 workloads, 7.37x (6.40x .. 8.51x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 32 and mean_seq_len <= 1: triton_prefill_recurrent, 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 32 and 1 < mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 221 and mean_seq_len > 138: triton_prefill_fused.c16v32, 4 workloads, 1.73x (1.62x .. 2.06x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   5. total_seq_len <= 485 and 93 < mean_seq_len <= 138: triton_prefill_fused.c16v32, 21 workloads, 2.22x (1.42x .. 3.39x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. 13 < total_seq_len <= 32 and 3 < mean_seq_len <= 93: triton_prefill_fused.c16v32, 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   7. total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93: triton_prefill_fused.c16v32, 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   8. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 93: flashinfer (baseline), 29 workloads
+#   9. 221 < total_seq_len <= 485 and mean_seq_len > 138: triton_prefill_chunked.v16, 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer; then triton_prefill_chunked.v64
+#   10. 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer; then triton_prefill_chunked.v64
+#   11. 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
+#   12. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 93: flashinfer (baseline), 6 workloads
+#   13. total_seq_len > 1651 and num_seqs > 1 and mean_seq_len > 93: flashinfer (baseline), 50 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 37 and num_seqs <= 37 and mean_seq_len <= 16: cuda_prefill_thread_rows.k8c8, 22 workloads, 16.24x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent
-#   2. total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231: cuda_prefill_thread_rows.k16c16, 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 443 and mean_seq_len > 271: cuda_prefill_thread_rows.k16c16, 4 workloads, 4.11x (3.14x .. 5.99x) over flashinfer; then cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
-#   4. total_seq_len <= 965 and 231 < mean_seq_len <= 271: cuda_prefill_thread_rows.k8c16, 8 workloads, 3.85x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c8
-#   5. total_seq_len <= 2934 and num_seqs > 108 and mean_seq_len <= 231: cuda_prefill_thread_rows.k2c16, 4 workloads, 2.49x (1.89x .. 3.70x) over flashinfer; then cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8
-#   6. 37 < num_seqs <= 105 and mean_seq_len <= 13: cuda_prefill_thread_rows.k8c16, 6 workloads, 2.09x (1.26x .. 2.70x) over flashinfer; then cuda_prefill_thread_rows.k16c16
-#   7. 37 < num_seqs <= 105 and 13 < mean_seq_len <= 231: flashinfer (baseline), 12 workloads
-#   8. 37 < total_seq_len <= 1473 and num_seqs <= 37 and mean_seq_len <= 231: cuda_prefill_thread_rows.k8c16, 116 workloads, 7.03x (1.72x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   9. 443 < total_seq_len <= 965 and mean_seq_len > 271: triton_prefill_chunked.v16, 12 workloads, 3.91x (2.21x .. 5.91x) over flashinfer; then triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   10. 965 < total_seq_len <= 3147 and mean_seq_len > 602: triton_prefill_chunked.v16, 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
-#   11. 965 < total_seq_len <= 3627 and 231 < mean_seq_len <= 602: triton_prefill_chunked.v64, 10 workloads, 2.49x (1.40x .. 5.81x) over flashinfer; then triton_prefill_chunked.v16
-#   12. total_seq_len > 1473 and num_seqs <= 37 and mean_seq_len <= 231: flashinfer (baseline), 4 workloads
-#   13. total_seq_len > 2934 and num_seqs > 105 and mean_seq_len <= 231: flashinfer (baseline), 6 workloads
-#   14. total_seq_len > 3147 and mean_seq_len > 602: flashinfer (baseline), 17 workloads
-#   15. total_seq_len > 3627 and 231 < mean_seq_len <= 602: flashinfer (baseline), 12 workloads
+#   1. total_seq_len <= 37 and mean_seq_len <= 2: cuda_prefill_thread_rows.k8c8, 7 workloads, 13.56x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent
+#   2. total_seq_len <= 37 and 2 < mean_seq_len <= 5: cuda_prefill_thread_rows.k16c16, 4 workloads, 17.82x (13.92x .. 22.75x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_recurrent, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 37 and 5 < mean_seq_len <= 16: cuda_prefill_thread_rows.k8c8, 11 workloads, 18.31x (12.28x .. 23.64x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. total_seq_len <= 37 and mean_seq_len > 16: cuda_prefill_thread_rows.k16c16, 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 37 < total_seq_len <= 274 and mean_seq_len > 97: cuda_prefill_thread_rows.k8c16, 18 workloads, 6.39x (4.13x .. 11.06x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8
+#   6. 37 < total_seq_len <= 874 and mean_seq_len <= 97: cuda_prefill_thread_rows.k8c16, 91 workloads, 7.41x (1.26x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. 274 < total_seq_len <= 874 and mean_seq_len > 97: triton_prefill_fused.c16v32, 34 workloads, 4.04x (2.37x .. 7.41x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   8. 874 < total_seq_len <= 3147 and mean_seq_len > 602: triton_prefill_chunked.v16, 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer; then triton_prefill_fused.c16v32
+#   9. 874 < total_seq_len <= 3519 and 59 < mean_seq_len <= 602: triton_prefill_fused.c16v32, 15 workloads, 2.73x (1.50x .. 5.81x) over flashinfer; then triton_prefill_fused.c16v64
+#   10. total_seq_len > 874 and num_seqs <= 105 and mean_seq_len <= 59: triton_prefill_fused.c16v32, 5 workloads, 1.60x (1.07x .. 2.96x) over flashinfer
+#   11. total_seq_len > 874 and num_seqs > 105 and mean_seq_len <= 45: triton_prefill_fused.c16v64, 4 workloads, 1.55x (1.34x .. 2.00x) over flashinfer; then triton_prefill_fused.c16v32
+#   12. total_seq_len > 3147 and mean_seq_len > 602: flashinfer (baseline), 17 workloads
+#   13. total_seq_len > 3519 and 59 < mean_seq_len <= 602: flashinfer (baseline), 27 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 43)}, 'workloads': 4, 'speedup': (1.52, 6.8, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (1, 3), 'total_seq_len': (None, 43)}, 'workloads': 5, 'speedup': (1.61, 6.55, 10.01), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (3, 46), 'total_seq_len': (None, 43)}, 'workloads': 27, 'speedup': (3.0, 4.9, 8.51), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (46, 121), 'total_seq_len': (None, 160)}, 'workloads': 19, 'speedup': (1.49, 2.1, 2.87), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (121, None), 'total_seq_len': (None, 160)}, 'workloads': 6, 'speedup': (1.41, 1.46, 1.49), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 8), 'total_seq_len': (43, None)}, 'workloads': 25, 'speedup': (1.34, 2.63, 6.76), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (8, None), 'total_seq_len': (43, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (7, None), 'total_seq_len': (160, 944)}, 'workloads': 10, 'speedup': (1.99, 2.38, 2.68), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (None, 7), 'total_seq_len': (160, 1051)}, 'workloads': 69, 'speedup': (1.35, 1.7, 2.08), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (46, None), 'total_seq_len': (1051, None)}, 'workloads': 63, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (3, 93), 'total_seq_len': (None, 13)}, 'workloads': 4, 'speedup': (6.4, 7.37, 8.51), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (1.52, 6.8, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (1, 3), 'total_seq_len': (None, 32)}, 'workloads': 5, 'speedup': (1.61, 6.55, 10.01), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (None, 221)}, 'workloads': 4, 'speedup': (1.62, 1.73, 2.06), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, 138), 'total_seq_len': (None, 485)}, 'workloads': 21, 'speedup': (1.42, 2.22, 3.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, 93), 'total_seq_len': (13, 32)}, 'workloads': 15, 'speedup': (4.77, 5.52, 6.52), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (None, 8), 'total_seq_len': (32, None)}, 'workloads': 68, 'speedup': (1.35, 3.33, 7.19), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (221, 485)}, 'workloads': 12, 'speedup': (1.41, 1.54, 1.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (485, 1028)}, 'workloads': 7, 'speedup': (1.35, 1.39, 1.45), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (485, 1604)}, 'workloads': 27, 'speedup': (1.1, 1.77, 2.2), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (1651, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 16), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 22, 'speedup': (4.04, 16.24, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (16, 231), 'num_seqs': (None, 37), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (10.62, 16.88, 23.3), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (271, None), 'total_seq_len': (None, 443)}, 'workloads': 4, 'speedup': (3.14, 4.11, 5.99), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (231, 271), 'total_seq_len': (None, 965)}, 'workloads': 8, 'speedup': (2.19, 3.85, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k2c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (108, None), 'total_seq_len': (None, 2934)}, 'workloads': 4, 'speedup': (1.89, 2.49, 3.7), 'fallbacks': ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (37, 105)}, 'workloads': 6, 'speedup': (1.26, 2.09, 2.7), 'fallbacks': ('cuda_prefill_thread_rows.k16c16',)},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (13, 231), 'num_seqs': (37, 105)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (37, 1473)}, 'workloads': 116, 'speedup': (1.72, 7.03, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (271, None), 'total_seq_len': (443, 965)}, 'workloads': 12, 'speedup': (2.21, 3.91, 5.91), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (965, 3147)}, 'workloads': 8, 'speedup': (1.19, 2.15, 3.25), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (965, 3627)}, 'workloads': 10, 'speedup': (1.4, 2.49, 5.81), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (None, 37), 'total_seq_len': (1473, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 231), 'num_seqs': (105, None), 'total_seq_len': (2934, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (3147, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (231, 602), 'total_seq_len': (3627, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 37)}, 'workloads': 7, 'speedup': (4.04, 13.56, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (2, 5), 'total_seq_len': (None, 37)}, 'workloads': 4, 'speedup': (13.92, 17.82, 22.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (5, 16), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (12.28, 18.31, 23.64), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (16, None), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (10.62, 16.88, 23.3), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (97, None), 'total_seq_len': (37, 274)}, 'workloads': 18, 'speedup': (4.13, 6.39, 11.06), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 97), 'total_seq_len': (37, 874)}, 'workloads': 91, 'speedup': (1.26, 7.41, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (97, None), 'total_seq_len': (274, 874)}, 'workloads': 34, 'speedup': (2.37, 4.04, 7.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (874, 3147)}, 'workloads': 8, 'speedup': (1.19, 2.15, 3.25), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (59, 602), 'total_seq_len': (874, 3519)}, 'workloads': 15, 'speedup': (1.5, 2.73, 5.81), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 59), 'num_seqs': (None, 105), 'total_seq_len': (874, None)}, 'workloads': 5, 'speedup': (1.07, 1.6, 2.96), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (105, None), 'total_seq_len': (874, None)}, 'workloads': 4, 'speedup': (1.34, 1.55, 2.0), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (3147, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (59, 602), 'total_seq_len': (3519, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -112,64 +118,73 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer
-    if total_seq_len <= 43 and mean_seq_len <= 1:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16') if inside else 'triton_prefill_recurrent'
-    # region 2: 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer
-    if total_seq_len <= 43 and 1 < mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 3: 27 workloads, 4.90x (3.00x .. 8.51x) over flashinfer
-    if total_seq_len <= 43 and 3 < mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 19 workloads, 2.10x (1.49x .. 2.87x) over flashinfer
-    if total_seq_len <= 160 and 46 < mean_seq_len <= 121:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 5: 6 workloads, 1.46x (1.41x .. 1.49x) over flashinfer
-    if total_seq_len <= 160 and mean_seq_len > 121:
-        return ('triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 25 workloads, 2.63x (1.34x .. 6.76x) over flashinfer
-    if total_seq_len > 43 and num_seqs <= 8 and mean_seq_len <= 46:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 8: 10 workloads, 2.38x (1.99x .. 2.68x) over flashinfer
-    if 160 < total_seq_len <= 944 and num_seqs > 7 and mean_seq_len > 46:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 69 workloads, 1.70x (1.35x .. 2.08x) over flashinfer
-    if 160 < total_seq_len <= 1051 and num_seqs <= 7 and mean_seq_len > 46:
+    # region 1: 4 workloads, 7.37x (6.40x .. 8.51x) over flashinfer
+    if total_seq_len <= 13 and 3 < mean_seq_len <= 93:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 2: 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer
+    if total_seq_len <= 32 and mean_seq_len <= 1:
+        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_recurrent'
+    # region 3: 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer
+    if total_seq_len <= 32 and 1 < mean_seq_len <= 3:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 4: 4 workloads, 1.73x (1.62x .. 2.06x) over flashinfer
+    if total_seq_len <= 221 and mean_seq_len > 138:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 21 workloads, 2.22x (1.42x .. 3.39x) over flashinfer
+    if total_seq_len <= 485 and 93 < mean_seq_len <= 138:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer
+    if 13 < total_seq_len <= 32 and 3 < mean_seq_len <= 93:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer
+    if total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer
+    if 221 < total_seq_len <= 485 and mean_seq_len > 138:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 10: 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer
+    if 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 11: 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
+    if 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93:
+        return 'triton_prefill_chunked.v16'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 22 workloads, 16.24x (4.04x .. 27.49x) over flashinfer
-    if total_seq_len <= 37 and num_seqs <= 37 and mean_seq_len <= 16:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 2: 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer
-    if total_seq_len <= 37 and num_seqs <= 37 and 16 < mean_seq_len <= 231:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 4 workloads, 4.11x (3.14x .. 5.99x) over flashinfer
-    if total_seq_len <= 443 and mean_seq_len > 271:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 4: 8 workloads, 3.85x (2.19x .. 8.88x) over flashinfer
-    if total_seq_len <= 965 and 231 < mean_seq_len <= 271:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 5: 4 workloads, 2.49x (1.89x .. 3.70x) over flashinfer
-    if total_seq_len <= 2934 and num_seqs > 108 and mean_seq_len <= 231:
-        return ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k2c16'
-    # region 6: 6 workloads, 2.09x (1.26x .. 2.70x) over flashinfer
-    if 37 < num_seqs <= 105 and mean_seq_len <= 13:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 8: 116 workloads, 7.03x (1.72x .. 32.35x) over flashinfer
-    if 37 < total_seq_len <= 1473 and num_seqs <= 37 and mean_seq_len <= 231:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 9: 12 workloads, 3.91x (2.21x .. 5.91x) over flashinfer
-    if 443 < total_seq_len <= 965 and mean_seq_len > 271:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_chunked.v16'
-    # region 10: 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
-    if 965 < total_seq_len <= 3147 and mean_seq_len > 602:
-        return 'triton_prefill_chunked.v16'
-    # region 11: 10 workloads, 2.49x (1.40x .. 5.81x) over flashinfer
-    if 965 < total_seq_len <= 3627 and 231 < mean_seq_len <= 602:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 1: 7 workloads, 13.56x (4.04x .. 27.49x) over flashinfer
+    if total_seq_len <= 37 and mean_seq_len <= 2:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 2: 4 workloads, 17.82x (13.92x .. 22.75x) over flashinfer
+    if total_seq_len <= 37 and 2 < mean_seq_len <= 5:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 3: 11 workloads, 18.31x (12.28x .. 23.64x) over flashinfer
+    if total_seq_len <= 37 and 5 < mean_seq_len <= 16:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 4: 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer
+    if total_seq_len <= 37 and mean_seq_len > 16:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 5: 18 workloads, 6.39x (4.13x .. 11.06x) over flashinfer
+    if 37 < total_seq_len <= 274 and mean_seq_len > 97:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 6: 91 workloads, 7.41x (1.26x .. 32.35x) over flashinfer
+    if 37 < total_seq_len <= 874 and mean_seq_len <= 97:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 7: 34 workloads, 4.04x (2.37x .. 7.41x) over flashinfer
+    if 274 < total_seq_len <= 874 and mean_seq_len > 97:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
+    if 874 < total_seq_len <= 3147 and mean_seq_len > 602:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
+    # region 9: 15 workloads, 2.73x (1.50x .. 5.81x) over flashinfer
+    if 874 < total_seq_len <= 3519 and 59 < mean_seq_len <= 602:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 5 workloads, 1.60x (1.07x .. 2.96x) over flashinfer
+    if total_seq_len > 874 and num_seqs <= 105 and mean_seq_len <= 59:
+        return 'triton_prefill_fused.c16v32'
+    # region 11: 4 workloads, 1.55x (1.34x .. 2.00x) over flashinfer
+    if total_seq_len > 874 and num_seqs > 105 and mean_seq_len <= 45:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     return 'flashinfer'
