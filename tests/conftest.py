@@ -29,7 +29,7 @@ OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definit
 # the CPU suites in one launch configuration on the definitions listed (its others differ only in
 # launch constants, its other definitions only in the head count); tests/gpu/ runs them all.
 INTERPRETED_ONLY = {"triton_prefill_chunked": {"gdn_prefill_pool_qk2_v4": "v64"},  # contest convention: test_gdn_chunked.py
-                    "triton_prefill_fused": {"gdn_prefill_pool_qk2_v4": "c16v64"}}  # contest convention: test_gdn_fused.py
+                    "triton_prefill_fused": {"gdn_prefill_pool_qk2_v4": "c16v64"}}  # contest convention: test_gdn_chunked.py
 
 
 def interpreted_skip(v) -> str | None:

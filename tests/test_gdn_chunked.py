@@ -1,8 +1,11 @@
-"""CPU tests of the chunked GDN prefill (kernels/triton/gdn/prefill_chunked.py) under the Triton
-interpreter, against kdispatch's references: the packed batch's 64-token blocks hold pieces of
-several sequences (a sequence crossing two block boundaries, short ones sharing a block, an empty
-one, a padding slot, fresh and continued states), in both conventions. The conformance and hostile
-input suites run every configuration on their own shapes; these check the chunk bookkeeping."""
+"""CPU tests of the chunked GDN prefills under the Triton interpreter, against kdispatch's references,
+in both conventions. The two-kernel one (kernels/triton/gdn/prefill_chunked.py): the packed batch's
+64-token blocks hold pieces of several sequences (a sequence crossing two block boundaries, short
+ones sharing a block, an empty one, a padding slot, fresh and continued states). The fused one
+(kernels/triton/gdn/prefill_fused.py): sequences of several chunks with a partial last one, an empty
+one, a padding slot, fresh and continued states, a chunk length whose inverse takes more than one
+doubling, and a malformed batch. The conformance and hostile input suites run every configuration
+on their own shapes; these check the chunk bookkeeping."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +18,7 @@ from kdispatch.references import gdn_prefill as ref_contest  # noqa: E402
 from kdispatch.references import gdn_prefill_pool as ref_pool  # noqa: E402
 
 C = kernel_module("kdispatch.kernels.triton.gdn.prefill_chunked")
+F_ = kernel_module("kdispatch.kernels.triton.gdn.prefill_fused")
 
 
 def _close(out, new_state, want_out, want_state):
@@ -58,3 +62,57 @@ def test_contest_convention_without_state():
     want_out, want_state = ref_contest.run(*args)
     got, state = C.gdn_prefill_chunked(*args, cfg=(16, 4))
     _close(got, state, want_out, want_state)
+
+
+@pytest.mark.parametrize("cfg", [(16, 64, 4), (32, 128, 4)])
+def test_fused_pool_chunks_and_padding(cfg):
+    g = torch.Generator().manual_seed(7)
+    lens = [3, 70, 0, 9, 1, 33]  # sequence 1: several chunks and a partial one
+    hq, hv, n = 2, 4, len(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    T = int(cu[-1])
+    q, k = (torch.randn(T, hq, 128, generator=g).to(torch.bfloat16) for _ in range(2))  # normalised in the op
+    v = torch.randn(T, hv, 128, generator=g).to(torch.bfloat16)
+    gate = -torch.rand(T, hv, generator=g) * 0.3
+    beta = torch.rand(T, hv, generator=g)
+    pool = torch.randn(n + 2, hv, 128, 128, generator=g) * 0.1
+    slots = torch.tensor([1, 2, 3, -1, 5, 6], dtype=torch.int32)  # sequence 3: padding
+    init = torch.tensor([True, True, False, True, False, True])
+    args = [t.to(DEV) for t in (q, k, v, gate, beta, pool, slots, init, cu)]
+    out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    want_out, want_pool = ref_pool.run(*args, out.clone(), None)
+    mine = args[5].clone()
+    got, _ = F_.gdn_prefill_pool_fused(*args[:5], mine, *args[6:], out, None, cfg=cfg)
+    _close(got, mine, want_out, want_pool)
+    assert (got[int(cu[3]):int(cu[4])] == 0).all()  # the padding sequence's rows
+    assert torch.equal(mine[[0, 4, 7]], args[5][[0, 4, 7]])  # slots no sequence names
+
+
+def test_fused_contest_convention_without_state():
+    g = torch.Generator().manual_seed(8)
+    cu = torch.tensor([0, 40, 45], dtype=torch.int64)
+    T = 45
+    q, k = (F.normalize(torch.randn(T, 4, 128, generator=g), dim=-1).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(T, 8, 128, generator=g).to(torch.bfloat16)
+    A_log, dt_bias = torch.randn(8, generator=g) * 0.5, torch.randn(8, generator=g) * 0.5
+    a, b = ((torch.randn(T, 8, generator=g) * 2).to(torch.bfloat16) for _ in range(2))
+    args = [t.to(DEV) for t in (q, k, v)] + [None] + [t.to(DEV) for t in (A_log, a, dt_bias, b, cu)] + [None]
+    want_out, want_state = ref_contest.run(*args)
+    got, state = F_.gdn_prefill_fused(*args, cfg=(16, 128, 4))
+    _close(got, state, want_out, want_state)
+
+
+def test_fused_malformed_batch_writes_zeros_and_no_state():
+    g = torch.Generator().manual_seed(9)
+    T, hv = 20, 4
+    cu = torch.tensor([0, 12, 8, T], dtype=torch.int32)  # decreasing: malformed
+    q, k = (torch.randn(T, 2, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(T, hv, 128, generator=g).to(torch.bfloat16)
+    pool = torch.randn(4, hv, 128, 128, generator=g)
+    args = [t.to(DEV) for t in (q, k, v, -torch.rand(T, hv, generator=g), torch.rand(T, hv, generator=g), pool,
+                                torch.tensor([0, 1, 2], dtype=torch.int32), torch.ones(3, dtype=torch.bool), cu)]
+    out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    mine = args[5].clone()
+    got, _ = F_.gdn_prefill_pool_fused(*args[:5], mine, *args[6:], out, None, cfg=(16, 128, 4))
+    assert (got == 0).all()
+    assert torch.equal(mine, args[5])
