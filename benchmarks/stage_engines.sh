@@ -16,17 +16,12 @@ set -euo pipefail
 SGLANG_SPEC=${SGLANG_SPEC:-sglang==0.5.23}
 FLASHMLA_SPEC=${FLASHMLA_SPEC:-sgl-flash-mla==1.0.0}
 out=.kd-wheels/engines
-# shared/device's c1 bundle (48 MB) and this working tree (19 MB with the results twins) exceed one
-# transfer's 64 MiB together: c1's cuDNN-frontend wheel travels in this bundle instead (parts/), and
-# this bundle's gpu-setup.sh hands it to shared/device's installer. So send this bundle FIRST, then
-# c1, c2, c3. (A wheel moved by an earlier run is put back before the folder is rebuilt.)
+# Earlier versions moved c1's cuDNN-frontend wheel into this bundle (parts/); rebundle.sh now re-packs
+# shared/device's bundles to fit beside the tree, so a wheel moved then goes back to c1 (re-run
+# rebundle.sh after this script).
 if ls "$out"/parts/*.whl >/dev/null 2>&1 && [ -d .kd-wheels/c1 ]; then mv "$out"/parts/*.whl .kd-wheels/c1/; fi
 rm -rf "$out"
 mkdir -p "$out"
-if ls .kd-wheels/c1/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1; then
-  mkdir -p "$out/parts"
-  mv .kd-wheels/c1/nvidia_cudnn_frontend-*.whl "$out/parts/"
-fi
 pip download --no-deps --quiet -d "$out" "$SGLANG_SPEC" "$FLASHMLA_SPEC"
 # Slimmed so a transfer (working tree + this folder) stays under 64 MiB: SGLang's Rust extensions,
 # multimodal generation and tests are never loaded by the baselines (about 22 MB of 39).
@@ -45,7 +40,6 @@ cat > "$out/gpu-setup.sh" <<'SETUP'
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p /tmp/kd-engines
-if [ -d "$here/parts" ]; then mkdir -p /tmp/kd-parts && cp -f "$here"/parts/* /tmp/kd-parts/; fi  # for c1..c3's install
 for w in "$here"/*.whl "$here"/*.zip; do python -m zipfile -e "$w" /tmp/kd-engines; done
 python - <<'CHECK'
 import importlib.util, sys
