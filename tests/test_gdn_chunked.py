@@ -28,9 +28,11 @@ def _close(out, new_state, want_out, want_state):
     assert (new_state - want_state).abs().max() < 1e-2
 
 
-def test_pool_pieces_across_blocks():
+def _check_pool(call, lens):
+    """One pool-convention batch of these 6 sequence lengths (sequence 3 on a padding slot, fresh and
+    continued states) through `call(q, k, v, g, beta, pool, slots, init, cu_seqlens, out)`, which
+    returns the output, against the reference."""
     g = torch.Generator().manual_seed(7)
-    lens = [3, 130, 0, 9, 1, 20]  # 163 tokens: 3 blocks; sequence 1 spans all of them
     hq, hv, n = 2, 4, len(lens)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     T = int(cu[-1])
@@ -45,9 +47,15 @@ def test_pool_pieces_across_blocks():
     out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
     want_out, want_pool = ref_pool.run(*args, out.clone(), None)
     mine = args[5].clone()
-    got, _ = C.gdn_prefill_pool_chunked(*args[:5], mine, *args[6:], out, None, cfg=(64, 4))
+    got = call(*args[:5], mine, *args[6:], out)
     _close(got, mine, want_out, want_pool)
     assert (got[int(cu[3]):int(cu[4])] == 0).all()  # the padding sequence's rows
+    assert torch.equal(mine[[0, 4, 7]], args[5][[0, 4, 7]])  # slots no sequence names
+
+
+def test_pool_pieces_across_blocks():
+    # 163 tokens: 3 blocks; sequence 1 spans all of them
+    _check_pool(lambda *a: C.gdn_prefill_pool_chunked(*a, None, cfg=(64, 4))[0], [3, 130, 0, 9, 1, 20])
 
 
 def test_contest_convention_without_state():
@@ -66,26 +74,8 @@ def test_contest_convention_without_state():
 
 @pytest.mark.parametrize("cfg", [(16, 64, 4), (32, 128, 4)])
 def test_fused_pool_chunks_and_padding(cfg):
-    g = torch.Generator().manual_seed(7)
-    lens = [3, 70, 0, 9, 1, 33]  # sequence 1: several chunks and a partial one
-    hq, hv, n = 2, 4, len(lens)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    T = int(cu[-1])
-    q, k = (torch.randn(T, hq, 128, generator=g).to(torch.bfloat16) for _ in range(2))  # normalised in the op
-    v = torch.randn(T, hv, 128, generator=g).to(torch.bfloat16)
-    gate = -torch.rand(T, hv, generator=g) * 0.3
-    beta = torch.rand(T, hv, generator=g)
-    pool = torch.randn(n + 2, hv, 128, 128, generator=g) * 0.1
-    slots = torch.tensor([1, 2, 3, -1, 5, 6], dtype=torch.int32)  # sequence 3: padding
-    init = torch.tensor([True, True, False, True, False, True])
-    args = [t.to(DEV) for t in (q, k, v, gate, beta, pool, slots, init, cu)]
-    out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
-    want_out, want_pool = ref_pool.run(*args, out.clone(), None)
-    mine = args[5].clone()
-    got, _ = F_.gdn_prefill_pool_fused(*args[:5], mine, *args[6:], out, None, cfg=cfg)
-    _close(got, mine, want_out, want_pool)
-    assert (got[int(cu[3]):int(cu[4])] == 0).all()  # the padding sequence's rows
-    assert torch.equal(mine[[0, 4, 7]], args[5][[0, 4, 7]])  # slots no sequence names
+    # sequence 1: several chunks and a partial one
+    _check_pool(lambda *a: F_.gdn_prefill_pool_fused(*a, None, cfg=cfg)[0], [3, 70, 0, 9, 1, 33])
 
 
 def test_fused_contest_convention_without_state():
