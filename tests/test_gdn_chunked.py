@@ -58,18 +58,25 @@ def test_pool_pieces_across_blocks():
     _check_pool(lambda *a: C.gdn_prefill_pool_chunked(*a, None, cfg=(64, 4))[0], [3, 130, 0, 9, 1, 20])
 
 
-def test_contest_convention_without_state():
+def _check_contest_without_state(call, lens):
+    """A contest-convention batch of these sequence lengths (raw gates, no initial state) through
+    `call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)`, which returns (output, state),
+    against the reference."""
     g = torch.Generator().manual_seed(8)
-    cu = torch.tensor([0, 70, 75], dtype=torch.int64)
-    T = 75
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    T = int(cu[-1])
     q, k = (F.normalize(torch.randn(T, 4, 128, generator=g), dim=-1).to(torch.bfloat16) for _ in range(2))
     v = torch.randn(T, 8, 128, generator=g).to(torch.bfloat16)
     A_log, dt_bias = torch.randn(8, generator=g) * 0.5, torch.randn(8, generator=g) * 0.5
     a, b = ((torch.randn(T, 8, generator=g) * 2).to(torch.bfloat16) for _ in range(2))
     args = [t.to(DEV) for t in (q, k, v)] + [None] + [t.to(DEV) for t in (A_log, a, dt_bias, b, cu)] + [None]
     want_out, want_state = ref_contest.run(*args)
-    got, state = C.gdn_prefill_chunked(*args, cfg=(16, 4))
+    got, state = call(*args)
     _close(got, state, want_out, want_state)
+
+
+def test_contest_convention_without_state():
+    _check_contest_without_state(lambda *a: C.gdn_prefill_chunked(*a, cfg=(16, 4)), [70, 5])
 
 
 @pytest.mark.parametrize("cfg", [(16, 64, 4), (32, 128, 4)])
@@ -79,17 +86,7 @@ def test_fused_pool_chunks_and_padding(cfg):
 
 
 def test_fused_contest_convention_without_state():
-    g = torch.Generator().manual_seed(8)
-    cu = torch.tensor([0, 40, 45], dtype=torch.int64)
-    T = 45
-    q, k = (F.normalize(torch.randn(T, 4, 128, generator=g), dim=-1).to(torch.bfloat16) for _ in range(2))
-    v = torch.randn(T, 8, 128, generator=g).to(torch.bfloat16)
-    A_log, dt_bias = torch.randn(8, generator=g) * 0.5, torch.randn(8, generator=g) * 0.5
-    a, b = ((torch.randn(T, 8, generator=g) * 2).to(torch.bfloat16) for _ in range(2))
-    args = [t.to(DEV) for t in (q, k, v)] + [None] + [t.to(DEV) for t in (A_log, a, dt_bias, b, cu)] + [None]
-    want_out, want_state = ref_contest.run(*args)
-    got, state = F_.gdn_prefill_fused(*args, cfg=(16, 128, 4))
-    _close(got, state, want_out, want_state)
+    _check_contest_without_state(lambda *a: F_.gdn_prefill_fused(*a, cfg=(16, 128, 4)), [40, 5])
 
 
 def test_fused_malformed_batch_writes_zeros_and_no_state():
