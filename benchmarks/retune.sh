@@ -29,6 +29,9 @@
 # Every call copies the working tree afresh, so the routers a tune wrote there are gone by the next call:
 # extract its archive here and refit (`kdispatch route`) before `check`, `contest` or `layer` measure them.
 set -u
+# Without the bundles' packages (a bundle refused or not sent) FlashInfer is missing: every row would be
+# measured again under another environment, against other baselines.
+[ -f /tmp/kd-site/env.sh ] || { echo "retune.sh: /tmp/kd-site/env.sh missing: the GPU setup is incomplete" >&2; exit 1; }
 . benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/kd-out}
 DEVICE_SLUG=$(python -c "import torch; from kdispatch.tuner.store import slug; print(slug(torch.cuda.get_device_name()))")

@@ -258,6 +258,27 @@ def test_bench_counts_slower_only_where_the_routed_op_served_another_variant():
     assert summary["graph"]["regret_max_pct"] > 0
 
 
+def test_bench_compares_a_handed_back_region_with_the_guarded_call():
+    """Where the routed op's region hands calls back (engine plugins call the engine's kernel), the
+    routed op serves kdispatch.ops callers, whose alternative is the guarded baseline: it is slower
+    only against that. The same time outside such a region is slower than the engine's call."""
+    from kdispatch.tuner.flows import bench_table
+
+    s, eid = filled()
+    base = next(r for r in s.results(DECODE, eid) if r.baseline and r.uuid == "w4")  # 14 us, guarded 20
+    base.metrics = {"guarded": {"median_us": 20.0, "p10_us": 19.8, "p90_us": 20.2, "eager_us": None,
+                                "eager_p10_us": None, "eager_p90_us": None}}
+    s.put(base)
+    for back in (True, False):
+        r = row(eid, "routed", "w4", 17.0)
+        r.metrics = {"routed_to": "fast", "routed_to_eager": "fast", "hands_back": back}
+        s.put(r)
+        _, summary = bench_table(s, eid, DECODE)
+        assert summary["graph"]["slower_than_baseline"] == (0 if back else 1)
+        assert summary["graph"]["handed_back"] == (1 if back else 0)
+        assert summary["graph"]["routed_geomean_speedup"] == round(20 / 17 if back else 14 / 17, 3)
+
+
 def test_bench_routes_a_workload_that_omits_dependent_axes(tmp_path):
     """Coverage and held-out prefill workloads give num_seqs and total_seq_len, not len_cu_seqlens
     (the definition's constraint implies it); the routed op is asked with every axis a call has."""

@@ -331,7 +331,9 @@ def cmd_bench(args) -> int:
             sp = f"{m['routed_geomean_speedup']:.3f}x" if m["routed_geomean_speedup"] else "n/a"
             rg = (f"regret {m['regret_mean_pct']:.2f}% mean, {m['regret_max_pct']:.2f}% max"
                   if m["regret_mean_pct"] is not None else "regret n/a")
-            print(f"    {mode:<6} routed {sp} geomean over the baseline; {rg}; "
+            back = (f" ({m['handed_back']} in regions engine plugins hand back: against the guarded call there)"
+                    if m.get("handed_back") else "")
+            print(f"    {mode:<6} routed {sp} geomean over the baseline{back}; {rg}; "
                   f"slower than baseline beyond the spread: {m['slower_than_baseline']}")
     if args.json:
         out = {"env": env, "summary": summaries,

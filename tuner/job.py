@@ -117,8 +117,12 @@ def run_job(job: Job, emit: Callable) -> None:
                 from kdispatch import arch as _arch
 
                 axes = fn.checker.check(trials[0][0])  # every variable axis, as a call computes them
-                extra["routed_to"] = fn.choose(_arch.arch_of(device), axes).name
-                extra["routed_to_eager"] = fn.choose(_arch.arch_of(device), axes, "eager").name
+                here = _arch.arch_of(device)
+                extra["routed_to"] = fn.choose(here, axes).name
+                extra["routed_to_eager"] = fn.choose(here, axes, "eager").name
+                # engine plugins give these calls back to the engine's kernel (tuner/flows.py `regret`)
+                extra["hands_back"] = fn.hands_back(here, axes)
+                extra["hands_back_eager"] = fn.hands_back(here, axes, "eager")
             t_gate = time.perf_counter()
             try:
                 verdict = gate.run_gate(definition, fn, trials)

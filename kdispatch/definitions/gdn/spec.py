@@ -305,8 +305,12 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # (held-out 369 x 7 and 563 x 12 at 8 value heads: 89 / 134 us against 29 / 33),
                           # and with 16-32 value heads FlashInfer's where they are long; with 4-16 sequences
                           # only, 1,069 tokens in 91 sequences at 32 value heads went to the chunked kernel,
-                          # 2.1x slower than the recurrence (H100, 2026-11-26)
-                          grid={"num_seqs": (4, 16, 64), "total_seq_len": (512, 2048, 8192)}, grid_every_mix=True))
+                          # 2.1x slower than the recurrence (H100, 2026-11-26). 8 sequences and 1,024
+                          # tokens: the fused kernel walks a sequence's chunks one after another, so one
+                          # long sequence of a few hundred tokens makes it slower than FlashInfer
+                          # (held-out 563 x 12 at 8 value heads: 65 us against 53, H100, 2026-11-26)
+                          grid={"num_seqs": (4, 8, 16, 64), "total_seq_len": (512, 1024, 2048, 8192)},
+                          grid_every_mix=True))
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
