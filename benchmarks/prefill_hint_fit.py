@@ -5,8 +5,8 @@ sequence among short ones from equal lengths; the fused and two-kernel prefills 
 chunks one after another, so that is where they lose to FlashInfer. Engines know every length on the
 host before the call (SGLang's `extend_seq_lens_cpu`, vLLM's `max_query_len`): a `max_seq_len`
 argument would cost no device sync. This script refits each pool-prefill definition from the main
-store with and without `max_seq_len` as a fourth feature (read from each workload's `cu_seqlens`:
-the set's blob, or the builder's seeded draw) and scores both on the held-out store (every variant
+store with and without `max_seq_len` as a fourth feature (the spec's hint,
+`kdispatch.workloads.hint_values`) and scores both on the held-out store (every variant
 measured there, never fitted on) and by 5-fold over the main store, per call mode.
 
     python benchmarks/prefill_hint_fit.py [--definitions gdn_prefill_pool_qk4_v8 ...]
@@ -18,42 +18,28 @@ import io
 import json
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
-
 from kdispatch import definitions as defs
+from kdispatch import workloads
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
-from kdispatch.definitions.gdn.spec import random_cu_seqlens
 from kdispatch.tuner import features as feats
 from kdispatch.tuner import fit as fitting
 from kdispatch.tuner import flows
 from kdispatch.tuner.store import Store
-from kdispatch.workloads import stable_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = ("traces/workloads", "traces/coverage", "traces/heldout")
 HINT = "max_seq_len"
 
 
-def longest(definition: str) -> dict[str, int]:
-    """uuid -> its longest sequence, over every workload set of the definition."""
-    out, blobs = {}, {}
+def hint_values(definition: str) -> dict[str, int]:
+    """uuid -> its longest sequence (the spec's hint), over every workload set of the definition."""
+    out = {}
     for s in SETS:
         path = ROOT / s / "workloads" / "gdn" / f"{definition}.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            w = json.loads(line)["workload"]
-            spec = w["inputs"].get("cu_seqlens", {})
-            if spec.get("type") == "safetensors":
-                blob = ROOT / s / spec["path"]
-                if blob not in blobs:
-                    blobs[blob] = load_file(str(blob))
-                cu = blobs[blob][spec["tensor_key"]]
-            else:  # drawn by the builder (kdispatch/definitions/gdn/spec.py build_prefill_pool)
-                g = torch.Generator().manual_seed(stable_seed(w["uuid"], 0, "cu_seqlens"))
-                cu = random_cu_seqlens(w["axes"]["total_seq_len"], w["axes"]["num_seqs"], g)
-            out[w["uuid"]] = int((cu[1:] - cu[:-1]).max())
+        if path.exists():
+            for line in path.read_text().splitlines():
+                w = json.loads(line)
+                out[w["workload"]["uuid"]] = workloads.hint_values(definition, w, trace_root=ROOT / s)[HINT]
     return out
 
 
@@ -82,7 +68,7 @@ def main() -> None:
     print("regret vs the best variant measured (mean / max), speedup over the baseline, count slower than it")
     for name in opts.definitions:
         d = defs.resolve_name(name)
-        lengths = longest(d)
+        lengths = hint_values(d)
         for hinted in (False, True):
             main_t, held_t = tables(d, main_store, held_store)
             if hinted:

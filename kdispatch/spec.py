@@ -40,6 +40,19 @@ class Derived:
 
 
 @dataclass(frozen=True)
+class Hint:
+    """A fact about a call that its shapes do not show but an engine knows on the host before the
+    call (the longest sequence of a packed batch), meant to become an optional argument of the op
+    that routers read as one more feature; today `benchmarks/prefill_hint_fit.py` measures what
+    fitting on it would give. `value(axes, inputs, ctx)` computes it for a workload from its given
+    inputs and the workload's context (the spec's builder draws the other inputs from the same
+    context): `kdispatch.workloads.hint_values`."""
+
+    doc: str
+    value: Callable[[dict, dict, object], int]
+
+
+@dataclass(frozen=True)
 class Rotation:
     """How timed input sets differ, so that no set is still in L2 when its turn comes.
 
@@ -97,6 +110,8 @@ class Spec:
     main: str  # the feature on the x axis of plots and for spreading quick subsets
     reference: str  # module whose `run` is the reference (its text is the JSON's `reference`)
     derived: dict[str, Derived] = field(default_factory=dict)
+    # call-time facts engines know but shapes do not show (see Hint)
+    hints: dict[str, Hint] = field(default_factory=dict)
     model_scalars: dict[str, float | int] = field(default_factory=dict)
     in_place: dict[str, str] = field(default_factory=dict)  # output -> the input it is written into
     # inputs a call may pass as views whose last dimension is contiguous (engines split q/k/v out of

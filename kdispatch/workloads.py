@@ -248,7 +248,36 @@ def materialize(definition, workload, device="cpu", seed: int = 0, *, trace_root
     if unknown:
         raise ValueError(f"{name}: workload inputs {unknown} are not inputs of the definition")
     dev = resolve_device(device)
+    given = _given(d, axes, specs, trace_root)
+    built = d.spec.build(axes, given, Context(name, uuid, int(seed), dev))
+    out = []
+    for inp, ispec in d.data["inputs"].items():
+        v = given[inp] if inp in given else built[inp]
+        if isinstance(v, torch.Tensor):
+            want = _shape(ispec, axes)
+            if list(v.shape) != want or v.dtype != DTYPES[ispec["dtype"]]:
+                raise ValueError(f"{name}: the spec built {inp!r} as {v.dtype} {list(v.shape)}, "
+                                 f"the definition says {ispec['dtype']} {want}")
+            v = v.to(dev)
+        out.append(v)
+    return tuple(out)
 
+
+def hint_values(definition, workload, seed: int = 0, *, trace_root=None) -> dict[str, int]:
+    """The definition's call-time hints (`Spec.hints`) for `workload`, from the inputs `materialize`
+    would give (without building the others)."""
+    d = _definition(definition)
+    if not d.spec.hints:
+        return {}
+    axes_in, specs, uuid = _workload_parts(workload)
+    axes = resolve_axes(d, axes_in)
+    given, ctx = _given(d, axes, specs, trace_root), Context(d.name, uuid, int(seed), torch.device("cpu"))
+    return {name: int(h.value(axes, given, ctx)) for name, h in d.spec.hints.items()}
+
+
+def _given(d, axes: dict, specs: dict, trace_root) -> dict[str, Any]:
+    """The workload's given inputs (safetensors, scalar values) by name; the spec builds the rest."""
+    name = d.name
     given: dict[str, Any] = {}
     for inp, ispec in d.data["inputs"].items():
         spec = specs.get(inp, {"type": "random"})
@@ -264,19 +293,7 @@ def materialize(definition, workload, device="cpu", seed: int = 0, *, trace_root
             raise ValueError(f"{name}: tensor input {inp!r} given as a scalar")
         elif kind != "random":
             raise ValueError(f"{name}: input {inp!r} has unknown type {kind!r}")
-
-    built = d.spec.build(axes, given, Context(name, uuid, int(seed), dev))
-    out = []
-    for inp, ispec in d.data["inputs"].items():
-        v = given[inp] if inp in given else built[inp]
-        if isinstance(v, torch.Tensor):
-            want = _shape(ispec, axes)
-            if list(v.shape) != want or v.dtype != DTYPES[ispec["dtype"]]:
-                raise ValueError(f"{name}: the spec built {inp!r} as {v.dtype} {list(v.shape)}, "
-                                 f"the definition says {ispec['dtype']} {want}")
-            v = v.to(dev)
-        out.append(v)
-    return tuple(out)
+    return given
 
 
 def meta_arguments(definition, axes: dict) -> list:

@@ -273,6 +273,21 @@ def test_prefill_coverage_mixes_are_valid_partitions():
         assert cu.shape[0] == n + 1 and int(cu[0]) == 0 and int(cu[-1]) == total and bool((lens >= 1).all())
 
 
+def test_pool_prefill_hint_is_the_longest_sequence_materialised():
+    """The spec's call-time hint (max_seq_len) agrees with the cu_seqlens `materialize` gives, for
+    stored (skewed, equal) and drawn (random) length mixes alike."""
+    name = "gdn_prefill_pool_qk4_v8_d128_k_last"
+    ws = [w for w in W.load_workloads(TRACES / "coverage", name) if w.axes["total_seq_len"] <= 2048]
+    kinds = set()
+    for w in ws:
+        args = dict(zip(definitions.get(name).inputs, W.materialize(name, w, trace_root=TRACES / "coverage")))
+        cu = args["cu_seqlens"].to(torch.int64)
+        assert W.hint_values(name, w, trace_root=TRACES / "coverage") == {"max_seq_len": int((cu[1:] - cu[:-1]).max())}
+        kinds.add("safetensors" in str(w.inputs.get("cu_seqlens")))
+    assert kinds == {True, False}
+    assert W.hint_values("gdn_prefill", ws[0]) == {}  # a definition without hints
+
+
 def test_shipped_definitions_are_the_kdispatch_definitions():
     for name in definitions.names():
         d = definitions.load(name)

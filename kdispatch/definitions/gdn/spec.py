@@ -14,7 +14,7 @@ import torch
 
 from kdispatch.checks import Tol, first_bad
 from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name, verify_steps_name
-from kdispatch.spec import Coverage, Derived, Floor, Rotation, Spec
+from kdispatch.spec import Coverage, Derived, Floor, Hint, Rotation, Spec
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -268,7 +268,7 @@ def build_prefill_pool(axes, given, ctx) -> dict:
     if "has_initial_state" not in given:
         out["has_initial_state"] = torch.rand(n, generator=ctx.rng("has_initial_state")) < 0.75
     if "cu_seqlens" not in given:
-        out["cu_seqlens"] = random_cu_seqlens(total, n, ctx.rng("cu_seqlens")).to(torch.int32)
+        out["cu_seqlens"] = _pool_cu_seqlens(axes, given, ctx)
     if "out" not in given:  # never read: NaN, so an unwritten row cannot pass the check
         out["out"] = torch.full((total, hv, d), float("nan"), dtype=torch.bfloat16)
     return out
@@ -286,6 +286,9 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         reference="kdispatch.references.gdn_prefill_pool",
         fit=("total_seq_len", "num_seqs", "mean_seq_len"), main="total_seq_len",
         derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
+        # the fused and chunked kernels walk a sequence's chunks one after another: one long sequence
+        # among short ones decides their time, which the shapes do not show (engines know the lengths)
+        hints={"max_seq_len": Hint("tokens of the longest sequence", longest_sequence)},
         in_place={"output": "out", "new_state_pool": "state_pool"},
         strided=frozenset({"q", "k", "v", "state_pool"}),  # SGLang splits q/k/v out of one projection
         rotation=POOL_ROTATION, floor=floor_pool_prefill,
@@ -311,6 +314,19 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # (held-out 563 x 12 at 8 value heads: 65 us against 53, H100, 2026-11-26)
                           grid={"num_seqs": (4, 8, 16, 64), "total_seq_len": (512, 1024, 2048, 8192)},
                           grid_every_mix=True))
+
+
+def _pool_cu_seqlens(axes: dict, given: dict, ctx) -> torch.Tensor:
+    """The workload's int32 boundaries: given, or at random cut points (seeded by the workload)."""
+    if "cu_seqlens" in given:
+        return given["cu_seqlens"]
+    return random_cu_seqlens(axes["total_seq_len"], axes["num_seqs"], ctx.rng("cu_seqlens")).to(torch.int32)
+
+
+def longest_sequence(axes: dict, given: dict, ctx) -> int:
+    """Tokens of the batch's longest sequence (0 without sequences)."""
+    cu = _pool_cu_seqlens(axes, given, ctx).to(torch.int64)
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
