@@ -91,11 +91,15 @@ def heldout_table(path: Path) -> str:
              "| eager: speedup | eager regret | eager slower |",
              "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: |"]
     for d, summ in sorted(check["regret"].items()):
-        g, e = summ["graph"], summ["eager"]
-        lines.append(f"| `{definitions.get(d).short}` | {g['workloads']} | {g['speedup_vs_baseline']:.2f}x | "
-                     f"{g['regret_mean_pct']:.2f}% / {g['regret_max_pct']:.2f}% | {g['slower_than_baseline']} | "
-                     f"{e['speedup_vs_baseline']:.2f}x | {e['regret_mean_pct']:.2f}% / {e['regret_max_pct']:.2f}% | "
-                     f"{e['slower_than_baseline']} |")
+        op = definitions.get(d).short
+        # calls passing the spec's call-time hints (`route_hinted`) get a row of their own
+        for label, scores in ((f"`{op}`", summ), *(((f"`{op}` with `{', '.join(definitions.get(d).spec.hints)}`",
+                                                      summ["hinted"]),) if "hinted" in summ else ())):
+            g, e = scores["graph"], scores["eager"]
+            lines.append(f"| {label} | {g['workloads']} | {g['speedup_vs_baseline']:.2f}x | "
+                         f"{g['regret_mean_pct']:.2f}% / {g['regret_max_pct']:.2f}% | {g['slower_than_baseline']} | "
+                         f"{e['speedup_vs_baseline']:.2f}x | {e['regret_mean_pct']:.2f}% / {e['regret_max_pct']:.2f}% | "
+                         f"{e['slower_than_baseline']} |")
     stale = {definitions.get(d).short: summ["stale_variants"] for d, summ in sorted(check["regret"].items())
              if summ.get("stale_variants")}
     if stale:  # the check scored these variants' old code

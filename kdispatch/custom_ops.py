@@ -3,7 +3,7 @@ engines that wrap kernels in custom ops of their own.
 
 The schema is generated from the definition's JSON: tensor inputs are `Tensor`, scalar inputs
 `float` or `int`, and an input the op writes in place (the spec's `in_place`: the GDN state) is
-marked mutated, `Tensor(a!)`. A custom op may not return an alias of an input, so it returns only
+marked mutated, `Tensor(a!)`; the spec's call-time hints are optional keyword-only `SymInt?`. A custom op may not return an alias of an input, so it returns only
 the outputs that are not written in place; `traceable` puts the in-place ones back into the
 definition's output tuple. The fake implementation allocates the returned outputs from the
 definition's output shapes, each axis taken from the first input dimension that carries it, so
@@ -45,6 +45,8 @@ def schema(d: definitions.Definition) -> str:
             params.append(f"{_SCALAR_TYPES[inp['dtype']]} {name}")
         else:
             params.append(f"Tensor({next(aliases)}!) {name}" if name in mutated else f"Tensor {name}")
+    if d.spec.hints:
+        params += ["*"] + [f"SymInt? {h}=None" for h in d.spec.hints]
     n = len(returned_outputs(d))
     ret = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
     return f"({', '.join(params)}) -> {ret}"
@@ -57,7 +59,7 @@ def fake_outputs(d: definitions.Definition) -> Callable:
     outs = [(d.data["outputs"][o]["shape"], DTYPES[d.data["outputs"][o]["dtype"]]) for o in returned_outputs(d)]
     const = d.const_axes
 
-    def fake(*args):
+    def fake(*args, **hints):
         axes, device = dict(const), None
         for shape, x in zip(in_shapes, args):
             if shape is not None:
@@ -83,8 +85,8 @@ def register(dispatcher) -> torch._ops.OpOverload:
     keep = [d.outputs.index(o) for o in returned_outputs(d)]
     single_output = len(d.outputs) == 1
 
-    def run(*args):
-        outs = dispatcher(*args)
+    def run(*args, **hints):
+        outs = dispatcher(*args, **hints)
         if single_output:
             return outs if keep else None
         res = tuple(outs[i] for i in keep)
@@ -107,10 +109,10 @@ def traceable(dispatcher) -> Callable:
              for o in d.outputs]
     several = len(returned) > 1
 
-    def call(*args):
+    def call(*args, **hints):
         if not _is_compiling():
-            return dispatcher(*args)
-        res = op(*args)
+            return dispatcher(*args, **hints)
+        res = op(*args, **hints)
         if len(where) == 1 and where[0][0] == "op":
             return res
         res = res if several else (res,)

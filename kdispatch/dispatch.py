@@ -161,10 +161,11 @@ class _Entry:
     region hands its calls back to the engine's own kernel (`hand_back`, per mode)."""
 
     __slots__ = ("guard", "fn", "variant", "eager", "eager_fn", "base", "eager_base", "axes", "arch", "strided",
-                 "hand_back")
+                 "hand_back", "hinted")
 
     def __init__(self, guard, variant, eager, axes, arch, strided=False, hand_back=(False, False)):
         self.guard, self.axes, self.arch, self.strided, self.hand_back = guard, axes, arch, strided, hand_back
+        self.hinted: dict = {}  # (hint values, mode) -> (variant, whether plugins get the call back)
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
@@ -176,6 +177,8 @@ class _Entry:
 
 
 DISABLE_VAR = "KDISPATCH_DISABLE"
+HINTED = "hinted "  # key prefix of a router's functions for calls that pass the call-time hints
+MAX_HINTED_PER_ENTRY = 256  # hint values remembered per signature (a serving loop repeats few)
 CONTIGUOUS_COPIES = " (on contiguous copies)"  # name suffix of a variant served on copies of strided views
 CHECK_VAR = "KDISPATCH_CHECK"
 HOST_ARCHS = ("cpu", "meta")  # where the reference is what runs anyway: no warning
@@ -205,6 +208,7 @@ class Dispatcher:
         self.definition, self.short = d.name, d.short
         self.checker = Checker(d, f"kdispatch.ops.{self.short}")
         self._input_names = [n for n, _ in self.checker.inputs]
+        self.hints = tuple(d.spec.hints)  # call-time hints the op takes as keyword arguments
         self._in_place_positions = frozenset(self._input_names.index(i) for i in d.spec.in_place.values())
         self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
@@ -228,7 +232,7 @@ class Dispatcher:
                           self.checker.check_scalars if self.checker.scalar_constraints else None)
         self.reset()
 
-    def __call__(self, *args):
+    def __call__(self, *args, **hints):
         if self._per_call is not None:
             self._per_call(args)
         try:
@@ -239,8 +243,12 @@ class Dispatcher:
         except (IndexError, AttributeError, TypeError):  # too few arguments, or not a tensor: the checker says which
             e = None
         if e is None:
-            e = self._new_signature(args)
+            e = self._new_signature(args, bool(hints))  # hints: they decide whether a call is handed back
         self._last = e
+        if hints:
+            values = self._hint_values(hints)
+            if values is not None:
+                return self._hinted_call(e, values, args)
         if e.eager_fn is None or capturing():
             fn, base = e.fn, e.base
         else:
@@ -251,6 +259,47 @@ class Dispatcher:
             return fn(*args)
         except Exception as exc:
             return self._variant_failed(e, fn, exc, args)
+
+    def _hint_values(self, hints: dict) -> tuple | None:
+        """The call's hint values in the spec's order, or None where it passes none (all None)."""
+        unknown = set(hints) - set(self.hints)
+        if unknown:
+            raise TypeError(f"kdispatch.ops.{self.short}: unexpected keyword argument(s) {sorted(unknown)} "
+                            f"(its call-time hints: {list(self.hints) or 'none'})")
+        values = tuple(hints.get(n) for n in self.hints)
+        if all(v is None for v in values):
+            return None
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+            raise ValueError(f"kdispatch.ops.{self.short}: hints {dict(zip(self.hints, values))} must all be given, "
+                             "as non-negative ints")
+        return values
+
+    def _hinted_call(self, e: _Entry, values: tuple, args):
+        """A call that passes the call-time hints: routed with them as features (the router's
+        `route_hinted`, where it has one), decided once per (signature, values, call mode)."""
+        mode = "graph" if capturing() else "eager"
+        hit = e.hinted.get((values, mode))
+        if hit is None:
+            if len(e.hinted) >= MAX_HINTED_PER_ENTRY:
+                e.hinted.clear()
+            features = {**dict(e.axes), **dict(zip(self.hints, values))}
+            v = self.choose(e.arch, features, mode, e.strided)
+            hit = e.hinted[(values, mode)] = (v, v.baseline or self.hands_back(e.arch, features, mode))
+        v, base = hit
+        if base and _HAND_BACK.get():
+            raise BaselineChosen(self.short)
+        try:
+            return v.fn(*args)
+        except Exception as exc:
+            if v.name.split(CONTIGUOUS_COPIES)[0] == registry.baseline(self.definition, e.arch).name:
+                raise
+            features = {**dict(e.axes), **dict(zip(self.hints, values))}
+            self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
+            self._gives_back.clear()
+            e.hinted.clear()
+            self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
+                                                 f"{features}; the next choice serves this shape from now on")
+            return self._hinted_call(e, values, args)
 
     def warm(self, *args) -> tuple[str, str]:
         """Routes this call signature now and runs the variant of each call mode once, so that what
@@ -279,7 +328,7 @@ class Dispatcher:
                 raise ValueError(f"kdispatch.ops.{self.short}: argument {arg!r}: {what} ({CHECK_VAR} is set)")
 
     # ---- slow path -------------------------------------------------------------------------
-    def _new_signature(self, args) -> _Entry:
+    def _new_signature(self, args, hinted: bool = False) -> _Entry:
         """The decision for a call signature not cached: one-off where its first tensor's shape is new
         (`_one_off`), else validated, routed for both call modes and cached."""
         try:
@@ -290,16 +339,16 @@ class Dispatcher:
             self._seen_once[key] = None
             if len(self._seen_once) > MAX_SEEN_ONCE:
                 del self._seen_once[next(iter(self._seen_once))]
-            return self._one_off(args)
+            return self._one_off(args, hinted)
         return self._cached_signature(args)
 
-    def _one_off(self, args) -> _Entry:
+    def _one_off(self, args, hinted: bool = False) -> _Entry:
         """This call's decision, for its call mode only, with a guard that never matches. Inside
         `handing_back_baseline()` a call the router gives back raises BaselineChosen before any
         argument is checked: the engine's own kernel serves it, as without kdispatch."""
         mode = "graph" if capturing() else "eager"
         decided = None
-        if _HAND_BACK.get():
+        if _HAND_BACK.get() and not hinted:
             try:
                 decided = self._decide(self.checker.axes(args), args, mode)
             except (IndexError, AttributeError, TypeError):
@@ -373,9 +422,13 @@ class Dispatcher:
             routes = self.router(arch)
             if routes is None:
                 return Choice(base, None, [f"no router for {arch}: the baseline serves"], mode=mode)
-            answer = routes[mode](**axes)  # a name, or the region's measured variants best first
+            route, features = self._route_fn(routes, axes, mode)
+            answer = route(**features)  # a name, or the region's measured variants best first
             chain = (answer,) if isinstance(answer, str) or answer is None else tuple(answer)
-            source = f"router for {arch}" + (" (eager calls)" if routes[mode] is not routes["graph"] else "")
+            hinted = route is not None and route in (routes.get(HINTED + "graph"), routes.get(HINTED + "eager"))
+            tag = HINTED if hinted else ""
+            source = (f"router for {arch}" + (f" (calls passing {', '.join(self.hints)})" if hinted else "")
+                      + (" (eager calls)" if route is not routes[tag + "graph"] else ""))
             said = chain[0] if chain else None
             named = tuple(n for n in chain if n is not None)
         steps = []
@@ -450,20 +503,40 @@ class Dispatcher:
                 self._routers[arch] = self._routes(mod.route, getattr(mod, "route_eager", None),
                                                    getattr(mod, "hand_back", None),
                                                    getattr(mod, "hand_back_eager" if eager else "hand_back", None))
+                hinted = getattr(mod, "route_hinted", None)  # calls that pass the call-time hints
+                if hinted is not None:
+                    eager = hasattr(mod, "route_hinted_eager")
+                    self._routers[arch].update(self._routes(
+                        hinted, getattr(mod, "route_hinted_eager", None), getattr(mod, "hand_back_hinted", None),
+                        getattr(mod, "hand_back_hinted_eager" if eager else "hand_back_hinted", None), HINTED))
         return self._routers[arch]
 
     @staticmethod
-    def _routes(route, route_eager, hand_back, hand_back_eager) -> dict:
-        return {"graph": route, "eager": route_eager or route, ("hand_back", "graph"): hand_back,
-                ("hand_back", "eager"): hand_back_eager}
+    def _routes(route, route_eager, hand_back, hand_back_eager, tag: str = "") -> dict:
+        """The router's functions by (tag +) mode; tag HINTED: those for calls passing the hints."""
+        return {tag + "graph": route, tag + "eager": route_eager or route, (tag + "hand_back", "graph"): hand_back,
+                (tag + "hand_back", "eager"): hand_back_eager}
 
-    def set_router(self, arch: str, route, route_eager=None, hand_back=None, hand_back_eager=None) -> None:
+    def _route_fn(self, routes: dict, features: dict, mode: str, hand_back: bool = False):
+        """The router function for these features in `mode` (the hinted one where they hold the
+        hints and the router has one), and the features to call it with."""
+        if self.hints and self.hints[0] in features:
+            fn = routes.get((HINTED + "hand_back", mode) if hand_back else HINTED + mode)
+            if fn is not None or (HINTED + "graph") in routes:
+                return fn, features
+            features = {k: x for k, x in features.items() if k not in self.hints}
+        return routes.get(("hand_back", mode) if hand_back else mode), features
+
+    def set_router(self, arch: str, route, route_eager=None, hand_back=None, hand_back_eager=None,
+                   route_hinted=None) -> None:
         """Replace the router of `arch` (None: baseline only; `route_eager`: eager calls' answers,
         default `route`'s; `hand_back`: which shapes engine plugins give back to the engine's kernel,
-        default none, and `hand_back_eager` for eager calls, default `hand_back`'s); forgets every
-        cached decision."""
+        default none, and `hand_back_eager` for eager calls, default `hand_back`'s; `route_hinted`:
+        the answers for calls that pass the call-time hints, both modes); forgets every cached decision."""
         self._routers[arch] = None if route is None else self._routes(route, route_eager, hand_back,
                                                                       hand_back_eager or hand_back)
+        if route is not None and route_hinted is not None:
+            self._routers[arch].update(self._routes(route_hinted, None, None, None, HINTED))
         self.reset()
 
     def hands_back(self, arch: str, axes: dict, mode: str = "graph") -> bool:
@@ -471,8 +544,10 @@ class Dispatcher:
         engine plugin asks (its region won against the guarded baseline only: tuner/fit.py
         `hand_back`)? Never under KDISPATCH_DISABLE (the baseline anyway) or a forced variant."""
         routes = None if self.disabled or self.forced is not None else self.router(arch)
-        fn = routes and routes.get(("hand_back", mode))
-        return bool(fn(**axes)) if fn is not None else False
+        if not routes:
+            return False
+        fn, features = self._route_fn(routes, axes, mode, hand_back=True)
+        return bool(fn(**features)) if fn is not None else False
 
     def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
         """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to

@@ -230,7 +230,7 @@ def gdn_decode_packed(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices
 
 
 def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out=None,
-                     scale=None):
+                     scale=None, *, max_seq_len=None):
     """Gated DeltaNet (Qwen3-Next-80B) prefill as SGLang and vLLM call it: sequences packed along the
     token axis, gates already activated, the states in a pool of slots (definitions
     gdn_prefill_pool_*, one per TP degree: 32, 16, 8 or 4 value heads, half as many q/k heads).
@@ -249,6 +249,12 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
             ValueError naming the first bad entry, or a slot named twice).
         out: bfloat16 [T, HV, 128] to write the output into, or None to allocate it.
         scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+        max_seq_len: int, the longest sequence's token count, as the engine knows it on the host
+            (SGLang: max(extend_seq_lens_cpu)), or None. Routing only (never read by a kernel): the
+            chunked kernels walk a sequence's chunks one after another, so one long sequence among
+            short ones decides their time, which the shapes do not show; with it the router chooses
+            among the measurements of such batches too (`route_hinted`). A wrong value costs time,
+            never correctness.
 
     Returns:
         (output bfloat16 [T, HV, 128], state_pool): output is `out` when given.
@@ -256,8 +262,9 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
     call = _by_value_heads(_POOL_PREFILL_CALL, "gdn_prefill_pool", v)
     if out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
-    return call(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
-                1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+    args = (q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+            1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+    return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 
 
 def gdn_verify(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,

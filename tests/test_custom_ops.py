@@ -117,6 +117,30 @@ def test_compiled_fullgraph_matches_eager(op):
         assert got[d.outputs.index(out)] is compiled_args[d.inputs.index(inp)], f"{out} is {inp}"
 
 
+def test_a_hint_passes_through_the_compiled_custom_op():
+    """gdn_prefill_pool's max_seq_len reaches the dispatcher from a torch.compile(fullgraph=True) graph
+    (the schema's keyword-only `SymInt? max_seq_len`), and the results match the eager call's."""
+    op = "gdn_prefill_pool_qk2_v4"
+    d = kdispatch.ops.DISPATCHERS[op]
+    seen = []
+    d.set_router("cpu", lambda **axes: "reference", route_hinted=lambda max_seq_len, **axes: seen.append(max_seq_len)
+                 or "reference")
+    try:
+        rec = GraphRecorder()
+        compiled = torch.compile(lambda *a: kdispatch.ops.gdn_prefill_pool(*a[:9], out=a[9], max_seq_len=5),
+                                 fullgraph=True, backend=rec)
+        args = small_args(op)
+        eager_args, compiled_args = clone(args), clone(args)
+        got = compiled(*compiled_args)
+        assert any(f"kdispatch.{op}" in str(n.target) for n in rec.graphs[0].graph.nodes)
+        assert seen and set(seen) == {5}, "the compiled call routed with its hint"
+        want = kdispatch.ops.gdn_prefill_pool(*eager_args[:9], out=eager_args[9], max_seq_len=5)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    finally:
+        d.set_router("cpu", None)
+
+
 def test_compiled_with_dynamic_shapes_follows_the_batch():
     compiled = torch.compile(lambda *a: kdispatch.ops.gdn_decode(*a), fullgraph=True, backend="aot_eager",
                              dynamic=True)

@@ -294,3 +294,43 @@ def test_a_plugins_question_is_answered_once_per_shape_until_the_decisions_are_f
     assert len(asked) > n, "its variant raised: asked again"
     d.set_router("cpu", lambda batch_size: "fake_cpu")
     assert not d.gives_back("cpu", {"batch_size": 2}), "a new router: asked again"
+
+
+POOL = "gdn_prefill_pool_qk4_v8_d128_k_last"
+
+
+def test_a_call_passing_the_hints_is_routed_with_them():
+    """gdn_prefill_pool's max_seq_len: the router's hinted answers for calls that pass it (decided once
+    per value and call mode), its plain answers for the others; a bad hint raises."""
+    registry.discover()
+    served = []
+    for name in ("fake_plain", "fake_hinted"):
+        registry.register(Variant(POOL, name, lambda *a, name=name: served.append(name) or (a[9], a[5]), "torch",
+                                  ("cpu",)))
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    asked = []
+    try:
+        d.set_router("cpu", lambda **axes: "fake_plain",
+                     route_hinted=lambda max_seq_len, **axes: asked.append(max_seq_len) or
+                     ("fake_hinted" if max_seq_len > 4 else "fake_plain"))
+        args = materialize(POOL, {"axes": {"total_seq_len": 8, "num_seqs": 2, "num_slots": 3}, "inputs": {},
+                                  "uuid": "hinted"})
+        call = lambda **hint: kdispatch.ops.gdn_prefill_pool(*args[:9], out=args[9], **hint)  # noqa: E731
+        for hint, want in (({}, "fake_plain"), ({"max_seq_len": 6}, "fake_hinted"), ({"max_seq_len": 6}, "fake_hinted"),
+                           ({"max_seq_len": 3}, "fake_plain"), ({"max_seq_len": None}, "fake_plain")):
+            call(**hint)
+            assert served[-1] == want, hint
+        assert asked == [6, 3], "one decision per hint value"
+        assert d.explain("cpu", {"total_seq_len": 8, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3,
+                                 "max_seq_len": 7}).variant.name == "fake_hinted"
+        with pytest.raises(TypeError, match="max_len"):
+            d(*args, max_len=6)
+        with pytest.raises(ValueError, match="non-negative"):
+            call(max_seq_len=-1)
+        d.set_router("cpu", lambda **axes: "fake_plain")  # a router fitted without hints: they are ignored
+        call(max_seq_len=6)
+        assert served[-1] == "fake_plain"
+    finally:
+        d.set_router("cpu", None)
+        for name in ("fake_plain", "fake_hinted"):
+            registry.unregister(POOL, name)

@@ -103,7 +103,7 @@ def test_a_call_routed_to_the_baseline_goes_to_the_engines_kernel(monkeypatch):
 
     def routed_to(variant):
         d.reset()
-        monkeypatch.setattr(d, "_new_signature", lambda _args: _Entry(lambda *ts: False, variant, variant, (), "cpu"))
+        monkeypatch.setattr(d, "_new_signature", lambda _args, _hinted=False: _Entry(lambda *ts: False, variant, variant, (), "cpu"))
 
     for chosen, want in ((base, "engine"), (ours, "kdispatch")):
         routed_to(chosen)

@@ -248,6 +248,31 @@ def test_extend_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels
     d.reset()
 
 
+def test_extend_is_routed_with_the_batchs_longest_sequence(kernels_here, monkeypatch):
+    """The metadata hook notes the forward batch's longest extend length (host side); the extend call
+    of a batch with as many sequences is routed with it as max_seq_len, another batch's without."""
+    from types import SimpleNamespace
+
+    from kdispatch.integrations import pool_prefill
+
+    d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_pool_qk4_v8", "sglang_flashinfer_prefill")
+    monkeypatch.setattr(pool_prefill, "not_covered", lambda *a: pytest.fail("the call was prepared for kdispatch"))
+    sg, kw, _ = sglang_extend_call(total=40, seqs=4, slots=7)
+    for lens, want in (([3, 30, 2, 5], 30), ([20, 20], None)):
+        assert plugin.note_lengths(None, SimpleNamespace(extend_seq_lens_cpu=lens)) is None, "changes no argument"
+        assert plugin.extend_hook(lambda self, *a, **k: "sglang", None, *sg, **kw) == "sglang"
+        assert asked[-1].get("max_seq_len") == want
+    d.reset()
+    # the hooked method exists where the target says (its module needs more of SGLang than the tests import)
+    import ast
+    import importlib.util
+
+    module, cls, method = plugin.METADATA_TARGET.rsplit(".", 2)
+    tree = ast.parse(open(importlib.util.find_spec(module).origin).read())
+    assert any(isinstance(c, ast.ClassDef) and c.name == cls and any(
+        isinstance(f, ast.FunctionDef) and f.name == method for f in c.body) for c in tree.body)
+
+
 def test_decode_shapes_routed_to_the_baseline_go_to_sglangs_kernel_first(kernels_here, monkeypatch):
     """A packed-decode call the router gives back (SGLang's kernel measured fastest there) goes to
     SGLang's kernel before kdispatch's output buffer, float32 gates and checks are built, and the

@@ -238,6 +238,44 @@ def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
     assert dpol.route({"batch_size": 8}) == "A" and dpol.route({"batch_size": 64}) == "flashinfer"
 
 
+def test_a_hinted_policy_separates_what_the_shapes_cannot(tmp_path):
+    """Pool prefill with a call-time hint (max_seq_len): A wins where the longest sequence is short,
+    loses where one is long, at the same (tokens, sequences). The plain fit keeps the baseline there;
+    the hinted fit (`Table.with_hints`) gives A its region, and the router gets `route_hinted`."""
+    pool = "gdn_prefill_pool_qk4_v8_d128_k_last"
+    ws, hints = [], {}
+    for total in (256, 512, 1024, 2048):
+        for n in (4, 8, 16):
+            for longest in (total // n, total // 2):  # equal lengths, or one long sequence
+                u = f"p{total}-{n}-{longest}"
+                ws.append((u, {"total_seq_len": total, "num_seqs": n, "num_slots": n + 1}))
+                hints[u] = {"max_seq_len": longest}
+    store = Store(":memory:")
+    eid = store.add_env(ENV)
+    rows = []
+    for u, axes in ws:
+        base = 100.0
+        a = 50.0 if hints[u]["max_seq_len"] * axes["num_seqs"] <= axes["total_seq_len"] else 200.0
+        for name, t in (("flashinfer", base), ("A", a)):
+            rows.append(Result(env=eid, definition=pool, variant=name, variant_hash="h-" + name, uuid=u, axes=axes,
+                               status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
+                               method="graph", median_us=t, p10_us=t * 0.99, p90_us=t * 1.01, reason=""))
+    store.put_many(rows)
+    table = fitting.load_table(store, pool, "sm90")
+    plain = fitting.fit(table)
+    assert all(r.variant == "flashinfer" for r in plain.regions), "the shapes alone cannot place A"
+    hinted = fitting.fit(table.with_hints(hints))
+    assert hinted.fit_names[-1] == "max_seq_len" and any(r.variant == "A" for r in hinted.regions)
+    plain.hinted = hinted
+    spec = importlib.util.spec_from_file_location("tmp_router_hinted", codegen.write(plain, tmp_path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    axes = {"total_seq_len": 1024, "num_seqs": 8, "len_cu_seqlens": 9, "num_slots": 9}
+    assert mod.route(**axes) == "flashinfer"
+    assert mod.route_hinted(**axes, max_seq_len=128) in ("A", ("A",))
+    assert mod.route_hinted(**axes, max_seq_len=512) == "flashinfer"
+
+
 def test_determinism_byte_identical(tmp_path):
     a = codegen.render(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), decode_latency), DECODE, "sm90")))
     b = codegen.render(fitting.fit(fitting.load_table(

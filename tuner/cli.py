@@ -27,6 +27,7 @@ from pathlib import Path
 
 
 TUNE_SETS = ("traces", "traces/coverage")  # the contest's workloads and the coverage of what engines send
+HELDOUT_SET = "traces/heldout"  # never tuned on: `route --check`'s store measures it
 DEFAULT_REPORT_DIR = "kdispatch-report"  # under the current folder: never a tracked file unless asked
 
 
@@ -146,7 +147,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_route(args) -> int:
-    from .flows import compile_all
+    from .flows import compile_all, defs_with_hints, hint_values
     from .plan import ROUTERS_DIR, workload_dicts
 
     store = _stores(args)
@@ -162,7 +163,11 @@ def cmd_route(args) -> int:
 
     if args.check and not (Path(args.check).exists() or twin_of(Path(args.check)).exists()):
         _fail(args, f"no results store at {args.check}")
-    done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout)
+    # call-time hints (Spec.hints) of every workload a fit or the check may see, read from the trace sets
+    hint_sets = [r for r in (*TUNE_SETS, HELDOUT_SET) if Path(r).exists()]
+    hints = {d: hint_values(d, hint_sets) for d in defs_with_hints(args.definitions)}
+    done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout,
+                       hints=hints)
     if not done:
         print("the store has no measurements: run `kdispatch tune` on a GPU machine first", file=sys.stderr)
         return 1
@@ -171,7 +176,7 @@ def cmd_route(args) -> int:
         from .store import Store
 
         check = Store.open(args.check)
-        summary = check_routers(done, check, sys.stdout)
+        summary = check_routers(done, check, sys.stdout, hints)
         if args.json:
             envs = check.envs()
             args.json.write_text(json.dumps({
@@ -220,9 +225,11 @@ def cmd_explain(args) -> int:
     except ValueError as exc:
         _fail(args, str(exc))
     axes = _parse_axes(args.axes)
+    hints = {k: axes.pop(k) for k in list(axes) if k in d.spec.hints}  # call-time hints, as the op takes them
     unknown = sorted(set(axes) - set(d.var_axes))
     if unknown:
-        _fail(args, f"{unknown} are not variable axes of {d.short} (axes: {d.var_axes})")
+        _fail(args, f"{unknown} are not variable axes of {d.short} (axes: {d.var_axes}"
+                    + (f"; hints: {list(d.spec.hints)}" if d.spec.hints else "") + ")")
     from kdispatch.workloads import resolve_axes
 
     try:
@@ -237,8 +244,9 @@ def cmd_explain(args) -> int:
                                       if path.exists() else (None,)))
     else:
         path = ROUTERS_DIR / arch / f"{d.name}.py"
-    f = features.compute(d.name, axes)
+    f = {**features.compute(d.name, axes), **hints}
     print(f"{d.short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
+    axes = {**axes, **hints}
     choice = dispatcher.explain(arch, axes)
     chained = len(choice.chain) > 1
     if chained:
@@ -257,7 +265,7 @@ def cmd_explain(args) -> int:
             print(f"eager: {step}")
         print(f"serves, eager: {eager.variant.name} ({eager.variant.backend}, {_source_of(eager.variant)}): "
               f"the router's eager choice ({', '.join(eager.chain)})")
-    regions = codegen.load_route(path)[1] if path.exists() else ()
+    regions = codegen.load_route(path, hinted=bool(hints))[1] if path.exists() else ()
     region = next((r for r in regions if fitting.Region(r["bounds"], r["variant"], []).contains(f)), None)
     if region is not None:
         cond = codegen._cond(d.name, region["bounds"]) or "every shape"
@@ -278,8 +286,8 @@ def cmd_explain(args) -> int:
     if table is None:
         return 0
     var = d.var_axes
-    same = [u for u in table.uuids if all(table.axes[u].get(a) == axes[a] for a in var)]
-    near = same or [u for u in table.uuids if region is not None and
+    same = [] if hints else [u for u in table.uuids if all(table.axes[u].get(a) == axes[a] for a in var)]
+    near = same or [u for u in table.uuids if region is not None and not hints and  # (the store has no hint values)
                     fitting.Region(region["bounds"], "", []).contains(table.features[u])]
     label = "measured on this exact shape" if same else "measured on the region's workloads"
     if not near:

@@ -5,6 +5,9 @@ The module imports nothing and defines
     REGIONS = (...)        # data: each region's bounds, choice, workloads and measured speedup
     def route(<the definition's variable axes, in definition order>) -> str
     REGIONS_EAGER, def route_eager(...)   # only where eager calls get other choices than graph ones
+    REGIONS_HINTED, def route_hinted(<the axes>, <the spec's call-time hints>) (+ _eager, hand_back_)
+                           # calls that pass the hints (Spec.hints): a fit with them as more features,
+                           # only where it chooses otherwise
 
 `route` computes the derived features it needs (tuner/features.py), then one `if` per region
 whose choice is not the baseline (regions are disjoint boxes, so their order does not matter),
@@ -31,8 +34,9 @@ HEADER_WIDTH = 100
 
 
 def _cond(definition: str, bounds: dict) -> str:
+    """A region's test, over the fit features in order, then the call-time hints."""
     parts = []
-    for f in feats.fit_names(definition):
+    for f in feats.fit_names(definition) + tuple(defs.get(definition).spec.hints):
         if f not in bounds:
             continue
         lo, hi = bounds[f]
@@ -216,7 +220,7 @@ def render(policy: Policy) -> str:
             lines.append("# configs     launch configurations the tuner measured as variants of their own")
             lines += [f"#   {name:<{width}}  {cfg}" for name, cfg in configs.items()]
     lines += [
-        "# fit         threshold splits over " + ", ".join(feats.fit_names(d)) + "; a variant replaces the baseline",
+        "# fit         threshold splits over " + ", ".join(policy.fit_names) + "; a variant replaces the baseline",
         "#             in a region only where it passed and was faster on every workload there by more than",
         f"#             the measured spread (and {policy.params.min_gain:.0%}); the dispatcher still checks the variant's `supports`",
         "#             and availability and takes the region's next admissible variant (inside the measured",
@@ -249,7 +253,40 @@ def render(policy: Policy) -> str:
         lines += ["", "", f"def hand_back({', '.join(axes)}):"] + _hand_back_body(policy, d)
     if eager and any(r.hand_back for r in eager.regions):
         lines += ["", "", f"def hand_back_eager({', '.join(axes)}):"] + _hand_back_body(eager, d)
+    lines += _hinted_lines(policy, d, axes)
     return "\n".join(lines) + "\n"
+
+
+def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
+    """`route_hinted` (and its eager and hand-back siblings) for calls that pass the definition's
+    call-time hints (`Spec.hints`), where fitting on them gave other choices than `route`'s."""
+    h = policy.hinted
+    if h is None:
+        return []
+    if _same_choices(h, policy) and _same_choices(h.eager or h, policy.eager or policy):
+        return []  # the hints change nothing: such calls route as the others
+    eager = h.eager if h.eager is not None and not _same_choices(h, h.eager) else None
+    hints = list(defs.get(d).spec.hints)
+    params = ", ".join(axes + hints)
+    lines = ["", "", f"# Calls that pass {', '.join(hints)} ({'; '.join(defs.get(d).spec.hints[n].doc for n in hints)}), "
+             "fitted with it as one more feature:"]
+    lines += _heldout_lines(h.heldout, "graph") + (_heldout_lines(h.eager.heldout, "eager") if h.eager else [])
+    lines.append("# regions     CUDA graph (graph times)" + ("" if eager else "; eager calls get the same choices"))
+    lines += _region_lines(h, d)
+    if eager:
+        lines.append("# regions     eager calls: `route_hinted_eager`")
+        lines += _region_lines(eager, d)
+    lines += [""] + _regions_data(h, "REGIONS_HINTED")
+    if eager:
+        lines += [""] + _regions_data(eager, "REGIONS_HINTED_EAGER")
+    lines += ["", f"MEASURED_HINTED = {dict(h.measured)!r}", "", "", f"def route_hinted({params}):"] + _route_body(h, d)
+    if eager:
+        lines += ["", "", f"def route_hinted_eager({params}):"] + _route_body(eager, d)
+    if any(r.hand_back for r in h.regions):
+        lines += ["", "", f"def hand_back_hinted({params}):"] + _hand_back_body(h, d)
+    if eager and any(r.hand_back for r in eager.regions):
+        lines += ["", "", f"def hand_back_hinted_eager({params}):"] + _hand_back_body(eager, d)
+    return lines
 
 
 def write(policy: Policy, out_dir: str | Path) -> Path:
@@ -267,12 +304,13 @@ def write(policy: Policy, out_dir: str | Path) -> Path:
     return path
 
 
-def load_route(path: str | Path, mode: str = "graph"):
-    """(route function, REGIONS) of a router file for calls in `mode`, loaded without importing any
-    package."""
+def load_route(path: str | Path, mode: str = "graph", hinted: bool = False):
+    """(route function, REGIONS) of a router file for calls in `mode` (`hinted`: calls passing the
+    call-time hints, where the router has `route_hinted`), loaded without importing any package."""
     ns: dict = {}
     code = Path(path).read_text()
     exec(compile(code, str(path), "exec"), ns)  # generated, import-free module
-    if mode == "eager" and "route_eager" in ns:
-        return ns["route_eager"], ns["REGIONS_EAGER"]
-    return ns["route"], ns.get("REGIONS", ())
+    tag = "_hinted" if hinted and "route_hinted" in ns else ""
+    if mode == "eager" and f"route{tag}_eager" in ns:
+        return ns[f"route{tag}_eager"], ns[f"REGIONS{tag.upper()}_EAGER"]
+    return ns[f"route{tag}"], ns.get(f"REGIONS{tag.upper()}", ())

@@ -131,6 +131,7 @@ class Table:
     features: dict[str, dict[str, int]]
     rows: dict[tuple[str, str], Result]  # (variant, uuid) -> row
     weights: dict[str, float] = field(default_factory=dict)
+    fit_names: tuple[str, ...] = ()  # the features the fitter splits on (the spec's, then any hints)
 
     @property
     def variants(self) -> list[str]:
@@ -152,13 +153,25 @@ class Table:
         drop = set(variants) - {self.baseline}
         return Table(self.definition, self.arch, self.env, self.baseline,
                      {n: h for n, h in self.hashes.items() if n not in drop}, self.uuids, self.axes, self.features,
-                     {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights)
+                     {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights, self.fit_names)
 
     def subset(self, uuids) -> "Table":
         keep = set(uuids)
         return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,
                      [u for u in self.uuids if u in keep], self.axes, self.features,
-                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights)
+                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights, self.fit_names)
+
+    def with_hints(self, values: dict[str, dict[str, int]]) -> "Table":
+        """The table with the definition's call-time hints (`Spec.hints`) as more fit features, on
+        the workloads whose hint values are known (uuid -> {hint: value})."""
+        names = tuple(defs.get(self.definition).spec.hints)
+        keep = [u for u in self.uuids if all(n in values.get(u, {}) for n in names)]
+        fts = {u: {**self.features[u], **{n: int(values[u][n]) for n in names}} for u in keep}
+        fit_names = self.fit_names + names
+        order = sorted(keep, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
+        kept = set(keep)
+        return Table(self.definition, self.arch, self.env, self.baseline, self.hashes, order, self.axes, fts,
+                     {k: r for k, r in self.rows.items() if k[1] in kept}, self.weights, fit_names)
 
 
 def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | None:
@@ -198,7 +211,7 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     fit_names = feats.fit_names(definition)
     order = sorted(axes, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
     return Table(definition, arch, envs[env], baseline, hashes, order, axes, fts, by_key,
-                 {u: 1.0 for u in order})
+                 {u: 1.0 for u in order}, tuple(fit_names))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,6 +252,10 @@ class Policy:
     measured: dict[str, tuple[int, int]] = field(default_factory=dict)
     mode: str = "graph"  # the call mode whose times chose the regions (stats.MODES)
     eager: "Policy | None" = None  # on the graph policy: the policy for eager calls
+    fit_names: tuple[str, ...] = ()  # the features its regions split on
+    # on the graph policy of a definition with call-time hints: the (graph, .eager) policy fitted with
+    # them too, for calls that pass them
+    hinted: "Policy | None" = None
 
     def route(self, features: dict) -> str:
         return self.chain(features)[0]
@@ -266,7 +283,7 @@ class _Matrix:
     def __init__(self, t: Table, params: FitParams, mode: str = "graph", guarded: bool = False):
         self.t = t
         self.names = t.variants
-        self.fit = list(feats.fit_names(t.definition))
+        self.fit = list(t.fit_names)
         n, V = len(t.uuids), len(self.names)
         self.X = np.array([[t.features[u][f] for f in self.fit] for u in t.uuids], dtype=np.int64).reshape(n, len(self.fit))
         self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
@@ -356,7 +373,7 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     measured = {f: (int(m.X[:, i].min()), int(m.X[:, i].max())) for i, f in enumerate(m.fit)
                 if n and not feats.is_bool(table.definition, f)}
     pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
-                 mode=mode)
+                 mode=mode, fit_names=tuple(m.fit))
     if with_heldout:
         pol.heldout = heldout_regret(table, params, mode)
     if mode == "graph":

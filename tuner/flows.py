@@ -23,7 +23,7 @@ from kdispatch import registry
 
 from . import codegen, features
 from . import fit as fitting
-from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan
+from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
 from .pool import Progress, clock, execute
 from .stats import MODES, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug
@@ -125,8 +125,10 @@ def _main_thread() -> bool:
 
 
 def compile_all(store: Store, out, arch: str | None = None, definitions=None, uuids: dict | None = None,
-                stream=None, params: fitting.FitParams | None = None) -> list:
-    """Fits and writes a router for every (definition, arch) the store has data for."""
+                stream=None, params: fitting.FitParams | None = None, hints: dict | None = None) -> list:
+    """Fits and writes a router for every (definition, arch) the store has data for; where the
+    definition has call-time hints and `hints` gives their values ({definition: {uuid: {hint:
+    value}}}, `hint_values`), also the policy for calls that pass them (`Policy.hinted`)."""
     stream = stream or sys.stderr
     archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
@@ -139,15 +141,33 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             table = _without_unmeasured(_without_retired(table, stream), stream)
             _warn_stale(table, stream)
             policy = fitting.fit(table, params)
+            if defs.get(d).spec.hints and (hints or {}).get(d):
+                policy.hinted = fitting.fit(table.with_hints(hints[d]), params)
             path = codegen.write(policy, out)
             done.append((d, path, policy))
             stream.write(summarize(policy, path) + "\n")
     return done
 
 
-def check_routers(done, check: Store, stream) -> dict:
+def defs_with_hints(definitions=None) -> list[str]:
+    """The definitions (all, or these) that declare call-time hints."""
+    return [d for d in (defs.resolve_name(x) for x in (definitions or defs.names())) if defs.get(d).spec.hints]
+
+
+def hint_values(definition: str, roots) -> dict[str, dict[str, int]]:
+    """uuid -> the definition's call-time hint values, for its workloads in the trace sets `roots`."""
+    from kdispatch.workloads import hint_values as values
+
+    if not defs.get(definition).spec.hints:
+        return {}
+    return {w["uuid"]: values(definition, w, trace_root=w["root"]) for w in workload_dicts(roots, definition)}
+
+
+def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict:
     """Each fitted router's regret per call mode on a store of workloads it was not fitted on
-    (`fit.measured_regret`): printed, and returned as {definition: {mode: summary}}."""
+    (`fit.measured_regret`): printed, and returned as {definition: {mode: summary}}; for a router
+    with a hinted policy also {"hinted": {mode: summary}}, with `hints` giving the workloads' values
+    (as `compile_all`)."""
     out = {}
     for d, _path, policy in done:
         t = fitting.load_table(check, d, policy.arch)
@@ -155,13 +175,16 @@ def check_routers(done, check: Store, stream) -> dict:
             continue
         t = _without_unmeasured(_without_retired(t, stream, "check"), stream, "check")
         out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
+        if policy.hinted is not None and (hints or {}).get(d):
+            th = t.with_hints(hints[d])
+            out[d]["hinted"] = {m: fitting.measured_regret(policy.hinted, th, m) for m in MODES}
         stale = _warn_stale(t, stream, "check")
         if stale:  # the check scores these variants' old code: the JSON says so
             out[d]["stale_variants"] = stale
-        for m in MODES:
-            h = out[d][m]
+        rows = [(m, out[d][m]) for m in MODES] + [(f"{m} hinted", h) for m, h in out[d].get("hinted", {}).items()]
+        for label, h in rows:
             if h.get("workloads"):
-                stream.write(f"[check] {defs.get(d).short} {m}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
+                stream.write(f"[check] {defs.get(d).short} {label}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
                              f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
                              f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe\n")
     return out

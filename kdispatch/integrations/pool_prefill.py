@@ -35,10 +35,12 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.fl
     return serving.not_served(serving.gdn_short("prefill_pool", hv), v.device)
 
 
-def axes(total_seq_len: int, num_seqs: int, pool) -> dict:
-    """The gdn_prefill_pool definitions' variable axes of a call (for `serving.gives_back`)."""
-    return {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
-            "num_slots": pool.shape[0]}
+def axes(total_seq_len: int, num_seqs: int, pool, max_seq_len: int | None = None) -> dict:
+    """The gdn_prefill_pool definitions' variable axes of a call, and its longest sequence where the
+    engine told it (for `serving.gives_back`)."""
+    out = {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
+           "num_slots": pool.shape[0]}
+    return out if max_seq_len is None else {**out, "max_seq_len": max_seq_len}
 
 
 def all_true(n: int, device) -> torch.Tensor:
@@ -57,7 +59,9 @@ def identity_slots(n: int, device) -> torch.Tensor:
     return buf[:n]
 
 
-def serve(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale=None) -> None:
+def serve(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale=None,
+          max_seq_len: int | None = None) -> None:
     import kdispatch.ops
 
-    kdispatch.ops.gdn_prefill_pool(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale)
+    kdispatch.ops.gdn_prefill_pool(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale,
+                                   max_seq_len=max_seq_len)

@@ -14,7 +14,10 @@ What it replaces, through AROUND hooks in SGLang's HookRegistry:
   `TritonGDNKernel`. Calls that the `gdn_prefill_pool` definitions cover (bf16 q/k/v, fp32 gates
   and pool, int32 slots and boundaries; no state checkpoints, no tracked states, in-place update) go
   to `kdispatch.ops.gdn_prefill_pool`, every sequence starting from its slot (SGLang zeroes a
-  request's slot when it allocates it).
+  request's slot when it allocates it), with the batch's longest sequence as `max_seq_len`: a
+  BEFORE hook on `GDNAttnBackend.init_forward_metadata` notes it from the batch's host-side
+  `extend_seq_lens_cpu` (the kernel's `extend` does not receive it), for the forward's extend calls
+  with as many sequences.
 - verify: `TritonGDNKernel.target_verify` (SGLang's linear-chain MTP verify on Hopper). Calls that the
   `gdn_verify` definitions cover (bf16 inputs, fp32 pool and intermediate-states buffer, int32
   indices; no draft tree) go to `kdispatch.ops.gdn_verify`.
@@ -38,10 +41,12 @@ KERNELS = "sglang.srt.layers.attention.linear.kernels"
 TARGET = f"{KERNELS}.gdn_triton.TritonGDNKernel.packed_decode"
 EXTEND_TARGETS = (f"{KERNELS}.gdn_flashinfer.FlashInferGDNKernel.extend", f"{KERNELS}.gdn_triton.TritonGDNKernel.extend")
 VERIFY_TARGET = f"{KERNELS}.gdn_triton.TritonGDNKernel.target_verify"
+METADATA_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend.init_forward_metadata"
 RING_CACHES = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")  # SGLang's ReplaySSM decode
 STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
 EXTEND_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
+_LONGEST = {"batch": None}  # (sequences, longest sequence) of the forward batch being run, from its metadata
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +66,23 @@ def register() -> bool:
     for target in EXTEND_TARGETS:
         HookRegistry.register(target, extend_hook, HookType.AROUND)
     HookRegistry.register(VERIFY_TARGET, verify_hook, HookType.AROUND)
+    HookRegistry.register(METADATA_TARGET, note_lengths, HookType.BEFORE)
     logger.info("kdispatch: SGLang GDN kernels hooked: packed decode, extend, target verify (%s=%s)", SWITCH,
                 os.environ[SWITCH])
     return True
+
+
+def note_lengths(backend, forward_batch, *args, **kwargs):
+    """BEFORE hook of GDNAttnBackend.init_forward_metadata: keeps the batch's sequence count and
+    longest extend length (host-side, no sync) for its extend calls; changes nothing."""
+    lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+    _LONGEST["batch"] = (len(lens), max(lens)) if lens else None
+
+
+def _longest(num_seqs: int) -> int | None:
+    """The longest sequence of the batch being run, if its sequence count is this call's."""
+    batch = _LONGEST["batch"]
+    return batch[1] if batch is not None and batch[0] == num_seqs else None
 
 
 def _passed(stats: dict, why: str) -> None:
@@ -115,7 +134,9 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
            else None)
     if why is None:
         short = serving.gdn_short("prefill_pool", v.shape[2])
-        if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, ssm_states)):
+        longest = _longest(n)
+        if serving.given_back(short, v.shape[2], v.device,
+                              lambda: pool_prefill.axes(v.shape[1], n, ssm_states, longest)):
             _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
@@ -127,7 +148,7 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
         pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, pool_prefill.all_true(n, slots.device),
-                           query_start_loc, out[0])
+                           query_start_loc, out[0], max_seq_len=longest)
         return out, None, None
 
     return serving.attempt(EXTEND_STATS, short, v.device, ours, engine)

@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T18:28:58Z
-# workloads   51 (workload-set digest 2d58366a2bf33aa3)
+# measured    up to 2026-11-26T22:18:33Z
+# workloads   72 (workload-set digest 3ea00e01a96159ab)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  51/51  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  45/45  0.71x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  45/45  0.72x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  45/45  0.22x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  45/45  0.58x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  45/45  0.55x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  45/45  0.67x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  45/45  0.63x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  45/45  0.76x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  45/45  0.73x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  51/51  1.35x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  51/51  1.34x
-#   triton_prefill_fused.c16v32    390308607b5503dc  51/51  1.19x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  51/51  1.16x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  72/72  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  66/66  0.71x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  66/66  0.71x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  66/66  0.20x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  66/66  0.54x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  66/66  0.51x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  66/66  0.65x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  66/66  0.60x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  66/66  0.75x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  66/66  0.71x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  72/72  1.52x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  72/72  1.50x
+#   triton_prefill_fused.c16v32    390308607b5503dc  72/72  1.30x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  72/72  1.24x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -42,48 +42,48 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 29.76% mean, 265.11% max;
-#             1.185x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 34.85% mean, 222.51% max;
-#             2.622x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 37.06% mean, 305.89% max;
+#             1.190x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 28.69% mean, 185.57% max;
+#             2.914x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 1253 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1253 and 1 < mean_seq_len <= 33: triton_prefill_fused.c16v32, 10 workloads, 3.30x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1253 and 33 < mean_seq_len <= 123: triton_prefill_fused.c16v64, 4 workloads, 2.73x (2.09x .. 5.10x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. total_seq_len <= 1253 and mean_seq_len > 123: triton_prefill_chunked.v16, 4 workloads, 2.54x (2.21x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   5. 1253 < total_seq_len <= 3130 and num_seqs <= 10: triton_prefill_chunked.v16, 4 workloads, 1.91x (1.44x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   6. 1253 < total_seq_len <= 3130 and num_seqs > 10: triton_prefill_chunked.v64, 7 workloads, 1.91x (1.42x .. 3.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   7. total_seq_len > 3130: sglang_flashinfer_prefill (baseline), 18 workloads
+#   1. total_seq_len <= 915 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 915 and 1 < mean_seq_len <= 120: triton_prefill_fused.c16v32, 16 workloads, 3.09x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 3130 and mean_seq_len > 120: triton_prefill_chunked.v16, 20 workloads, 2.42x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len > 915 and mean_seq_len <= 111: triton_prefill_chunked.v64, 12 workloads, 1.70x (1.09x .. 3.64x) over sglang_flashinfer_prefill
+#   5. total_seq_len > 3130 and mean_seq_len > 120: sglang_flashinfer_prefill (baseline), 20 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1253 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 12.72x (5.68x .. 20.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1253 and 1 < mean_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.25x (2.24x .. 14.27x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1253 and 21 < mean_seq_len <= 33: cuda_prefill_pool_rows.k8c16, 4 workloads, 9.49x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. total_seq_len <= 1253 and mean_seq_len > 33: triton_prefill_fused.c16v32, 8 workloads, 8.08x (3.39x .. 17.43x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   5. 1253 < total_seq_len <= 5116 and num_seqs <= 19: triton_prefill_chunked.v64, 8 workloads, 3.82x (2.49x .. 5.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. 1253 < total_seq_len <= 5116 and num_seqs > 19: triton_prefill_fused.c16v64, 5 workloads, 3.46x (1.35x .. 7.28x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 160 and num_seqs <= 8: cuda_prefill_pool_rows.k16c8, 5 workloads, 16.62x (12.84x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 528 and 8 < num_seqs <= 29: cuda_prefill_pool_rows.k8c16, 4 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 528 and num_seqs > 29: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.21x (2.36x .. 11.36x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 160 < total_seq_len <= 528 and num_seqs <= 8: triton_prefill_fused.c16v32, 8 workloads, 7.35x (3.39x .. 13.42x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   5. 528 < total_seq_len <= 5116 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.06x (3.12x .. 4.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 528 < total_seq_len <= 5116 and 5 < num_seqs <= 9: triton_prefill_fused.c16v32, 7 workloads, 7.45x (3.82x .. 13.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   7. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 77: triton_prefill_fused.c16v32, 12 workloads, 4.14x (1.56x .. 10.70x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   8. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 77: triton_prefill_chunked.v64, 6 workloads, 3.21x (2.31x .. 4.94x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 14 workloads, 1.95x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 33), 'total_seq_len': (None, 1253)}, 'workloads': 10, 'speedup': (1.05, 3.3, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (33, 123), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.09, 2.73, 5.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (123, None), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (2.21, 2.54, 2.75), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (1253, 3130)}, 'workloads': 4, 'speedup': (1.44, 1.91, 2.73), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (10, None), 'total_seq_len': (1253, 3130)}, 'workloads': 7, 'speedup': (1.42, 1.91, 3.7), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3130, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 915)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 120), 'total_seq_len': (None, 915)}, 'workloads': 16, 'speedup': (1.05, 3.09, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (120, None), 'total_seq_len': (None, 3130)}, 'workloads': 20, 'speedup': (1.44, 2.42, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 111), 'total_seq_len': (915, None)}, 'workloads': 12, 'speedup': (1.09, 1.7, 3.64), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (120, None), 'total_seq_len': (3130, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (5.68, 12.72, 20.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (1, 21), 'total_seq_len': (None, 1253)}, 'workloads': 6, 'speedup': (2.24, 6.25, 14.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (21, 33), 'total_seq_len': (None, 1253)}, 'workloads': 4, 'speedup': (3.36, 9.49, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (33, None), 'total_seq_len': (None, 1253)}, 'workloads': 8, 'speedup': (3.39, 8.08, 17.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (1253, 5116)}, 'workloads': 8, 'speedup': (2.49, 3.82, 5.5), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (1253, 5116)}, 'workloads': 5, 'speedup': (1.35, 3.46, 7.28), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 11, 'speedup': (1.19, 1.96, 3.91), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (None, 160)}, 'workloads': 5, 'speedup': (12.84, 16.62, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (8, 29), 'total_seq_len': (None, 528)}, 'workloads': 4, 'speedup': (3.36, 9.8, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (29, None), 'total_seq_len': (None, 528)}, 'workloads': 5, 'speedup': (2.36, 6.21, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (160, 528)}, 'workloads': 8, 'speedup': (3.39, 7.35, 13.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (528, 5116)}, 'workloads': 6, 'speedup': (3.12, 4.06, 4.65), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (5, 9), 'total_seq_len': (528, 5116)}, 'workloads': 7, 'speedup': (3.82, 7.45, 13.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 77), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 12, 'speedup': (1.56, 4.14, 10.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (77, None), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 6, 'speedup': (2.31, 3.21, 4.94), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 14, 'speedup': (1.19, 1.95, 3.91), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -93,48 +93,163 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and mean_seq_len <= 1:
+    if total_seq_len <= 915 and mean_seq_len <= 1:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 10 workloads, 3.30x (1.05x .. 7.95x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and 1 < mean_seq_len <= 33:
+    # region 2: 16 workloads, 3.09x (1.05x .. 7.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 915 and 1 < mean_seq_len <= 120:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 4 workloads, 2.73x (2.09x .. 5.10x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and 33 < mean_seq_len <= 123:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 4 workloads, 2.54x (2.21x .. 2.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and mean_seq_len > 123:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 4 workloads, 1.91x (1.44x .. 2.73x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 3130 and num_seqs <= 10:
+    # region 3: 20 workloads, 2.42x (1.44x .. 4.06x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and mean_seq_len > 120:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 7 workloads, 1.91x (1.42x .. 3.70x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 3130 and num_seqs > 10:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 12 workloads, 1.70x (1.09x .. 3.64x) over sglang_flashinfer_prefill
+    if total_seq_len > 915 and mean_seq_len <= 111:
+        return 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 12.72x (5.68x .. 20.24x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and mean_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 6 workloads, 6.25x (2.24x .. 14.27x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and 1 < mean_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 9.49x (3.36x .. 18.33x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and 21 < mean_seq_len <= 33:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 4: 8 workloads, 8.08x (3.39x .. 17.43x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1253 and mean_seq_len > 33:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 8 workloads, 3.82x (2.49x .. 5.50x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 5116 and num_seqs <= 19:
+    # region 1: 5 workloads, 16.62x (12.84x .. 20.59x) over sglang_flashinfer_prefill
+    if total_seq_len <= 160 and num_seqs <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and 8 < num_seqs <= 29:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 5 workloads, 6.21x (2.36x .. 11.36x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and num_seqs > 29:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 8 workloads, 7.35x (3.39x .. 13.42x) over sglang_flashinfer_prefill
+    if 160 < total_seq_len <= 528 and num_seqs <= 8:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 6 workloads, 4.06x (3.12x .. 4.65x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 5116 and num_seqs <= 5:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 7 workloads, 7.45x (3.82x .. 13.13x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 5116 and 5 < num_seqs <= 9:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 12 workloads, 4.14x (1.56x .. 10.70x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 77:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 6 workloads, 3.21x (2.31x .. 4.94x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 77:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 5 workloads, 3.46x (1.35x .. 7.28x) over sglang_flashinfer_prefill
-    if 1253 < total_seq_len <= 5116 and num_seqs > 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 11 workloads, 1.96x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+    # region 9: 14 workloads, 1.95x (1.19x .. 3.91x) over sglang_flashinfer_prefill
     if 5116 < total_seq_len <= 10868:
         return 'triton_prefill_chunked.v16'
+    return 'sglang_flashinfer_prefill'
+
+
+# Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.63% mean, 151.66% max;
+#             1.428x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.87% mean, 120.40% max;
+#             3.336x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. total_seq_len <= 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160: triton_prefill_chunked.v16, 16 workloads, 2.37x (1.55x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   2. num_seqs <= 8 and mean_seq_len > 2 and max_seq_len <= 160: triton_prefill_fused.c16v32, 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16
+#   3. mean_seq_len <= 2 and max_seq_len <= 160: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. mean_seq_len <= 67 and 160 < max_seq_len <= 450: triton_prefill_chunked.v64, 5 workloads, 2.20x (1.67x .. 3.01x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
+#   5. mean_seq_len <= 67 and max_seq_len > 450: triton_prefill_chunked.v16, 5 workloads, 1.85x (1.20x .. 2.86x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   6. mean_seq_len > 447 and 160 < max_seq_len <= 1908: triton_prefill_chunked.v64, 6 workloads, 1.43x (1.12x .. 2.36x) over sglang_flashinfer_prefill
+#   7. mean_seq_len > 447 and max_seq_len > 1916: sglang_flashinfer_prefill (baseline), 11 workloads
+#   8. num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 160: triton_prefill_fused.c16v64, 15 workloads, 3.11x (1.12x .. 8.09x) over sglang_flashinfer_prefill
+#   9. total_seq_len > 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160: sglang_flashinfer_prefill (baseline), 4 workloads
+# regions     eager calls: `route_hinted_eager`
+#   1. total_seq_len <= 92 and num_seqs <= 13 and max_seq_len <= 155: cuda_prefill_pool_rows.k16c8, 4 workloads, 16.41x (12.84x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 1519 and num_seqs > 13 and max_seq_len <= 131: cuda_prefill_pool_rows.k4c16, 10 workloads, 8.01x (3.87x .. 21.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 10203 and max_seq_len > 1794: triton_prefill_chunked.v16, 11 workloads, 1.99x (1.19x .. 5.91x) over sglang_flashinfer_prefill
+#   4. num_seqs <= 11 and 871 < max_seq_len <= 1794: triton_prefill_chunked.v16, 5 workloads, 3.77x (2.42x .. 6.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. num_seqs <= 13 and 155 < max_seq_len <= 871: triton_prefill_fused.c16v32, 14 workloads, 6.10x (3.39x .. 13.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. num_seqs > 11 and 871 < max_seq_len <= 1794: triton_prefill_chunked.v64, 4 workloads, 2.80x (2.08x .. 3.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. num_seqs > 13 and 131 < max_seq_len <= 871: triton_prefill_fused.c16v64, 10 workloads, 3.97x (2.71x .. 6.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   8. total_seq_len > 92 and num_seqs <= 13 and max_seq_len <= 155: cuda_prefill_pool_rows.k8c16, 6 workloads, 12.81x (6.55x .. 18.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   9. total_seq_len > 1519 and num_seqs > 13 and max_seq_len <= 131: triton_prefill_fused.c16v64, 4 workloads, 4.80x (2.15x .. 7.28x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   10. total_seq_len > 10203 and max_seq_len > 1794: sglang_flashinfer_prefill (baseline), 4 workloads
+
+REGIONS_HINTED = (
+    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (160, None), 'mean_seq_len': (67, 447), 'total_seq_len': (None, 3130)}, 'workloads': 16, 'speedup': (1.55, 2.37, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (2, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (2.62, 4.23, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (None, 2)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (160, 450), 'mean_seq_len': (None, 67)}, 'workloads': 5, 'speedup': (1.67, 2.2, 3.01), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (450, None), 'mean_seq_len': (None, 67)}, 'workloads': 5, 'speedup': (1.2, 1.85, 2.86), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (160, 1908), 'mean_seq_len': (447, None)}, 'workloads': 6, 'speedup': (1.12, 1.43, 2.36), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'mean_seq_len': (447, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (2, None), 'num_seqs': (8, None)}, 'workloads': 15, 'speedup': (1.12, 3.11, 8.09), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (160, None), 'mean_seq_len': (67, 447), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+)
+
+REGIONS_HINTED_EAGER = (
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 155), 'num_seqs': (None, 13), 'total_seq_len': (None, 92)}, 'workloads': 4, 'speedup': (12.84, 16.41, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (None, 131), 'num_seqs': (13, None), 'total_seq_len': (None, 1519)}, 'workloads': 10, 'speedup': (3.87, 8.01, 21.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1794, None), 'total_seq_len': (None, 10203)}, 'workloads': 11, 'speedup': (1.19, 1.99, 5.91), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (871, 1794), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (2.42, 3.77, 6.26), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (155, 871), 'num_seqs': (None, 13)}, 'workloads': 14, 'speedup': (3.39, 6.1, 13.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (871, 1794), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (2.08, 2.8, 3.81), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (131, 871), 'num_seqs': (13, None)}, 'workloads': 10, 'speedup': (2.71, 3.97, 6.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 155), 'num_seqs': (None, 13), 'total_seq_len': (92, None)}, 'workloads': 6, 'speedup': (6.55, 12.81, 18.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 131), 'num_seqs': (13, None), 'total_seq_len': (1519, None)}, 'workloads': 4, 'speedup': (2.15, 4.8, 7.28), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'total_seq_len': (10203, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+)
+
+MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
+
+
+def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 16 workloads, 2.37x (1.55x .. 4.06x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 2: 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len > 2 and max_seq_len <= 160:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 2 and max_seq_len <= 160:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 5 workloads, 2.20x (1.67x .. 3.01x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 67 and 160 < max_seq_len <= 450:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
+    # region 5: 5 workloads, 1.85x (1.20x .. 2.86x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 67 and max_seq_len > 450:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 6 workloads, 1.43x (1.12x .. 2.36x) over sglang_flashinfer_prefill
+    if mean_seq_len > 447 and 160 < max_seq_len <= 1908:
+        return 'triton_prefill_chunked.v64'
+    # region 8: 15 workloads, 3.11x (1.12x .. 8.09x) over sglang_flashinfer_prefill
+    if num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 160:
+        return 'triton_prefill_fused.c16v64'
+    return 'sglang_flashinfer_prefill'
+
+
+def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 4 workloads, 16.41x (12.84x .. 20.59x) over sglang_flashinfer_prefill
+    if total_seq_len <= 92 and num_seqs <= 13 and max_seq_len <= 155:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 10 workloads, 8.01x (3.87x .. 21.88x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1519 and num_seqs > 13 and max_seq_len <= 131:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 3: 11 workloads, 1.99x (1.19x .. 5.91x) over sglang_flashinfer_prefill
+    if total_seq_len <= 10203 and max_seq_len > 1794:
+        return 'triton_prefill_chunked.v16'
+    # region 4: 5 workloads, 3.77x (2.42x .. 6.26x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 871 < max_seq_len <= 1794:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
+    # region 5: 14 workloads, 6.10x (3.39x .. 13.13x) over sglang_flashinfer_prefill
+    if num_seqs <= 13 and 155 < max_seq_len <= 871:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 4 workloads, 2.80x (2.08x .. 3.81x) over sglang_flashinfer_prefill
+    if num_seqs > 11 and 871 < max_seq_len <= 1794:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 7: 10 workloads, 3.97x (2.71x .. 6.48x) over sglang_flashinfer_prefill
+    if num_seqs > 13 and 131 < max_seq_len <= 871:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 6 workloads, 12.81x (6.55x .. 18.57x) over sglang_flashinfer_prefill
+    if total_seq_len > 92 and num_seqs <= 13 and max_seq_len <= 155:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 9: 4 workloads, 4.80x (2.15x .. 7.28x) over sglang_flashinfer_prefill
+    if total_seq_len > 1519 and num_seqs > 13 and max_seq_len <= 131:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
