@@ -42,10 +42,10 @@ class Derived:
 @dataclass(frozen=True)
 class Hint:
     """A fact about a call that its shapes do not show but an engine knows on the host before the
-    call (the longest sequence of a packed batch), meant to become an optional argument of the op
-    that routers read as one more feature; today `benchmarks/prefill_hint_fit.py` measures what
-    fitting on it would give. `value(axes, inputs, ctx)` computes it for a workload from its given
-    inputs and the workload's context (the spec's builder draws the other inputs from the same
+    call (the longest sequence of a packed batch): an optional keyword argument of the op, which the
+    router's `route_hinted` (fitted with it as one more feature, tuner/fit.py `Table.with_hints`)
+    answers calls that pass it from. `value(axes, inputs, ctx)` computes it for a workload from its
+    given inputs and the workload's context (the spec's builder draws the other inputs from the same
     context): `kdispatch.workloads.hint_values`."""
 
     doc: str
