@@ -245,16 +245,22 @@ def render(policy: Policy) -> str:
     lines += [""] + _regions_data(policy, "REGIONS")
     if eager:
         lines += [""] + _regions_data(eager, "REGIONS_EAGER")
-    lines += ["", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads",
-              "", "", f"def route({', '.join(axes)}):"] + _route_body(policy, d)
-    if eager:
-        lines += ["", "", f"def route_eager({', '.join(axes)}):"] + _route_body(eager, d)
-    if any(r.hand_back for r in policy.regions):
-        lines += ["", "", f"def hand_back({', '.join(axes)}):"] + _hand_back_body(policy, d)
-    if eager and any(r.hand_back for r in eager.regions):
-        lines += ["", "", f"def hand_back_eager({', '.join(axes)}):"] + _hand_back_body(eager, d)
+    lines += ["", f"MEASURED = {dict(policy.measured)!r}  # feature -> (min, max) over the tuned workloads"]
+    lines += _functions(policy, eager, d, ", ".join(axes), "")
     lines += _hinted_lines(policy, d, axes)
     return "\n".join(lines) + "\n"
+
+
+def _functions(policy: Policy, eager: Policy | None, d: str, params: str, tag: str) -> list[str]:
+    """`route<tag>` and, where they apply, its eager and hand-back siblings."""
+    lines = ["", "", f"def route{tag}({params}):"] + _route_body(policy, d)
+    if eager:
+        lines += ["", "", f"def route{tag}_eager({params}):"] + _route_body(eager, d)
+    if any(r.hand_back for r in policy.regions):
+        lines += ["", "", f"def hand_back{tag}({params}):"] + _hand_back_body(policy, d)
+    if eager and any(r.hand_back for r in eager.regions):
+        lines += ["", "", f"def hand_back{tag}_eager({params}):"] + _hand_back_body(eager, d)
+    return lines
 
 
 def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
@@ -279,14 +285,7 @@ def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
     lines += [""] + _regions_data(h, "REGIONS_HINTED")
     if eager:
         lines += [""] + _regions_data(eager, "REGIONS_HINTED_EAGER")
-    lines += ["", f"MEASURED_HINTED = {dict(h.measured)!r}", "", "", f"def route_hinted({params}):"] + _route_body(h, d)
-    if eager:
-        lines += ["", "", f"def route_hinted_eager({params}):"] + _route_body(eager, d)
-    if any(r.hand_back for r in h.regions):
-        lines += ["", "", f"def hand_back_hinted({params}):"] + _hand_back_body(h, d)
-    if eager and any(r.hand_back for r in eager.regions):
-        lines += ["", "", f"def hand_back_hinted_eager({params}):"] + _hand_back_body(eager, d)
-    return lines
+    return lines + ["", f"MEASURED_HINTED = {dict(h.measured)!r}"] + _functions(h, eager, d, params, "_hinted")
 
 
 def write(policy: Policy, out_dir: str | Path) -> Path:
