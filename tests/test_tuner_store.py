@@ -302,3 +302,36 @@ def test_bench_routes_a_workload_that_omits_dependent_axes(tmp_path):
         d.reset()
     routed = [r for r in store.results(name) if r.variant == "routed"]
     assert [r.status for r in routed] == ["PASSED"] and 3 in seen
+
+
+def test_bench_calls_the_op_with_each_workloads_hints_too(tmp_path):
+    """For a definition with call-time hints the bench measures the routed op twice: as called without
+    them ("routed") and with the workload's values ("routed_hinted", routed by `route_hinted`), each
+    with its own summary rows."""
+    import kdispatch.ops
+    from kdispatch.tuner import flows
+    from kdispatch.workloads import hint_values
+
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    name = d.definition
+    folder = tmp_path / "set" / "workloads" / "gdn"
+    folder.mkdir(parents=True)
+    w = {"definition": name, "workload": {"uuid": "hinted-prefill", "inputs": {},
+                                          "axes": {"total_seq_len": 9, "num_seqs": 3, "num_slots": 4}},
+         "solution": None, "evaluation": None}
+    (folder / f"{name}.jsonl").write_text(json.dumps(w) + "\n")
+    seen = []
+    d.set_router("cpu", lambda **axes: "reference",
+                 route_hinted=lambda max_seq_len, **axes: seen.append(max_seq_len) or "reference")
+    try:
+        store, info = flows.bench([tmp_path / "set"], definitions=[name], variants=["reference"],
+                                  device="cpu", quick=True, in_process=True, stream=open(os.devnull, "w"))
+    finally:
+        d._routers.pop("cpu", None)
+        d.reset()
+    status = {r.variant: r.status for r in store.results(name)}
+    assert status.get("routed") == "PASSED" and status.get("routed_hinted") == "PASSED"
+    assert seen and set(seen) == {hint_values(name, w)["max_seq_len"]}
+    _, summary = flows.bench_table(store, store.envs()[0]["id"], name)
+    assert summary["graph"]["routed_geomean_speedup"] and summary["hinted"]["graph"]["routed_geomean_speedup"]
+    assert set(summary["hinted"]) == {"graph", "eager"}

@@ -333,15 +333,16 @@ def cmd_bench(args) -> int:
         bad += s["routed_failures"]
         print(f"{defs.get(d).short:<22} {s['workloads']:>4} workloads  baseline {s['baseline']:<24} "
               f"routed failures: {s['routed_failures']}")
-        for mode in ("graph", "eager"):
-            m = s[mode]
+        # the op called with the workloads' call-time hints gets rows of its own
+        for label, m in [(mode, s[mode]) for mode in ("graph", "eager")] + \
+                [(f"{mode} hinted", s["hinted"][mode]) for mode in ("graph", "eager") if "hinted" in s]:
             bad += m["slower_than_baseline"]
             sp = f"{m['routed_geomean_speedup']:.3f}x" if m["routed_geomean_speedup"] else "n/a"
             rg = (f"regret {m['regret_mean_pct']:.2f}% mean, {m['regret_max_pct']:.2f}% max"
                   if m["regret_mean_pct"] is not None else "regret n/a")
             back = (f" ({m['handed_back']} in regions engine plugins hand back: against the guarded call there)"
                     if m.get("handed_back") else "")
-            print(f"    {mode:<6} routed {sp} geomean over the baseline{back}; {rg}; "
+            print(f"    {label:<6} routed {sp} geomean over the baseline{back}; {rg}; "
                   f"slower than baseline beyond the spread: {m['slower_than_baseline']}")
     if args.json:
         out = {"env": env, "summary": summaries,

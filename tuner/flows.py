@@ -23,6 +23,7 @@ from kdispatch import registry
 
 from . import codegen, features
 from . import fit as fitting
+from .job import ROUTED_HINTED
 from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
 from .pool import Progress, clock, execute
 from .stats import MODES, geomean, slower, timed
@@ -317,27 +318,31 @@ def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:
                   eager_us=row.get("eager_us"), eager_p10_us=row.get("eager_p10_us"),
                   eager_p90_us=row.get("eager_p90_us"), sets=row.get("sets"), reps=row.get("reps"))
 
-def regret(by: dict, names: list[str], base: str, u: str, mode: str, min_gain: float) -> dict | None:
-    """The routed op on workload u in `mode` against the best passing variant measured there and the
-    baseline: {"regret": routed / best - 1, "speedup": baseline / routed, "slower": bool, never where
-    the routed op served the baseline itself, "handed_back": bool}; None when the routed op or the
-    baseline has no time in that mode.
+ROUTED = ("routed", ROUTED_HINTED)  # the bench's pseudo-variants: the op, and the op given its call-time hints
+
+
+def regret(by: dict, names: list[str], base: str, u: str, mode: str, min_gain: float,
+           routed: str = "routed") -> dict | None:
+    """The routed op (`routed`: or ROUTED_HINTED) on workload u in `mode` against the best passing
+    variant measured there and the baseline: {"regret": routed / best - 1, "speedup": baseline /
+    routed, "slower": bool, never where the routed op served the baseline itself, "handed_back":
+    bool}; None when the routed op or the baseline has no time in that mode.
 
     Where the routed op's region hands calls back (`hand_back`: it beat the guarded baseline that
     `kdispatch.ops` runs, not the engine's own call), an engine plugin calls the engine's kernel,
     so its users get the baseline itself; the routed op there serves `kdispatch.ops` callers, whose
     alternative is the guarded call: speedup and "slower" are taken against that."""
-    meta = by[("routed", u)].metrics if ("routed", u) in by else {}
+    meta = by[(routed, u)].metrics if (routed, u) in by else {}
     back = bool(meta.get("hands_back" if mode == "graph" else "hands_back_eager"))
-    rt, b = timed(by.get(("routed", u)), mode), timed(by.get((base, u)), mode, guarded=back)
+    rt, b = timed(by.get((routed, u)), mode), timed(by.get((base, u)), mode, guarded=back)
     if rt is None or b is None or rt.median_us <= 0:
         return None
     # graph: only variants that can be captured (or the baseline) count as candidates
-    best = min(t.median_us for n in names if (t := timed(by.get((n, u)), mode)) is not None
+    best = min(t.median_us for n in names if n not in ROUTED and (t := timed(by.get((n, u)), mode)) is not None
                and (mode == "eager" or n == base or by[(n, u)].routable))
     # Served by the baseline itself, the routed op is the baseline's call plus dispatch (measured on
     # its own, benchmarks/dispatch_overhead.py): a difference here is drift between two measurements.
-    served = by[("routed", u)].metrics.get("routed_to" if mode == "graph" else "routed_to_eager")
+    served = meta.get("routed_to" if mode == "graph" else "routed_to_eager")
     return {"regret": rt.median_us / best - 1.0, "speedup": b.median_us / rt.median_us,
             "slower": served != base and slower(rt, b, min_gain), "handed_back": back}
 
@@ -346,7 +351,9 @@ def bench_table(store: Store, env_id: str, definition: str,
                 min_gain: float = fitting.FitParams.min_gain) -> tuple[list[str], dict]:
     """Text table (one row per workload) and a summary for one definition of a bench store, per call
     mode: regret of the routed op against the best passing variant on each workload (mean, max;
-    only meaningful when the bench measured every variant) and the count slower than the baseline.
+    only meaningful when the bench measured every variant) and the count slower than the baseline;
+    where the bench also called the op with the workloads' call-time hints, the same for those calls
+    (summary "hinted", the table's last columns).
 
     "Slower than the baseline" is the fitter's noise margin (tuner/stats.py): the routed op calling
     the baseline's own kernel differs from it by run-to-run drift only."""
@@ -354,47 +361,50 @@ def bench_table(store: Store, env_id: str, definition: str,
     if not rows:
         return [], {}
     base = next(r.variant for r in rows if r.baseline)
-    names = [base] + sorted({r.variant for r in rows} - {base, "routed"}) + (["routed"] if any(
-        r.variant == "routed" for r in rows) else [])
+    present = [n for n in ROUTED if any(r.variant == n for r in rows)]
+    names = [base] + sorted({r.variant for r in rows} - {base, *ROUTED}) + present
     by = {(r.variant, r.uuid): r for r in rows}
     axes_of = {r.uuid: r.axes for r in rows}
     fit_names = features.fit_names(definition)
     uuids = sorted(axes_of, key=lambda u: (tuple(features.compute(definition, axes_of[u])[f] for f in fit_names), u))
     axes_names = features.var_axes(definition)
-    head = "  ".join(f"{a:>13}" for a in axes_names) + "  " + "  ".join(f"{n[:22]:>22}" for n in names) + \
-        "  routed_to                 routed/base   eager: routed_to          routed/base"
+    head = "  ".join(f"{a:>13}" for a in axes_names) + "  " + "  ".join(f"{n[:22]:>22}" for n in names) + "".join(
+        f"  {n + ': routed_to':<24}  {'/base':<12}  {'eager: routed_to':<24}  {'/base':<12}" for n in present)
     lines = [head]
-    per_mode = {m: [] for m in MODES}
-    slower_ones = {m: [] for m in MODES}
+    per_mode = {(n, m): [] for n in present for m in MODES}
+    slower_ones = {(n, m): [] for n in present for m in MODES}
     for u in uuids:
         ax = axes_of[u]
         cells = []
         for n in names:
             r = by.get((n, u))
             cells.append(f"{'FAIL ' + r.status[:12] if r is not None and not r.passed else (f'{r.median_us:.2f}' if r else '-'):>22}")
-        rt = by.get(("routed", u))
         tail = ""
-        for mode in MODES:
-            x = regret(by, names, base, u, mode, min_gain) if rt is not None else None
-            ratio = ""
-            if x is not None:
-                per_mode[mode].append(x)
-                ratio = f"{x['speedup']:.3f}x" + (" (guarded)" if x["handed_back"] else "") + \
-                    ("  SLOWER" if x["slower"] else "")
-                if x["slower"]:
-                    slower_ones[mode].append(u)
-            key = "routed_to" if mode == "graph" else "routed_to_eager"
-            to = (rt.metrics.get(key, "?") if rt is not None else "-")
-            tail += f"  {to:<24}  {ratio:<12}"
+        for routed in present:
+            rt = by.get((routed, u))
+            for mode in MODES:
+                x = regret(by, names, base, u, mode, min_gain, routed) if rt is not None else None
+                ratio = ""
+                if x is not None:
+                    per_mode[(routed, mode)].append(x)
+                    ratio = f"{x['speedup']:.3f}x" + (" (guarded)" if x["handed_back"] else "") + \
+                        ("  SLOWER" if x["slower"] else "")
+                    if x["slower"]:
+                        slower_ones[(routed, mode)].append(u)
+                key = "routed_to" if mode == "graph" else "routed_to_eager"
+                to = (rt.metrics.get(key, "?") if rt is not None else "-")
+                tail += f"  {to:<24}  {ratio:<12}"
         lines.append("  ".join(f"{ax.get(a, ''):>13}" for a in axes_names) + "  " + "  ".join(cells) + tail.rstrip())
     summary = {"workloads": len(uuids), "baseline": base, "routed_failures": sum(
-        1 for u in uuids if by.get(("routed", u)) is not None and not by[("routed", u)].passed)}
-    for mode in MODES:
-        xs = per_mode[mode]
-        summary[mode] = {
-            "routed_geomean_speedup": round(geomean(x["speedup"] for x in xs), 3) if xs else None,
-            "regret_mean_pct": round(100 * sum(x["regret"] for x in xs) / len(xs), 2) if xs else None,
-            "regret_max_pct": round(100 * max(x["regret"] for x in xs), 2) if xs else None,
-            "slower_than_baseline": len(slower_ones[mode]),
-            "handed_back": sum(x["handed_back"] for x in xs)}
+        1 for u in uuids for n in present if by.get((n, u)) is not None and not by[(n, u)].passed)}
+    for routed in present:
+        into = summary if routed == "routed" else summary.setdefault("hinted", {})
+        for mode in MODES:
+            xs = per_mode[(routed, mode)]
+            into[mode] = {
+                "routed_geomean_speedup": round(geomean(x["speedup"] for x in xs), 3) if xs else None,
+                "regret_mean_pct": round(100 * sum(x["regret"] for x in xs) / len(xs), 2) if xs else None,
+                "regret_max_pct": round(100 * max(x["regret"] for x in xs), 2) if xs else None,
+                "slower_than_baseline": len(slower_ones[(routed, mode)]),
+                "handed_back": sum(x["handed_back"] for x in xs)}
     return lines, summary

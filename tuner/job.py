@@ -21,6 +21,8 @@ from kdispatch.checks import RUNTIME_ERROR, Verdict
 from . import gate
 from .timing import Budget, Timing, measure
 
+ROUTED_HINTED = "routed_hinted"  # bench pseudo-variant: the routed op given the workload's call-time hints
+
 @dataclass
 class Job:
     """Picklable unit of work. `workloads`: [{"uuid", "axes", "inputs", "root"}] (root: the trace set
@@ -45,18 +47,26 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def resolve_fn(definition: str, name: str) -> Callable:
-    if name == "routed":
-        import kdispatch.ops
+def resolve_fn(definition: str, name: str, workload: dict | None = None) -> Callable:
+    """The callable `name` stands for; the routed pseudo-variants are the op's Dispatcher, given
+    `workload`'s call-time hints for ROUTED_HINTED."""
+    if name in ("routed", ROUTED_HINTED):
+        import functools
 
-        return kdispatch.ops.DISPATCHERS[defs.get(definition).short]
+        import kdispatch.ops
+        from kdispatch.workloads import hint_values
+
+        d = kdispatch.ops.DISPATCHERS[defs.get(definition).short]
+        if name == "routed":
+            return d
+        return functools.partial(d, **hint_values(definition, workload, trace_root=workload.get("root")))
     return registry.get(definition, name).fn
 
 
 def timed_fn(definition: str, name: str, fn: Callable) -> Callable:
     """What is timed for `name` once `fn` passed the gate: a guarded library baseline's engine call
     (registry: `engine=`), else `fn` itself."""
-    if name == "routed":
+    if name in ("routed", ROUTED_HINTED):
         return fn
     return registry.get(definition, name).engine_fn or fn
 
@@ -108,21 +118,23 @@ def run_job(job: Job, emit: Callable) -> None:
         for name in names:
             emit("start", name, w["uuid"])
             try:
-                fn = resolve_fn(definition, name)
+                fn = resolve_fn(definition, name, w)
             except Exception as exc:
                 emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"cannot load: {exc}"[:500])))
                 continue
             extra = {}
-            if name == "routed":
+            if name in ("routed", ROUTED_HINTED):
                 from kdispatch import arch as _arch
 
-                axes = fn.checker.check(trials[0][0])  # every variable axis, as a call computes them
+                op = fn if name == "routed" else fn.func
+                # every variable axis, as a call computes them, and the hints the call passes
+                axes = {**op.checker.check(trials[0][0]), **({} if name == "routed" else fn.keywords)}
                 here = _arch.arch_of(device)
-                extra["routed_to"] = fn.choose(here, axes).name
-                extra["routed_to_eager"] = fn.choose(here, axes, "eager").name
+                extra["routed_to"] = op.choose(here, axes).name
+                extra["routed_to_eager"] = op.choose(here, axes, "eager").name
                 # engine plugins give these calls back to the engine's kernel (tuner/flows.py `regret`)
-                extra["hands_back"] = fn.hands_back(here, axes)
-                extra["hands_back_eager"] = fn.hands_back(here, axes, "eager")
+                extra["hands_back"] = op.hands_back(here, axes)
+                extra["hands_back_eager"] = op.hands_back(here, axes, "eager")
             t_gate = time.perf_counter()
             try:
                 verdict = gate.run_gate(definition, fn, trials)

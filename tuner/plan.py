@@ -20,7 +20,7 @@ from kdispatch import definitions as defs
 from kdispatch import registry
 
 from . import features
-from .job import Job
+from .job import ROUTED_HINTED, Job
 from .store import RESULTS_DIR, Store
 
 ROUTERS_DIR = Path(__file__).resolve().parents[1] / "routers"
@@ -150,6 +150,8 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
     if include_routed:
         chosen["routed"] = {"hash": _router_hash(definition, arch), "backend": "router", "baseline": False,
                             "variant": None}
+        if defs.get(definition).spec.hints:  # the op called with each workload's call-time hints too
+            chosen[ROUTED_HINTED] = dict(chosen["routed"])
     for w in workloads:
         store.put_workload(definition, w["uuid"], w["axes"], w["inputs"], commit=False)
     store.db.commit()
