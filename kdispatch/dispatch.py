@@ -282,7 +282,7 @@ class Dispatcher:
         if hit is None:
             if len(e.hinted) >= MAX_HINTED_PER_ENTRY:
                 e.hinted.clear()
-            features = {**dict(e.axes), **dict(zip(self.hints, values))}
+            features = self._hinted_features(e, values)
             v = self.choose(e.arch, features, mode, e.strided)
             hit = e.hinted[(values, mode)] = (v, v.baseline or self.hands_back(e.arch, features, mode))
         v, base = hit
@@ -293,13 +293,17 @@ class Dispatcher:
         except Exception as exc:
             if v.name.split(CONTIGUOUS_COPIES)[0] == registry.baseline(self.definition, e.arch).name:
                 raise
-            features = {**dict(e.axes), **dict(zip(self.hints, values))}
+            features = self._hinted_features(e, values)
             self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
             self._gives_back.clear()
             e.hinted.clear()
             self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
                                                  f"{features}; the next choice serves this shape from now on")
             return self._hinted_call(e, values, args)
+
+    def _hinted_features(self, e: _Entry, values: tuple) -> dict:
+        """The shape features of entry e with the call's hint values (what `route_hinted` takes)."""
+        return {**dict(e.axes), **dict(zip(self.hints, values))}
 
     def warm(self, *args) -> tuple[str, str]:
         """Routes this call signature now and runs the variant of each call mode once, so that what
