@@ -10,7 +10,9 @@ the method once per input set, the sets' slots rotated through a pool larger tha
 eager time (host + device, synchronised; the two sides alternate call by call, 60 calls or more
 each, so that drift on the shared host hits both); for extend also eager time with a new token
 count every call (`eager_new`: the calls cut to T - 1, T - 2, ... tokens, each seen once, as an
-engine's prefills come); host time (until the call returns, device idle: benchmarks/hosttime.py);
+engine's prefills come). Before each extend call the plugin's metadata hook (`note_lengths`) is
+given the batch's sequence lengths, as SGLang's backend gives them once per forward batch, so the
+hooked extend is routed with the batch's longest sequence (`max_seq_len`); host time (until the call returns, device idle: benchmarks/hosttime.py);
 the plugin's speedup. Prints a table, then per family and mode the mean and
 minimum speedup. Writes JSON. With --profile, also where the plugin's host time goes (cProfile).
 
@@ -28,6 +30,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -71,7 +74,8 @@ def decode_calls(hv: int, batch: int, l2: int, device) -> tuple[list, object]:
 
 
 def extend_calls(hv: int, seqs: int, total: int, l2: int, device) -> tuple[list, object]:
-    """FlashInferGDNKernel.extend(q, k, v, g, beta, **kw): q/k/v [1, T, H, 128] views of one projection row."""
+    """FlashInferGDNKernel.extend(q, k, v, g, beta, **kw): q/k/v [1, T, H, 128] views of one projection
+    row; each call (args, kw, the sequences' lengths as the forward batch's metadata has them)."""
     n = _sets(seqs * hv, l2)
     w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": seqs * n + 1}, "inputs": {},
          "uuid": f"layer-extend-{hv}-{seqs}-{total}"}
@@ -82,9 +86,11 @@ def extend_calls(hv: int, seqs: int, total: int, l2: int, device) -> tuple[list,
     args = (qs.view(1, total, hq, 128), ks.view(1, total, hq, 128), vs.view(1, total, hv, 128), g[None], beta[None])
     idx = torch.arange(1, seqs + 1, dtype=torch.int32, device=device)
     out = torch.empty(1, total, hv, 128, dtype=torch.bfloat16, device=device)
+    lens = cu.diff().tolist()
     calls = [(args, dict(ssm_states=pool, cache_indices=_rotated(idx, seqs, i), query_start_loc=cu,
                          state_checkpoint_cu_starts=None, num_state_checkpoints=0, state_checkpoint_every_n_tokens=0,
-                         output=out, layer_id=0, extend_prefix_lens=None, track_state=None, track_chunk_idx=None))
+                         output=out, layer_id=0, extend_prefix_lens=None, track_state=None, track_chunk_idx=None),
+              lens)
              for i in range(n)]
     return calls, pool
 
@@ -92,10 +98,12 @@ def extend_calls(hv: int, seqs: int, total: int, l2: int, device) -> tuple[list,
 def trimmed_extend(call, drop: int):
     """An extend call on its first T - drop tokens (boundaries clamped: the last sequences shorter):
     a prefill of a token count the dispatcher has not seen, as engines send nearly every call."""
-    (q, k, v, g, beta), kw = call
+    (q, k, v, g, beta), kw, lens = call
     t = q.shape[1] - drop
+    starts = [sum(lens[:i]) for i in range(len(lens))]
     return ((q[:, :t], k[:, :t], v[:, :t], g[:, :t], beta[:, :t]),
-            {**kw, "query_start_loc": kw["query_start_loc"].clamp(max=t), "output": kw["output"][:, :t]})
+            {**kw, "query_start_loc": kw["query_start_loc"].clamp(max=t), "output": kw["output"][:, :t]},
+            [max(0, min(s + n, t) - s) for s, n in zip(starts, lens)])
 
 
 def verify_calls(hv: int, seqs: int, steps: int, l2: int, device) -> tuple[list, object]:
@@ -163,7 +171,11 @@ def _hook_all():
 
 
 def _run(method, call):
-    args, kw = call
+    """One call; an extend call's batch lengths first go to the plugin's metadata hook, as SGLang's
+    backend calls it once per forward batch (SGLang's own class ignores them)."""
+    args, kw, *lens = call
+    if lens:
+        plugin.note_lengths(None, SimpleNamespace(extend_seq_lens_cpu=lens[0]))
     return method(*args, **kw)
 
 
@@ -269,7 +281,9 @@ def main() -> None:
     print(f"  outputs disagree on {len(disagree)} of {len(rows)} calls")
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                                     "torch": torch.__version__, "rows": rows}, indent=1, default=str))
+                                     "torch": torch.__version__,
+                                     "extend_routed_with_max_seq_len": True,  # note_lengths fed every call
+                                     "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":

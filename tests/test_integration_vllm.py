@@ -69,7 +69,29 @@ def fake_vllm(monkeypatch):
     sys.modules[LAYER].fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
     sys.modules[LAYER].fla_chunk_gated_delta_rule = fla_chunk_gated_delta_rule
     monkeypatch.setattr(plugin, "_originals", {})
+    monkeypatch.setitem(plugin._LONGEST, "batch", None)
     yield sys.modules[LAYER], calls
+
+
+@pytest.fixture
+def fake_builder(monkeypatch):
+    """vLLM's GDN metadata builder class at its module path, its `build` with vLLM's signature."""
+    module_name, cls_name = plugin.METADATA_BUILDER.rsplit(".", 1)
+    parts = module_name.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if name not in sys.modules or i == len(parts):
+            mod = types.ModuleType(name)
+            mod.__path__ = []
+            monkeypatch.setitem(sys.modules, name, mod)
+
+    class Builder:
+        def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
+                  num_decode_draft_tokens_cpu=None, fast_build=False):
+            return types.SimpleNamespace(num_prefills=common_attn_metadata.prefills)
+
+    setattr(sys.modules[module_name], cls_name, Builder)
+    return Builder
 
 
 def vllm_call(batch=5, slots=8):
@@ -248,3 +270,36 @@ def test_uncovered_prefill_calls_reach_vllm(monkeypatch, fake_vllm, kernels_here
     module.fla_chunk_gated_delta_rule(**{**kw, "initial_state": kw["initial_state"].double()})
     assert calls == [("fi", torch.float32), ("fi", torch.float32), ("fla", torch.float32), ("fla", torch.float64)]
     assert plugin.PREFILL_STATS["first_pass_reason"] is not None
+
+
+def test_the_metadata_builder_notes_each_batchs_prefills_and_longest_query(monkeypatch, fake_vllm, fake_builder):
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    plugin.register()  # wrapped once
+    common = types.SimpleNamespace(prefills=3, max_query_len=77)
+    metadata = fake_builder().build(0, common)
+    assert metadata.num_prefills == 3 and plugin._LONGEST["batch"] == (3, 77)
+    fake_builder().build(common_prefix_len=0, common_attn_metadata=types.SimpleNamespace(prefills=0, max_query_len=1))
+    assert plugin._LONGEST["batch"] is None, "a decode-only batch"
+    assert not hasattr(fake_builder.build.__wrapped__, "_kdispatch_notes_lengths"), "not wrapped twice"
+
+
+@pytest.mark.parametrize("kernel", [plugin.FI_PREFILL, plugin.FLA_PREFILL])
+def test_prefill_is_routed_with_the_batchs_longest_query(monkeypatch, fake_vllm, kernels_here, kernel):
+    """The prefill call of a batch with as many prefills as noted is routed with its longest query as
+    max_seq_len, another batch's without; a call the router gives back reaches vLLM's function before
+    kdispatch's checks run."""
+    from kdispatch.integrations import pool_prefill
+
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.register()
+    d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_pool_qk4_v8", "flashinfer_prefill_gather")
+    monkeypatch.setattr(pool_prefill, "not_covered", lambda *a, **k: pytest.fail("the call was prepared for kdispatch"))
+    kw, _ = vllm_prefill_call(seqs=4, total=40)
+    for prefills, want in ((4, 30), (2, None)):
+        plugin.note_lengths(types.SimpleNamespace(num_prefills=prefills), types.SimpleNamespace(max_query_len=30))
+        getattr(module, kernel)(**kw)
+        assert asked[-1].get("max_seq_len") == want
+    assert [c[0] for c in calls] == [kernel.split("_")[0]] * 2
+    d.reset()

@@ -36,12 +36,15 @@ def test_verify_call_agrees_hooked_and_unhooked(monkeypatch):
 
 
 def test_trimmed_extend_calls_are_valid_new_shapes():
-    """The eager_new measurement's calls: each a token count of its own, the boundaries still valid."""
+    """The eager_new measurement's calls: each a token count of its own, the boundaries still valid, the
+    lengths given to the plugin's metadata hook those of the boundaries."""
     calls, _ = sglang_layer.extend_calls(8, 3, 40, 0, torch.device("cpu"))
+    assert calls[0][2] == calls[0][1]["query_start_loc"].diff().tolist()
     for drop in (1, 5, 20):
-        (q, k, v, g, beta), kw = sglang_layer.trimmed_extend(calls[0], drop)
+        (q, k, v, g, beta), kw, lens = sglang_layer.trimmed_extend(calls[0], drop)
         t = 40 - drop
         assert q.shape[1] == k.shape[1] == v.shape[1] == g.shape[1] == beta.shape[1] == kw["output"].shape[1] == t
         cu = kw["query_start_loc"]
         assert cu.dtype == torch.int32 and int(cu[0]) == 0 and int(cu[-1]) == t and bool((cu[1:] >= cu[:-1]).all())
+        assert lens == cu.diff().tolist(), "the lengths the metadata hook is given"
         assert kw["output"].is_contiguous() and g.is_contiguous() and beta.is_contiguous()

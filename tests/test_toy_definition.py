@@ -149,6 +149,23 @@ def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, m
     assert "[check] warning: toy_scale toy_fast: provenance changed" in said.getvalue()
 
 
+def test_tune_fits_the_routers_with_the_workloads_call_time_hints(tmp_path, toy, monkeypatch):
+    """`kdispatch tune` compiles the routers as `kdispatch route` does: a definition with call-time
+    hints gets its hinted fit from the tuned workloads' hint values (without them a re-tune would
+    drop `route_hinted` from the routers)."""
+    import dataclasses
+
+    from kdispatch.spec import Hint
+
+    hint = Hint("twice the rows (a toy fact)", lambda axes, given, ctx: 2 * axes["num_rows"])
+    monkeypatch.setitem(toy.__dict__, "spec", dataclasses.replace(toy.spec, hints={"double": hint}))
+    asked = []
+    compile_all = flows.compile_all
+    monkeypatch.setattr(flows, "compile_all", lambda *a, **kw: asked.append(kw.get("hints")) or compile_all(*a, **kw))
+    tuned(tmp_path, (1, 3, 8))
+    assert asked == [{NAME: {f"toy-{n}": {"double": 2 * n} for n in (1, 3, 8)}}]
+
+
 def tuned(tmp_path, sizes) -> Store:
     """The toy definition tuned on the CPU over workloads of these row counts: its store."""
     traces = tmp_path / "traces" / "workloads" / "toy"

@@ -107,7 +107,8 @@ def tune(roots, *, definitions=None, variants=None, device: str = "cuda", store:
     if compile_routers:
         uuids = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}
         out = out if out is not None else (QUICK_DIR / "routers" if quick else ROUTERS_DIR)
-        result.routers = compile_all(store, out, env["arch"], names, uuids, stream=stream)
+        hints = {d: hint_values(d, roots) for d in defs_with_hints(names)}  # for the routers' hinted fits
+        result.routers = compile_all(store, out, env["arch"], names, uuids, stream=stream, hints=hints)
     result.seconds = time.monotonic() - t0
     left = total - len(result.measured)
     stream.write(f"[tune] measured {len(result.measured)} (variant, workload) pairs in {clock(result.seconds)}"

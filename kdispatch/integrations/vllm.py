@@ -28,7 +28,11 @@ vLLM's function:
   Qwen3-Next's default, is converted to fp32 first, as vLLM's FlashInfer path does). vLLM's q/k are
   L2-normalised already; the definition normalises again, which leaves unit vectors unchanged to
   within bf16 rounding. Calls with FlashInfer state checkpoints (prefix caching's "align" mode)
-  stay vLLM's.
+  stay vLLM's. They are routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
+  `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
+  `common_attn_metadata.max_query_len` (host-side, no sync) for the prefill calls with as many
+  sequences. That is the longest prefill exactly, unless a speculative-decode request of the same
+  batch (num_speculative_tokens + 1 tokens) is longer than every prefill, when it is an upper bound.
 The layer keeps its convolution and metadata paths; a `PluggableLayer.register_oot` subclass would
 have had to re-implement the layer's methods around the same calls (and `ChunkGatedDeltaRule`
 picks its forward method in `__init__`, past `forward_oot`).
@@ -39,6 +43,7 @@ served and those it passed to vLLM.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -52,6 +57,7 @@ KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
 VERIFY_KERNEL = "fused_sigmoid_gating_delta_rule_update"
 FI_PREFILL = "fi_chunk_gated_delta_rule"
 FLA_PREFILL = "fla_chunk_gated_delta_rule"
+METADATA_BUILDER = "vllm.v1.attention.backends.gdn_attn.GDNAttentionMetadataBuilder"  # its build() notes lengths
 # where vLLM's GDN layer has lived (newest first); the first that imports and holds KERNEL is patched
 LAYER_MODULES = ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
                  "vllm.model_executor.layers.mamba.gdn_linear_attn",
@@ -60,6 +66,7 @@ STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
 VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 PREFILL_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 PREFILL_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # gathered states, converted to fp32
+_LONGEST = {"batch": None}  # (prefills, longest query) of the batch whose GDN metadata was built last
 
 logger = logging.getLogger(__name__)
 _originals: dict = {}  # kernel name -> vLLM's function
@@ -78,7 +85,8 @@ def register() -> str | None:
     """The `vllm.general_plugins` entry point: with KDISPATCH_VLLM set, swaps the GDN layer module's
     packed decode for `packed_decode_call` and, where the module has them, its sigmoid-gating
     kernel for `sigmoid_gating_call` and its prefill functions for `fi_chunk_call` /
-    `fla_chunk_call`. Returns the patched module's name (None: nothing done)."""
+    `fla_chunk_call`, and wraps the GDN metadata builder's `build` (`note_lengths`). Returns the
+    patched module's name (None: nothing done)."""
     if not enabled():
         return None
     for name in LAYER_MODULES:
@@ -93,12 +101,53 @@ def register() -> str | None:
             if current is not None and current is not ours:
                 _originals[kernel] = current
                 setattr(module, kernel, ours)
-        logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s)", name,
-                    ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH])
+        noted = _wrap_metadata_build()
+        logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s)%s", name,
+                    ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH],
+                    "" if noted else f"; no {METADATA_BUILDER}: prefill routed without its longest sequence")
         return name
     logger.warning("kdispatch: no vLLM GDN layer module with %s found (%s): nothing replaced", KERNEL,
                    ", ".join(LAYER_MODULES))
     return None
+
+
+def _wrap_metadata_build() -> bool:
+    """Wraps METADATA_BUILDER's `build` once so that each batch's lengths are noted (`note_lengths`);
+    False where vLLM has no such class."""
+    module, name = METADATA_BUILDER.rsplit(".", 1)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    build = cls.__dict__.get("build")
+    if build is None:
+        return False
+    if getattr(build, "_kdispatch_notes_lengths", False):
+        return True
+
+    @functools.wraps(build)
+    def build_noting_lengths(self, *args, **kwargs):
+        metadata = build(self, *args, **kwargs)
+        note_lengths(metadata, kwargs["common_attn_metadata"] if "common_attn_metadata" in kwargs else
+                     args[1] if len(args) > 1 else None)
+        return metadata
+
+    build_noting_lengths._kdispatch_notes_lengths = True
+    cls.build = build_noting_lengths
+    return True
+
+
+def note_lengths(metadata, common_attn_metadata) -> None:
+    """Keeps a built batch's prefill count and longest query (host-side ints) for its prefill calls."""
+    prefills = getattr(metadata, "num_prefills", 0) or 0
+    longest = getattr(common_attn_metadata, "max_query_len", None)
+    _LONGEST["batch"] = (prefills, int(longest)) if prefills and longest else None
+
+
+def _longest(num_seqs: int) -> int | None:
+    """The longest query of the batch being run, if its prefill count is this call's sequence count."""
+    batch = _LONGEST["batch"]
+    return batch[1] if batch is not None and batch[0] == num_seqs else None
 
 
 def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
@@ -171,7 +220,7 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs))
 
 
-def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens) -> str | None:
+def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest) -> str | None:
     if not output_final_state or initial_state is None or cu_seqlens is None:
         return "no final state asked for, no initial states, or no boundaries"
     if q.dim() != 4 or q.shape[0] != 1 or v.dim() != 4 or g.dim() != 3 or beta.dim() != 3:
@@ -179,11 +228,14 @@ def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu
     n = initial_state.shape[0] if initial_state.dim() == 4 else -1
     if n != cu_seqlens.shape[0] - 1:
         return f"initial states {tuple(initial_state.shape)} for {cu_seqlens.shape[0] - 1} sequences"
+    short = serving.gdn_short("prefill_pool", v.shape[2])
+    if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, initial_state, longest)):
+        return f"{short}: routed to the baseline for this shape"
     return pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], initial_state,
                                     pool_prefill.identity_slots(n, q.device), cu_seqlens, PREFILL_POOL_DTYPES)
 
 
-def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
+def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest):
     """The gathered states as a pool of one slot per sequence: (o [1, T, HV, V], final states fp32)."""
     states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
     n, (total, heads, width) = states.shape[0], v.shape[1:]
@@ -192,7 +244,7 @@ def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
     else:  # its leading elements, as fla fills it
         out = core_attn_out.reshape(-1)[:total * heads * width].view(total, heads, width)
     pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], states, pool_prefill.identity_slots(n, v.device),
-                       pool_prefill.all_true(n, v.device), cu_seqlens, out, scale)
+                       pool_prefill.all_true(n, v.device), cu_seqlens, out, scale, max_seq_len=longest)
     return out[None], states
 
 
@@ -214,10 +266,12 @@ def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlen
             checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
             use_cp=use_cp)
 
+    longest = _longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
            "context parallel asked for" if use_cp is True else
-           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
-    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None), engine)
+           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest))
+    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None, longest),
+                              engine)
 
 
 def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -230,12 +284,13 @@ def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_fina
             output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out)
 
+    longest = _longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("an output buffer that is not a contiguous bf16 one of at least the output's size"
            if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
                                                  and core_attn_out.numel() >= v.numel()) else
-           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens))
-    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out),
-                              engine)
+           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest))
+    return _prefill_or_engine(
+        why, v, lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest), engine)
 
 
 SWAPS = ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call), (FI_PREFILL, fi_chunk_call),
