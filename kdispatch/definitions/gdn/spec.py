@@ -311,8 +311,12 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # 2.1x slower than the recurrence (H100, 2026-11-26). 8 sequences and 1,024
                           # tokens: the fused kernel walks a sequence's chunks one after another, so one
                           # long sequence of a few hundred tokens makes it slower than FlashInfer
-                          # (held-out 563 x 12 at 8 value heads: 65 us against 53, H100, 2026-11-26)
-                          grid={"num_seqs": (4, 8, 16, 64), "total_seq_len": (512, 1024, 2048, 8192)},
+                          # (held-out 563 x 12 at 8 value heads: 65 us against 53, H100, 2026-11-26).
+                          # 256 sequences: beyond 64 only a few random draws were measured, and a held-out
+                          # 135 x 7,348 with one 6,544-token sequence went to the chunked kernel in graphs
+                          # (583 us against FlashInfer's 523) and to the fused one eagerly (1,123 against
+                          # 667) at 16 value heads (H100, 2026-11-27)
+                          grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
                           grid_every_mix=True))
 
 
