@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T22:16:32Z
-# workloads   72 (workload-set digest 7b1209b11f27641b)
+# measured    up to 2026-11-27T00:22:49Z
+# workloads   84 (workload-set digest 814780a533a1642f)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  72/72  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  67/67  0.36x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  67/67  0.36x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  67/67  0.25x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  67/67  0.48x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  67/67  0.48x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  67/67  0.47x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  67/67  0.45x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  67/67  0.44x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  67/67  0.45x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  72/72  0.65x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  72/72  0.74x
-#   triton_prefill_fused.c16v32    390308607b5503dc  72/72  0.90x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  72/72  1.10x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  84/84  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  79/79  0.43x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  79/79  0.44x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  79/79  0.31x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  79/79  0.58x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  79/79  0.59x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  79/79  0.57x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  79/79  0.55x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  79/79  0.52x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  79/79  0.54x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  0.69x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  0.81x
+#   triton_prefill_fused.c16v32    390308607b5503dc  84/84  0.97x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  84/84  1.21x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -42,43 +42,49 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.58% mean, 91.68% max;
-#             1.157x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.92% mean, 315.50% max;
-#             1.481x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 17.64% mean, 128.16% max;
+#             1.264x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 24.06% mean, 315.50% max;
+#             1.482x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 53 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 512 and mean_seq_len > 90: sglang_flashinfer_prefill (baseline), 4 workloads
-#   3. 53 < total_seq_len <= 512 and mean_seq_len <= 90: triton_prefill_fused.c16v64, 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   4. total_seq_len > 512 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 6 workloads, 2.00x (1.38x .. 2.49x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. total_seq_len > 512 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 45 workloads
+#   1. total_seq_len <= 32 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 512 and 4 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   3. total_seq_len <= 512 and mean_seq_len > 90: sglang_flashinfer_prefill (baseline), 4 workloads
+#   4. 32 < total_seq_len <= 512 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.40x (2.57x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 512 < total_seq_len <= 2470 and mean_seq_len <= 22: triton_prefill_fused.c16v64, 11 workloads, 2.14x (1.38x .. 2.49x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. 512 < total_seq_len <= 2470 and mean_seq_len > 22: sglang_flashinfer_prefill (baseline), 24 workloads
+#   7. total_seq_len > 2470 and mean_seq_len <= 35: triton_prefill_fused.c16v32, 4 workloads, 1.26x (1.04x .. 1.38x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 2470 and mean_seq_len > 35: sglang_flashinfer_prefill (baseline), 21 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 512 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 6.87x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 512 and mean_seq_len > 10: triton_prefill_fused.c16v64, 12 workloads, 3.44x (2.32x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c16
-#   3. 512 < total_seq_len <= 2025: triton_prefill_fused.c16v64, 17 workloads, 2.59x (1.28x .. 4.98x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 2025 < total_seq_len <= 3367 and num_seqs > 55: triton_prefill_chunked.v64, 5 workloads, 1.18x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-#   5. 2025 < total_seq_len <= 6677 and 5 < num_seqs <= 55: triton_prefill_fused.c16v64, 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-#   6. total_seq_len > 2025 and num_seqs <= 5: sglang_flashinfer_prefill (baseline), 7 workloads
-#   7. total_seq_len > 4996 and num_seqs > 55: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 1781 < total_seq_len <= 3622 and num_seqs > 55 and mean_seq_len > 28: triton_prefill_chunked.v64, 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
+#   4. 1781 < total_seq_len <= 6677 and 5 < num_seqs <= 55: triton_prefill_fused.c16v64, 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
+#   5. total_seq_len > 1781 and num_seqs <= 5: sglang_flashinfer_prefill (baseline), 7 workloads
+#   6. total_seq_len > 1781 and num_seqs > 55 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. total_seq_len > 4996 and num_seqs > 55 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 8 workloads
 #   8. total_seq_len > 6677 and 5 < num_seqs <= 55: sglang_flashinfer_prefill (baseline), 9 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 53)}, 'workloads': 5, 'speedup': (2.57, 5.64, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (53, 512)}, 'workloads': 12, 'speedup': (1.06, 2.15, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'total_seq_len': (512, None)}, 'workloads': 6, 'speedup': (1.38, 2.0, 2.49), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'total_seq_len': (512, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (2.57, 6.28, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (4, 90), 'total_seq_len': (None, 512)}, 'workloads': 12, 'speedup': (1.06, 2.15, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (32, 512)}, 'workloads': 4, 'speedup': (2.57, 3.4, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (512, 2470)}, 'workloads': 11, 'speedup': (1.38, 2.14, 2.49), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (512, 2470)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 35), 'total_seq_len': (2470, None)}, 'workloads': 4, 'speedup': (1.04, 1.26, 1.38), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (35, None), 'total_seq_len': (2470, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 512)}, 'workloads': 9, 'speedup': (1.67, 6.87, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 512)}, 'workloads': 12, 'speedup': (2.32, 3.44, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (512, 2025)}, 'workloads': 17, 'speedup': (1.28, 2.59, 4.98), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (55, None), 'total_seq_len': (2025, 3367)}, 'workloads': 5, 'speedup': (1.06, 1.18, 1.24), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (2025, 6677)}, 'workloads': 8, 'speedup': (1.19, 1.69, 3.95), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (2025, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (55, None), 'total_seq_len': (4996, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 1781)}, 'workloads': 15, 'speedup': (1.67, 5.04, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 1781)}, 'workloads': 28, 'speedup': (1.28, 2.95, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (55, None), 'total_seq_len': (1781, 3622)}, 'workloads': 4, 'speedup': (1.06, 1.17, 1.24), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (1781, 6677)}, 'workloads': 8, 'speedup': (1.19, 1.69, 3.95), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1781, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (55, None), 'total_seq_len': (1781, None)}, 'workloads': 5, 'speedup': (1.69, 2.14, 2.9), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (55, None), 'total_seq_len': (4996, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (6677, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
@@ -88,79 +94,97 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 5.64x (2.57x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 53 and mean_seq_len <= 90:
+    # region 1: 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 32 and mean_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill
-    if 53 < total_seq_len <= 512 and mean_seq_len <= 90:
+    # region 2: 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 512 and 4 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 6 workloads, 2.00x (1.38x .. 2.49x) over sglang_flashinfer_prefill
-    if total_seq_len > 512 and mean_seq_len <= 28:
+    # region 4: 4 workloads, 3.40x (2.57x .. 3.90x) over sglang_flashinfer_prefill
+    if 32 < total_seq_len <= 512 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 11 workloads, 2.14x (1.38x .. 2.49x) over sglang_flashinfer_prefill
+    if 512 < total_seq_len <= 2470 and mean_seq_len <= 22:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 1.26x (1.04x .. 1.38x) over sglang_flashinfer_prefill
+    if total_seq_len > 2470 and mean_seq_len <= 35:
+        return 'triton_prefill_fused.c16v32'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 6.87x (1.67x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 512 and mean_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 12 workloads, 3.44x (2.32x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 512 and mean_seq_len > 10:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 17 workloads, 2.59x (1.28x .. 4.98x) over sglang_flashinfer_prefill
-    if 512 < total_seq_len <= 2025:
+    # region 1: 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1781 and mean_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1781 and mean_seq_len > 10:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 5 workloads, 1.18x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-    if 2025 < total_seq_len <= 3367 and num_seqs > 55:
+    # region 3: 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
+    if 1781 < total_seq_len <= 3622 and num_seqs > 55 and mean_seq_len > 28:
         return 'triton_prefill_chunked.v64'
-    # region 5: 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-    if 2025 < total_seq_len <= 6677 and 5 < num_seqs <= 55:
+    # region 4: 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
+    if 1781 < total_seq_len <= 6677 and 5 < num_seqs <= 55:
         return 'triton_prefill_fused.c16v64'
+    # region 6: 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill
+    if total_seq_len > 1781 and num_seqs > 55 and mean_seq_len <= 28:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.64% mean, 309.43% max;
-#             1.156x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.76% mean, 96.41% max;
-#             1.546x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.44% mean, 73.99% max;
+#             1.439x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.18% mean, 49.72% max;
+#             1.739x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 11843 and mean_seq_len > 124 and max_seq_len <= 247: triton_prefill_fused.c16v64, 6 workloads, 1.40x (1.04x .. 3.09x) over sglang_flashinfer_prefill
-#   2. total_seq_len <= 11843 and mean_seq_len > 124 and max_seq_len > 247: sglang_flashinfer_prefill (baseline), 30 workloads
-#   3. mean_seq_len <= 28 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 5 workloads, 5.63x (2.54x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. mean_seq_len <= 28 and max_seq_len > 8: triton_prefill_fused.c16v64, 11 workloads, 2.23x (1.38x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 28 < mean_seq_len <= 123 and max_seq_len <= 450: triton_prefill_fused.c16v64, 11 workloads, 1.81x (1.05x .. 4.09x) over sglang_flashinfer_prefill
-#   6. 28 < mean_seq_len <= 124 and max_seq_len > 450: sglang_flashinfer_prefill (baseline), 4 workloads
-#   7. total_seq_len > 11843 and mean_seq_len > 124: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 141 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.87x (3.67x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. mean_seq_len <= 8 and 8 < max_seq_len <= 124: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.84x (2.61x .. 3.39x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64
+#   3. mean_seq_len <= 22 and max_seq_len > 461: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.38x .. 2.40x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   4. mean_seq_len <= 90 and 247 < max_seq_len <= 461: triton_prefill_fused.c16v64, 5 workloads, 2.01x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+#   5. 124 < max_seq_len <= 138: sglang_flashinfer_prefill (baseline), 5 workloads
+#   6. 138 < max_seq_len <= 247: triton_prefill_fused.c16v64, 4 workloads, 1.90x (1.06x .. 3.09x) over sglang_flashinfer_prefill
+#   7. mean_seq_len > 8 and 8 < max_seq_len <= 124: triton_prefill_fused.c16v64, 15 workloads, 1.95x (1.05x .. 2.73x) over sglang_flashinfer_prefill
+#   8. mean_seq_len > 22 and max_seq_len > 461: sglang_flashinfer_prefill (baseline), 33 workloads
+#   9. mean_seq_len > 90 and 247 < max_seq_len <= 461: sglang_flashinfer_prefill (baseline), 5 workloads
+#   10. total_seq_len > 141 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.87x .. 3.66x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 849 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 9 workloads, 7.23x (2.65x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 849 and max_seq_len > 53: triton_prefill_fused.c16v64, 14 workloads, 3.39x (2.31x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c16
-#   3. 849 < total_seq_len <= 1781 and max_seq_len <= 651: triton_prefill_fused.c16v64, 9 workloads, 2.99x (1.99x .. 4.98x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 849 < total_seq_len <= 1781 and max_seq_len > 651: triton_prefill_fused.c16v32, 5 workloads, 2.10x (1.51x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 1781 < total_seq_len <= 3261 and max_seq_len > 1783: triton_prefill_chunked.v64, 5 workloads, 1.34x (1.06x .. 1.96x) over sglang_flashinfer_prefill
-#   6. 1781 < total_seq_len <= 6677 and max_seq_len <= 1783: triton_prefill_fused.c16v64, 12 workloads, 1.77x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 6677: sglang_flashinfer_prefill (baseline), 18 workloads
+#   1. total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len <= 562: triton_prefill_fused.c16v64, 22 workloads, 3.28x (1.99x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len > 562: triton_prefill_fused.c16v32, 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len <= 339: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.47x (2.79x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len > 339: triton_prefill_fused.c16v64, 4 workloads, 2.16x (1.69x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16
+#   5. 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 1363: triton_prefill_fused.c16v64, 8 workloads, 1.87x (1.30x .. 3.95x) over sglang_flashinfer_prefill
+#   6. 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len > 1363: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+#   7. 2470 < total_seq_len <= 11843 and num_seqs <= 27 and max_seq_len <= 1659: sglang_flashinfer_prefill (baseline), 4 workloads
+#   8. 2470 < total_seq_len <= 11843 and max_seq_len > 1659: sglang_flashinfer_prefill (baseline), 10 workloads
+#   9. 2470 < total_seq_len <= 11843 and num_seqs > 27 and max_seq_len <= 1377: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.06x .. 1.96x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 11843: sglang_flashinfer_prefill (baseline), 5 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 247), 'mean_seq_len': (124, None), 'total_seq_len': (None, 11843)}, 'workloads': 6, 'speedup': (1.04, 1.4, 3.09), 'fallbacks': ()},
-    {'region': 2, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (247, None), 'mean_seq_len': (124, None), 'total_seq_len': (None, 11843)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 28)}, 'workloads': 5, 'speedup': (2.54, 5.63, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, None), 'mean_seq_len': (None, 28)}, 'workloads': 11, 'speedup': (1.38, 2.23, 2.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 450), 'mean_seq_len': (28, 123)}, 'workloads': 11, 'speedup': (1.05, 1.81, 4.09), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'mean_seq_len': (28, 124)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (124, None), 'total_seq_len': (11843, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'total_seq_len': (None, 141)}, 'workloads': 4, 'speedup': (3.67, 6.87, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 124), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (2.61, 2.84, 3.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (461, None), 'mean_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (1.38, 1.73, 2.4), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (247, 461), 'mean_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (1.06, 2.01, 4.09), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (124, 138)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (138, 247)}, 'workloads': 4, 'speedup': (1.06, 1.9, 3.09), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 124), 'mean_seq_len': (8, None)}, 'workloads': 15, 'speedup': (1.05, 1.95, 2.73), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (461, None), 'mean_seq_len': (22, None)}, 'workloads': 33, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (247, 461), 'mean_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'total_seq_len': (141, None)}, 'workloads': 5, 'speedup': (2.87, 3.29, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'total_seq_len': (None, 849)}, 'workloads': 9, 'speedup': (2.65, 7.23, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, None), 'total_seq_len': (None, 849)}, 'workloads': 14, 'speedup': (2.31, 3.39, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 651), 'total_seq_len': (849, 1781)}, 'workloads': 9, 'speedup': (1.99, 2.99, 4.98), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (651, None), 'total_seq_len': (849, 1781)}, 'workloads': 5, 'speedup': (1.51, 2.1, 2.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1783, None), 'total_seq_len': (1781, 3261)}, 'workloads': 5, 'speedup': (1.06, 1.34, 1.96), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1783), 'total_seq_len': (1781, 6677)}, 'workloads': 12, 'speedup': (1.19, 1.77, 3.95), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (6677, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 562), 'mean_seq_len': (10, None), 'total_seq_len': (None, 1801)}, 'workloads': 22, 'speedup': (1.99, 3.28, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (562, None), 'mean_seq_len': (10, None), 'total_seq_len': (None, 1801)}, 'workloads': 6, 'speedup': (1.51, 2.18, 2.62), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 339), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 2470)}, 'workloads': 15, 'speedup': (2.79, 5.47, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 2470)}, 'workloads': 4, 'speedup': (1.69, 2.16, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1363), 'mean_seq_len': (10, None), 'total_seq_len': (1801, 2470)}, 'workloads': 8, 'speedup': (1.3, 1.87, 3.95), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1363, None), 'mean_seq_len': (10, None), 'total_seq_len': (1801, 2470)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1659), 'num_seqs': (None, 27), 'total_seq_len': (2470, 11843)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'total_seq_len': (2470, 11843)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1377), 'num_seqs': (27, None), 'total_seq_len': (2470, 11843)}, 'workloads': 6, 'speedup': (1.06, 1.51, 1.96), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (11843, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -169,40 +193,52 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 1.40x (1.04x .. 3.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 11843 and mean_seq_len > 124 and max_seq_len <= 247:
-        return 'triton_prefill_fused.c16v64'
-    # region 3: 5 workloads, 5.63x (2.54x .. 13.51x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 28 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 11 workloads, 2.23x (1.38x .. 2.73x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 28 and max_seq_len > 8:
+    # region 1: 4 workloads, 6.87x (3.67x .. 13.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 141 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 2.84x (2.61x .. 3.39x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 8 and 8 < max_seq_len <= 124:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 4 workloads, 1.73x (1.38x .. 2.40x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 22 and max_seq_len > 461:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 11 workloads, 1.81x (1.05x .. 4.09x) over sglang_flashinfer_prefill
-    if 28 < mean_seq_len <= 123 and max_seq_len <= 450:
+    # region 4: 5 workloads, 2.01x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 90 and 247 < max_seq_len <= 461:
         return 'triton_prefill_fused.c16v64'
+    # region 6: 4 workloads, 1.90x (1.06x .. 3.09x) over sglang_flashinfer_prefill
+    if 138 < max_seq_len <= 247:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 15 workloads, 1.95x (1.05x .. 2.73x) over sglang_flashinfer_prefill
+    if mean_seq_len > 8 and 8 < max_seq_len <= 124:
+        return 'triton_prefill_fused.c16v64'
+    # region 10: 5 workloads, 3.29x (2.87x .. 3.66x) over sglang_flashinfer_prefill
+    if total_seq_len > 141 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 7.23x (2.65x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 849 and max_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 14 workloads, 3.39x (2.31x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 849 and max_seq_len > 53:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 9 workloads, 2.99x (1.99x .. 4.98x) over sglang_flashinfer_prefill
-    if 849 < total_seq_len <= 1781 and max_seq_len <= 651:
+    # region 1: 22 workloads, 3.28x (1.99x .. 6.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len <= 562:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 5 workloads, 2.10x (1.51x .. 2.62x) over sglang_flashinfer_prefill
-    if 849 < total_seq_len <= 1781 and max_seq_len > 651:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 5 workloads, 1.34x (1.06x .. 1.96x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 3261 and max_seq_len > 1783:
+    # region 2: 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len > 562:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 15 workloads, 5.47x (2.79x .. 20.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len <= 339:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 4 workloads, 2.16x (1.69x .. 2.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len > 339:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 8 workloads, 1.87x (1.30x .. 3.95x) over sglang_flashinfer_prefill
+    if 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 1363:
+        return 'triton_prefill_fused.c16v64'
+    # region 6: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+    if 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len > 1363:
         return 'triton_prefill_chunked.v64'
-    # region 6: 12 workloads, 1.77x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 6677 and max_seq_len <= 1783:
+    # region 9: 6 workloads, 1.51x (1.06x .. 1.96x) over sglang_flashinfer_prefill
+    if 2470 < total_seq_len <= 11843 and num_seqs > 27 and max_seq_len <= 1377:
         return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T22:18:33Z
-# workloads   72 (workload-set digest 3ea00e01a96159ab)
+# measured    up to 2026-11-27T00:23:20Z
+# workloads   84 (workload-set digest d84fbfa7b5d7771a)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  72/72  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  66/66  0.71x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  66/66  0.71x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  66/66  0.20x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  66/66  0.54x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  66/66  0.51x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  66/66  0.65x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  66/66  0.60x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  66/66  0.75x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  66/66  0.71x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  72/72  1.52x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  72/72  1.50x
-#   triton_prefill_fused.c16v32    390308607b5503dc  72/72  1.30x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  72/72  1.24x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  84/84  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  78/78  0.77x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  78/78  0.79x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  78/78  0.24x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  78/78  0.63x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  78/78  0.61x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  78/78  0.74x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  78/78  0.70x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  78/78  0.82x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  78/78  0.80x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  1.48x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  1.51x
+#   triton_prefill_fused.c16v32    390308607b5503dc  84/84  1.36x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  84/84  1.35x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -42,48 +42,58 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 37.06% mean, 305.89% max;
-#             1.190x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 28.69% mean, 185.57% max;
-#             2.914x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 31.60% mean, 265.11% max;
+#             1.389x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 41.17% mean, 349.15% max;
+#             2.565x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 915 and mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 915 and 1 < mean_seq_len <= 120: triton_prefill_fused.c16v32, 16 workloads, 3.09x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 3130 and mean_seq_len > 120: triton_prefill_chunked.v16, 20 workloads, 2.42x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len > 915 and mean_seq_len <= 111: triton_prefill_chunked.v64, 12 workloads, 1.70x (1.09x .. 3.64x) over sglang_flashinfer_prefill
-#   5. total_seq_len > 3130 and mean_seq_len > 120: sglang_flashinfer_prefill (baseline), 20 workloads
+#   1. total_seq_len <= 203 and num_seqs <= 10 and mean_seq_len > 5: triton_prefill_fused.c16v32, 4 workloads, 4.94x (2.62x .. 6.89x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 528 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 915 and num_seqs > 10 and mean_seq_len > 5: triton_prefill_fused.c16v32, 7 workloads, 2.90x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 203 < total_seq_len <= 3130 and num_seqs <= 10 and mean_seq_len > 5: triton_prefill_chunked.v16, 21 workloads, 2.45x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. 528 < total_seq_len <= 3130 and mean_seq_len <= 5: triton_prefill_fused.c16v64, 4 workloads, 1.89x (1.07x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. 915 < total_seq_len <= 3130 and num_seqs > 10 and mean_seq_len > 5: triton_prefill_chunked.v64, 17 workloads, 1.85x (1.15x .. 3.70x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 3130 and num_seqs <= 160: sglang_flashinfer_prefill (baseline), 20 workloads
+#   8. total_seq_len > 3130 and num_seqs > 167: triton_prefill_fused.c16v64, 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 160 and num_seqs <= 8: cuda_prefill_pool_rows.k16c8, 5 workloads, 16.62x (12.84x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 528 and 8 < num_seqs <= 29: cuda_prefill_pool_rows.k8c16, 4 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 528 and num_seqs > 29: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.21x (2.36x .. 11.36x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 528 and 8 < num_seqs <= 102: cuda_prefill_pool_rows.k8c8, 8 workloads, 7.80x (2.36x .. 20.15x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 528 and num_seqs > 102: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.46x (2.31x .. 6.36x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   4. 160 < total_seq_len <= 528 and num_seqs <= 8: triton_prefill_fused.c16v32, 8 workloads, 7.35x (3.39x .. 13.42x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
 #   5. 528 < total_seq_len <= 5116 and num_seqs <= 5: triton_prefill_chunked.v16, 6 workloads, 4.06x (3.12x .. 4.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   6. 528 < total_seq_len <= 5116 and 5 < num_seqs <= 9: triton_prefill_fused.c16v32, 7 workloads, 7.45x (3.82x .. 13.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   7. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 77: triton_prefill_fused.c16v32, 12 workloads, 4.14x (1.56x .. 10.70x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   7. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 77: triton_prefill_fused.c16v32, 18 workloads, 3.46x (1.19x .. 10.70x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   8. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 77: triton_prefill_chunked.v64, 6 workloads, 3.21x (2.31x .. 4.94x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. 5116 < total_seq_len <= 10868: triton_prefill_chunked.v16, 14 workloads, 1.95x (1.19x .. 3.91x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 10868: sglang_flashinfer_prefill (baseline), 5 workloads
+#   9. 5116 < total_seq_len <= 10868 and num_seqs <= 32: triton_prefill_chunked.v16, 10 workloads, 1.94x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 5116 and 32 < num_seqs <= 160: triton_prefill_chunked.v64, 4 workloads, 1.94x (1.50x .. 2.79x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   11. total_seq_len > 5116 and num_seqs > 160: triton_prefill_fused.c16v64, 4 workloads, 2.96x (2.15x .. 5.97x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   12. total_seq_len > 10868 and num_seqs <= 32: sglang_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 915)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 120), 'total_seq_len': (None, 915)}, 'workloads': 16, 'speedup': (1.05, 3.09, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (120, None), 'total_seq_len': (None, 3130)}, 'workloads': 20, 'speedup': (1.44, 2.42, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 111), 'total_seq_len': (915, None)}, 'workloads': 12, 'speedup': (1.09, 1.7, 3.64), 'fallbacks': ()},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (120, None), 'total_seq_len': (3130, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 203)}, 'workloads': 4, 'speedup': (2.62, 4.94, 6.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 528)}, 'workloads': 7, 'speedup': (1.39, 4.47, 12.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (10, None), 'total_seq_len': (None, 915)}, 'workloads': 7, 'speedup': (1.05, 2.9, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 10), 'total_seq_len': (203, 3130)}, 'workloads': 21, 'speedup': (1.44, 2.45, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (528, 3130)}, 'workloads': 4, 'speedup': (1.07, 1.89, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (10, None), 'total_seq_len': (915, 3130)}, 'workloads': 17, 'speedup': (1.15, 1.85, 3.7), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 160), 'total_seq_len': (3130, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (167, None), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.12, 2.24, 6.03), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (None, 160)}, 'workloads': 5, 'speedup': (12.84, 16.62, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'num_seqs': (8, 29), 'total_seq_len': (None, 528)}, 'workloads': 4, 'speedup': (3.36, 9.8, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (29, None), 'total_seq_len': (None, 528)}, 'workloads': 5, 'speedup': (2.36, 6.21, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 102), 'total_seq_len': (None, 528)}, 'workloads': 8, 'speedup': (2.36, 7.8, 20.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (102, None), 'total_seq_len': (None, 528)}, 'workloads': 4, 'speedup': (2.31, 4.46, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (160, 528)}, 'workloads': 8, 'speedup': (3.39, 7.35, 13.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (528, 5116)}, 'workloads': 6, 'speedup': (3.12, 4.06, 4.65), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (5, 9), 'total_seq_len': (528, 5116)}, 'workloads': 7, 'speedup': (3.82, 7.45, 13.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 77), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 12, 'speedup': (1.56, 4.14, 10.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 77), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 18, 'speedup': (1.19, 3.46, 10.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (77, None), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 6, 'speedup': (2.31, 3.21, 4.94), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'total_seq_len': (5116, 10868)}, 'workloads': 14, 'speedup': (1.19, 1.95, 3.91), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (10868, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 32), 'total_seq_len': (5116, 10868)}, 'workloads': 10, 'speedup': (1.19, 1.94, 3.91), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (32, 160), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (1.5, 1.94, 2.79), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (160, None), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (2.15, 2.96, 5.97), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 32), 'total_seq_len': (10868, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -92,18 +102,27 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
-    if total_seq_len <= 915 and mean_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 16 workloads, 3.09x (1.05x .. 7.95x) over sglang_flashinfer_prefill
-    if total_seq_len <= 915 and 1 < mean_seq_len <= 120:
+    # region 1: 4 workloads, 4.94x (2.62x .. 6.89x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and num_seqs <= 10 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 7 workloads, 2.90x (1.05x .. 7.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 915 and num_seqs > 10 and mean_seq_len > 5:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 20 workloads, 2.42x (1.44x .. 4.06x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and mean_seq_len > 120:
+    # region 4: 21 workloads, 2.45x (1.44x .. 4.06x) over sglang_flashinfer_prefill
+    if 203 < total_seq_len <= 3130 and num_seqs <= 10 and mean_seq_len > 5:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 12 workloads, 1.70x (1.09x .. 3.64x) over sglang_flashinfer_prefill
-    if total_seq_len > 915 and mean_seq_len <= 111:
+    # region 5: 4 workloads, 1.89x (1.07x .. 2.60x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 3130 and mean_seq_len <= 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 17 workloads, 1.85x (1.15x .. 3.70x) over sglang_flashinfer_prefill
+    if 915 < total_seq_len <= 3130 and num_seqs > 10 and mean_seq_len > 5:
         return 'triton_prefill_chunked.v64'
+    # region 8: 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
+    if total_seq_len > 3130 and num_seqs > 167:
+        return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
@@ -113,12 +132,12 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 1: 5 workloads, 16.62x (12.84x .. 20.59x) over sglang_flashinfer_prefill
     if total_seq_len <= 160 and num_seqs <= 8:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 9.80x (3.36x .. 18.33x) over sglang_flashinfer_prefill
-    if total_seq_len <= 528 and 8 < num_seqs <= 29:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 5 workloads, 6.21x (2.36x .. 11.36x) over sglang_flashinfer_prefill
-    if total_seq_len <= 528 and num_seqs > 29:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 8 workloads, 7.80x (2.36x .. 20.15x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and 8 < num_seqs <= 102:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 4 workloads, 4.46x (2.31x .. 6.36x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and num_seqs > 102:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 8 workloads, 7.35x (3.39x .. 13.42x) over sglang_flashinfer_prefill
     if 160 < total_seq_len <= 528 and num_seqs <= 8:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
@@ -128,68 +147,78 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 6: 7 workloads, 7.45x (3.82x .. 13.13x) over sglang_flashinfer_prefill
     if 528 < total_seq_len <= 5116 and 5 < num_seqs <= 9:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 12 workloads, 4.14x (1.56x .. 10.70x) over sglang_flashinfer_prefill
+    # region 7: 18 workloads, 3.46x (1.19x .. 10.70x) over sglang_flashinfer_prefill
     if 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 77:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
     # region 8: 6 workloads, 3.21x (2.31x .. 4.94x) over sglang_flashinfer_prefill
     if 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 77:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 14 workloads, 1.95x (1.19x .. 3.91x) over sglang_flashinfer_prefill
-    if 5116 < total_seq_len <= 10868:
+    # region 9: 10 workloads, 1.94x (1.19x .. 3.91x) over sglang_flashinfer_prefill
+    if 5116 < total_seq_len <= 10868 and num_seqs <= 32:
         return 'triton_prefill_chunked.v16'
+    # region 10: 4 workloads, 1.94x (1.50x .. 2.79x) over sglang_flashinfer_prefill
+    if total_seq_len > 5116 and 32 < num_seqs <= 160:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 11: 4 workloads, 2.96x (2.15x .. 5.97x) over sglang_flashinfer_prefill
+    if total_seq_len > 5116 and num_seqs > 160:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.63% mean, 151.66% max;
-#             1.428x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.87% mean, 120.40% max;
-#             3.336x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 15.04% mean, 213.26% max;
+#             1.538x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.29% mean, 145.17% max;
+#             3.207x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160: triton_prefill_chunked.v16, 16 workloads, 2.37x (1.55x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   2. num_seqs <= 8 and mean_seq_len > 2 and max_seq_len <= 160: triton_prefill_fused.c16v32, 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16
-#   3. mean_seq_len <= 2 and max_seq_len <= 160: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. mean_seq_len <= 67 and 160 < max_seq_len <= 450: triton_prefill_chunked.v64, 5 workloads, 2.20x (1.67x .. 3.01x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
-#   5. mean_seq_len <= 67 and max_seq_len > 450: triton_prefill_chunked.v16, 5 workloads, 1.85x (1.20x .. 2.86x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   6. mean_seq_len > 447 and 160 < max_seq_len <= 1908: triton_prefill_chunked.v64, 6 workloads, 1.43x (1.12x .. 2.36x) over sglang_flashinfer_prefill
-#   7. mean_seq_len > 447 and max_seq_len > 1916: sglang_flashinfer_prefill (baseline), 11 workloads
-#   8. num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 160: triton_prefill_fused.c16v64, 15 workloads, 3.11x (1.12x .. 8.09x) over sglang_flashinfer_prefill
-#   9. total_seq_len > 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 400 and mean_seq_len <= 5 and max_seq_len <= 160: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 5 and max_seq_len <= 160: triton_prefill_fused.c16v32, 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16
+#   3. total_seq_len <= 3130 and num_seqs <= 11 and 160 < max_seq_len <= 362: triton_prefill_chunked.v16, 6 workloads, 2.68x (2.50x .. 2.88x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 3130 and mean_seq_len <= 22 and max_seq_len > 362: triton_prefill_chunked.v64, 4 workloads, 1.62x (1.50x .. 1.67x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   5. total_seq_len <= 3130 and mean_seq_len > 22 and max_seq_len > 362: triton_prefill_chunked.v16, 17 workloads, 2.17x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   6. total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 160: triton_prefill_fused.c16v64, 15 workloads, 3.43x (1.78x .. 8.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. total_seq_len <= 3130 and num_seqs > 11 and 160 < max_seq_len <= 362: triton_prefill_chunked.v64, 4 workloads, 2.28x (1.64x .. 3.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16
+#   8. 400 < total_seq_len <= 3130 and mean_seq_len <= 5 and max_seq_len <= 160: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.52x (3.33x .. 3.72x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   9. total_seq_len > 3130 and num_seqs <= 160: sglang_flashinfer_prefill (baseline), 20 workloads
+#   10. total_seq_len > 3130 and num_seqs > 167: triton_prefill_fused.c16v64, 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 92 and num_seqs <= 13 and max_seq_len <= 155: cuda_prefill_pool_rows.k16c8, 4 workloads, 16.41x (12.84x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1519 and num_seqs > 13 and max_seq_len <= 131: cuda_prefill_pool_rows.k4c16, 10 workloads, 8.01x (3.87x .. 21.88x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 10203 and max_seq_len > 1794: triton_prefill_chunked.v16, 11 workloads, 1.99x (1.19x .. 5.91x) over sglang_flashinfer_prefill
-#   4. num_seqs <= 11 and 871 < max_seq_len <= 1794: triton_prefill_chunked.v16, 5 workloads, 3.77x (2.42x .. 6.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. num_seqs <= 13 and 155 < max_seq_len <= 871: triton_prefill_fused.c16v32, 14 workloads, 6.10x (3.39x .. 13.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. num_seqs > 11 and 871 < max_seq_len <= 1794: triton_prefill_chunked.v64, 4 workloads, 2.80x (2.08x .. 3.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. num_seqs > 13 and 131 < max_seq_len <= 871: triton_prefill_fused.c16v64, 10 workloads, 3.97x (2.71x .. 6.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   8. total_seq_len > 92 and num_seqs <= 13 and max_seq_len <= 155: cuda_prefill_pool_rows.k8c16, 6 workloads, 12.81x (6.55x .. 18.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   9. total_seq_len > 1519 and num_seqs > 13 and max_seq_len <= 131: triton_prefill_fused.c16v64, 4 workloads, 4.80x (2.15x .. 7.28x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   10. total_seq_len > 10203 and max_seq_len > 1794: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 244 and mean_seq_len <= 27 and max_seq_len <= 123: cuda_prefill_pool_rows.k16c8, 6 workloads, 14.82x (10.25x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 647 and mean_seq_len > 27 and max_seq_len <= 123: cuda_prefill_pool_rows.k8c16, 4 workloads, 15.02x (10.30x .. 18.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   3. total_seq_len <= 3417 and 450 < max_seq_len <= 871: triton_prefill_fused.c16v32, 6 workloads, 4.53x (1.79x .. 7.02x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 10203 and mean_seq_len <= 72 and max_seq_len > 871: triton_prefill_chunked.v64, 6 workloads, 2.39x (1.50x .. 3.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   5. total_seq_len <= 10203 and mean_seq_len > 72 and max_seq_len > 871: triton_prefill_chunked.v16, 16 workloads, 2.48x (1.19x .. 6.26x) over sglang_flashinfer_prefill
+#   6. num_seqs <= 11 and 123 < max_seq_len <= 450: triton_prefill_fused.c16v32, 11 workloads, 7.00x (3.39x .. 13.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   7. num_seqs > 11 and 123 < max_seq_len <= 450: triton_prefill_fused.c16v64, 11 workloads, 3.64x (2.15x .. 7.21x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   8. total_seq_len > 244 and mean_seq_len <= 27 and max_seq_len <= 123: cuda_prefill_pool_rows.k2c8, 11 workloads, 5.78x (3.49x .. 9.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   9. total_seq_len > 647 and mean_seq_len > 27 and max_seq_len <= 123: triton_prefill_fused.c16v64, 5 workloads, 5.82x (2.40x .. 11.02x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   10. total_seq_len > 3417 and 450 < max_seq_len <= 871: triton_prefill_fused.c16v64, 4 workloads, 4.35x (3.66x .. 6.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   11. total_seq_len > 10203 and max_seq_len > 871: sglang_flashinfer_prefill (baseline), 4 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (160, None), 'mean_seq_len': (67, 447), 'total_seq_len': (None, 3130)}, 'workloads': 16, 'speedup': (1.55, 2.37, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (2, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (2.62, 4.23, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (None, 2)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (160, 450), 'mean_seq_len': (None, 67)}, 'workloads': 5, 'speedup': (1.67, 2.2, 3.01), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (450, None), 'mean_seq_len': (None, 67)}, 'workloads': 5, 'speedup': (1.2, 1.85, 2.86), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (160, 1908), 'mean_seq_len': (447, None)}, 'workloads': 6, 'speedup': (1.12, 1.43, 2.36), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'mean_seq_len': (447, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (2, None), 'num_seqs': (8, None)}, 'workloads': 15, 'speedup': (1.12, 3.11, 8.09), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (160, None), 'mean_seq_len': (67, 447), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 400)}, 'workloads': 4, 'speedup': (3.31, 6.74, 13.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (5, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 3130)}, 'workloads': 6, 'speedup': (2.62, 4.23, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (160, 362), 'num_seqs': (None, 11), 'total_seq_len': (None, 3130)}, 'workloads': 6, 'speedup': (2.5, 2.68, 2.88), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 22), 'total_seq_len': (None, 3130)}, 'workloads': 4, 'speedup': (1.5, 1.62, 1.67), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (22, None), 'total_seq_len': (None, 3130)}, 'workloads': 17, 'speedup': (1.44, 2.17, 4.06), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3130)}, 'workloads': 15, 'speedup': (1.78, 3.43, 8.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (160, 362), 'num_seqs': (11, None), 'total_seq_len': (None, 3130)}, 'workloads': 4, 'speedup': (1.64, 2.28, 3.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 160), 'mean_seq_len': (None, 5), 'total_seq_len': (400, 3130)}, 'workloads': 4, 'speedup': (3.33, 3.52, 3.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 160), 'total_seq_len': (3130, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (167, None), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.12, 2.24, 6.03), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 155), 'num_seqs': (None, 13), 'total_seq_len': (None, 92)}, 'workloads': 4, 'speedup': (12.84, 16.41, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (None, 131), 'num_seqs': (13, None), 'total_seq_len': (None, 1519)}, 'workloads': 10, 'speedup': (3.87, 8.01, 21.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1794, None), 'total_seq_len': (None, 10203)}, 'workloads': 11, 'speedup': (1.19, 1.99, 5.91), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (871, 1794), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (2.42, 3.77, 6.26), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (155, 871), 'num_seqs': (None, 13)}, 'workloads': 14, 'speedup': (3.39, 6.1, 13.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (871, 1794), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (2.08, 2.8, 3.81), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (131, 871), 'num_seqs': (13, None)}, 'workloads': 10, 'speedup': (2.71, 3.97, 6.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 155), 'num_seqs': (None, 13), 'total_seq_len': (92, None)}, 'workloads': 6, 'speedup': (6.55, 12.81, 18.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 131), 'num_seqs': (13, None), 'total_seq_len': (1519, None)}, 'workloads': 4, 'speedup': (2.15, 4.8, 7.28), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'total_seq_len': (10203, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 123), 'mean_seq_len': (None, 27), 'total_seq_len': (None, 244)}, 'workloads': 6, 'speedup': (10.25, 14.82, 20.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 123), 'mean_seq_len': (27, None), 'total_seq_len': (None, 647)}, 'workloads': 4, 'speedup': (10.3, 15.02, 18.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (450, 871), 'total_seq_len': (None, 3417)}, 'workloads': 6, 'speedup': (1.79, 4.53, 7.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (871, None), 'mean_seq_len': (None, 72), 'total_seq_len': (None, 10203)}, 'workloads': 6, 'speedup': (1.5, 2.39, 3.81), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (871, None), 'mean_seq_len': (72, None), 'total_seq_len': (None, 10203)}, 'workloads': 16, 'speedup': (1.19, 2.48, 6.26), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (123, 450), 'num_seqs': (None, 11)}, 'workloads': 11, 'speedup': (3.39, 7.0, 13.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (123, 450), 'num_seqs': (11, None)}, 'workloads': 11, 'speedup': (2.15, 3.64, 7.21), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 123), 'mean_seq_len': (None, 27), 'total_seq_len': (244, None)}, 'workloads': 11, 'speedup': (3.49, 5.78, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 123), 'mean_seq_len': (27, None), 'total_seq_len': (647, None)}, 'workloads': 5, 'speedup': (2.4, 5.82, 11.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 871), 'total_seq_len': (3417, None)}, 'workloads': 4, 'speedup': (3.66, 4.35, 6.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (871, None), 'total_seq_len': (10203, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -198,26 +227,32 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 16 workloads, 2.37x (1.55x .. 4.06x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and 67 < mean_seq_len <= 447 and max_seq_len > 160:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 2: 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len > 2 and max_seq_len <= 160:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 2 and max_seq_len <= 160:
+    # region 1: 4 workloads, 6.74x (3.31x .. 13.14x) over sglang_flashinfer_prefill
+    if total_seq_len <= 400 and mean_seq_len <= 5 and max_seq_len <= 160:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 5 workloads, 2.20x (1.67x .. 3.01x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 67 and 160 < max_seq_len <= 450:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 5 workloads, 1.85x (1.20x .. 2.86x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 67 and max_seq_len > 450:
+    # region 2: 6 workloads, 4.23x (2.62x .. 6.01x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs <= 8 and mean_seq_len > 5 and max_seq_len <= 160:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 6 workloads, 2.68x (2.50x .. 2.88x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs <= 11 and 160 < max_seq_len <= 362:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 4 workloads, 1.62x (1.50x .. 1.67x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and mean_seq_len <= 22 and max_seq_len > 362:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 5: 17 workloads, 2.17x (1.44x .. 4.06x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and mean_seq_len > 22 and max_seq_len > 362:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 6 workloads, 1.43x (1.12x .. 2.36x) over sglang_flashinfer_prefill
-    if mean_seq_len > 447 and 160 < max_seq_len <= 1908:
-        return 'triton_prefill_chunked.v64'
-    # region 8: 15 workloads, 3.11x (1.12x .. 8.09x) over sglang_flashinfer_prefill
-    if num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 160:
+    # region 6: 15 workloads, 3.43x (1.78x .. 8.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 160:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 2.28x (1.64x .. 3.13x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs > 11 and 160 < max_seq_len <= 362:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 8: 4 workloads, 3.52x (3.33x .. 3.72x) over sglang_flashinfer_prefill
+    if 400 < total_seq_len <= 3130 and mean_seq_len <= 5 and max_seq_len <= 160:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
+    if total_seq_len > 3130 and num_seqs > 167:
         return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
@@ -225,31 +260,34 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 16.41x (12.84x .. 20.59x) over sglang_flashinfer_prefill
-    if total_seq_len <= 92 and num_seqs <= 13 and max_seq_len <= 155:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 8.01x (3.87x .. 21.88x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1519 and num_seqs > 13 and max_seq_len <= 131:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 3: 11 workloads, 1.99x (1.19x .. 5.91x) over sglang_flashinfer_prefill
-    if total_seq_len <= 10203 and max_seq_len > 1794:
+    # region 1: 6 workloads, 14.82x (10.25x .. 20.59x) over sglang_flashinfer_prefill
+    if total_seq_len <= 244 and mean_seq_len <= 27 and max_seq_len <= 123:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 15.02x (10.30x .. 18.57x) over sglang_flashinfer_prefill
+    if total_seq_len <= 647 and mean_seq_len > 27 and max_seq_len <= 123:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 3: 6 workloads, 4.53x (1.79x .. 7.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3417 and 450 < max_seq_len <= 871:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 6 workloads, 2.39x (1.50x .. 3.81x) over sglang_flashinfer_prefill
+    if total_seq_len <= 10203 and mean_seq_len <= 72 and max_seq_len > 871:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 5: 16 workloads, 2.48x (1.19x .. 6.26x) over sglang_flashinfer_prefill
+    if total_seq_len <= 10203 and mean_seq_len > 72 and max_seq_len > 871:
         return 'triton_prefill_chunked.v16'
-    # region 4: 5 workloads, 3.77x (2.42x .. 6.26x) over sglang_flashinfer_prefill
-    if num_seqs <= 11 and 871 < max_seq_len <= 1794:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 14 workloads, 6.10x (3.39x .. 13.13x) over sglang_flashinfer_prefill
-    if num_seqs <= 13 and 155 < max_seq_len <= 871:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 4 workloads, 2.80x (2.08x .. 3.81x) over sglang_flashinfer_prefill
-    if num_seqs > 11 and 871 < max_seq_len <= 1794:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 7: 10 workloads, 3.97x (2.71x .. 6.48x) over sglang_flashinfer_prefill
-    if num_seqs > 13 and 131 < max_seq_len <= 871:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 6 workloads, 12.81x (6.55x .. 18.57x) over sglang_flashinfer_prefill
-    if total_seq_len > 92 and num_seqs <= 13 and max_seq_len <= 155:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 9: 4 workloads, 4.80x (2.15x .. 7.28x) over sglang_flashinfer_prefill
-    if total_seq_len > 1519 and num_seqs > 13 and max_seq_len <= 131:
+    # region 6: 11 workloads, 7.00x (3.39x .. 13.13x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 123 < max_seq_len <= 450:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 11 workloads, 3.64x (2.15x .. 7.21x) over sglang_flashinfer_prefill
+    if num_seqs > 11 and 123 < max_seq_len <= 450:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 11 workloads, 5.78x (3.49x .. 9.04x) over sglang_flashinfer_prefill
+    if total_seq_len > 244 and mean_seq_len <= 27 and max_seq_len <= 123:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 5 workloads, 5.82x (2.40x .. 11.02x) over sglang_flashinfer_prefill
+    if total_seq_len > 647 and mean_seq_len > 27 and max_seq_len <= 123:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 4 workloads, 4.35x (3.66x .. 6.48x) over sglang_flashinfer_prefill
+    if total_seq_len > 3417 and 450 < max_seq_len <= 871:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T22:20:13Z
-# workloads   72 (workload-set digest d6ae33fd242710d2)
+# measured    up to 2026-11-27T00:23:59Z
+# workloads   84 (workload-set digest f64ffef1b4e25241)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  72/72  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  65/65  0.57x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  65/65  0.56x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  65/65  0.20x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  65/65  0.53x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  65/65  0.50x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  65/65  0.58x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  65/65  0.55x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  65/65  0.63x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  65/65  0.60x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  72/72  1.21x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  72/72  1.25x
-#   triton_prefill_fused.c16v32    390308607b5503dc  72/72  1.11x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  72/72  1.11x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  84/84  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  77/77  0.62x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  77/77  0.64x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  77/77  0.24x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  77/77  0.61x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  77/77  0.59x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  77/77  0.67x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  77/77  0.63x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  77/77  0.69x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  77/77  0.68x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  1.20x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  1.28x
+#   triton_prefill_fused.c16v32    390308607b5503dc  84/84  1.16x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  84/84  1.20x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -42,56 +42,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 17.68% mean, 198.37% max;
-#             1.228x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 35.61% mean, 248.72% max;
-#             1.619x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 30.80% mean, 268.16% max;
+#             1.163x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 36.26% mean, 248.72% max;
+#             1.595x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 203 and mean_seq_len <= 78: triton_prefill_fused.c16v32, 6 workloads, 7.33x (4.72x .. 9.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 3737 and mean_seq_len > 262: triton_prefill_chunked.v16, 7 workloads, 1.43x (1.05x .. 2.26x) over sglang_flashinfer_prefill
-#   3. num_seqs <= 6 and 78 < mean_seq_len <= 262: triton_prefill_chunked.v16, 7 workloads, 2.67x (2.18x .. 2.92x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. 6 < num_seqs <= 11 and 78 < mean_seq_len <= 262: triton_prefill_chunked.v64, 6 workloads, 2.31x (1.25x .. 3.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   5. num_seqs > 11 and 78 < mean_seq_len <= 262: sglang_flashinfer_prefill (baseline), 9 workloads
-#   6. total_seq_len > 203 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 2.15x (1.11x .. 2.79x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. total_seq_len > 203 and 11 < mean_seq_len <= 78: triton_prefill_chunked.v64, 16 workloads, 1.59x (1.19x .. 3.61x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 3901 and mean_seq_len > 262: sglang_flashinfer_prefill (baseline), 15 workloads
+#   1. total_seq_len <= 203 and 2 < mean_seq_len <= 30: triton_prefill_fused.c16v32, 4 workloads, 7.13x (4.72x .. 9.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 540 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.41x (2.32x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1448 and num_seqs > 11 and 30 < mean_seq_len <= 136: triton_prefill_chunked.v64, 6 workloads, 1.36x (1.26x .. 1.60x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. total_seq_len <= 3737 and mean_seq_len > 140: triton_prefill_chunked.v16, 13 workloads, 1.68x (1.05x .. 2.78x) over sglang_flashinfer_prefill
+#   5. num_seqs <= 11 and 30 < mean_seq_len <= 86: triton_prefill_fused.c16v32, 4 workloads, 3.64x (1.66x .. 6.33x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. num_seqs <= 11 and 86 < mean_seq_len <= 136: triton_prefill_chunked.v64, 7 workloads, 2.82x (2.30x .. 3.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   7. 203 < total_seq_len <= 540 and 2 < mean_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 2.15x (1.11x .. 2.79x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   8. 540 < total_seq_len <= 1339 and 4 < mean_seq_len <= 30: triton_prefill_chunked.v64, 4 workloads, 1.60x (1.56x .. 1.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   9. total_seq_len > 540 and mean_seq_len <= 4: triton_prefill_fused.c16v64, 4 workloads, 2.04x (1.45x .. 2.65x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   10. total_seq_len > 1339 and 4 < mean_seq_len <= 25: triton_prefill_fused.c16v32, 4 workloads, 1.58x (1.04x .. 1.85x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   11. total_seq_len > 1448 and num_seqs > 11 and 30 < mean_seq_len <= 136: sglang_flashinfer_prefill (baseline), 14 workloads
+#   12. total_seq_len > 3901 and mean_seq_len > 136: sglang_flashinfer_prefill (baseline), 16 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 599 and 22 < mean_seq_len <= 49: cuda_prefill_pool_rows.k8c16, 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 599 and mean_seq_len > 49: triton_prefill_fused.c16v32, 7 workloads, 5.72x (3.97x .. 9.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 778 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. 599 < total_seq_len <= 1893 and num_seqs <= 4 and mean_seq_len > 22: triton_prefill_chunked.v64, 4 workloads, 3.97x (3.54x .. 4.55x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8
-#   5. 599 < total_seq_len <= 1893 and num_seqs > 4 and mean_seq_len > 22: triton_prefill_fused.c16v32, 7 workloads, 4.20x (1.91x .. 6.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16
-#   6. 778 < total_seq_len <= 1893 and mean_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 3.81x (1.57x .. 6.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. 1893 < total_seq_len <= 3717 and num_seqs > 14: triton_prefill_fused.c16v64, 6 workloads, 2.13x (1.10x .. 3.47x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   8. 1893 < total_seq_len <= 10420 and num_seqs <= 5: triton_prefill_chunked.v16, 8 workloads, 2.23x (1.07x .. 3.18x) over sglang_flashinfer_prefill
-#   9. 1893 < total_seq_len <= 10420 and 5 < num_seqs <= 14: triton_prefill_chunked.v64, 7 workloads, 2.18x (1.28x .. 4.36x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   10. total_seq_len > 3717 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 10 workloads
-#   11. total_seq_len > 10420 and num_seqs <= 14: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 847 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c16, 7 workloads, 4.53x (1.80x .. 17.71x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 847 and 6 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.20x (1.57x .. 12.87x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 847 and 22 < mean_seq_len <= 49: cuda_prefill_pool_rows.k8c16, 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len <= 847 and mean_seq_len > 49: triton_prefill_fused.c16v32, 8 workloads, 5.74x (3.97x .. 9.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   5. 847 < total_seq_len <= 4096 and num_seqs > 14 and mean_seq_len <= 78: triton_prefill_fused.c16v64, 16 workloads, 2.81x (1.10x .. 6.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. 847 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 78: triton_prefill_chunked.v16, 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
+#   7. 847 < total_seq_len <= 10420 and num_seqs <= 14 and mean_seq_len <= 274: triton_prefill_fused.c16v32, 9 workloads, 4.17x (1.63x .. 6.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   8. 847 < total_seq_len <= 10420 and num_seqs <= 14 and mean_seq_len > 274: triton_prefill_chunked.v16, 13 workloads, 2.08x (1.07x .. 4.00x) over sglang_flashinfer_prefill
+#   9. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 12 workloads
+#   10. total_seq_len > 10420 and num_seqs <= 14: sglang_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 78), 'total_seq_len': (None, 203)}, 'workloads': 6, 'speedup': (4.72, 7.33, 9.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (262, None), 'total_seq_len': (None, 3737)}, 'workloads': 7, 'speedup': (1.05, 1.43, 2.26), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (78, 262), 'num_seqs': (None, 6)}, 'workloads': 7, 'speedup': (2.18, 2.67, 2.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (78, 262), 'num_seqs': (6, 11)}, 'workloads': 6, 'speedup': (1.25, 2.31, 3.63), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (78, 262), 'num_seqs': (11, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (203, None)}, 'workloads': 6, 'speedup': (1.11, 2.15, 2.79), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (11, 78), 'total_seq_len': (203, None)}, 'workloads': 16, 'speedup': (1.19, 1.59, 3.61), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (262, None), 'total_seq_len': (3901, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (2, 30), 'total_seq_len': (None, 203)}, 'workloads': 4, 'speedup': (4.72, 7.13, 9.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 540)}, 'workloads': 4, 'speedup': (2.32, 4.41, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (30, 136), 'num_seqs': (11, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.6), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (140, None), 'total_seq_len': (None, 3737)}, 'workloads': 13, 'speedup': (1.05, 1.68, 2.78), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (30, 86), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (1.66, 3.64, 6.33), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (86, 136), 'num_seqs': (None, 11)}, 'workloads': 7, 'speedup': (2.3, 2.82, 3.63), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, 30), 'total_seq_len': (203, 540)}, 'workloads': 4, 'speedup': (1.11, 2.15, 2.79), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (4, 30), 'total_seq_len': (540, 1339)}, 'workloads': 4, 'speedup': (1.56, 1.6, 1.63), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (540, None)}, 'workloads': 4, 'speedup': (1.45, 2.04, 2.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 25), 'total_seq_len': (1339, None)}, 'workloads': 4, 'speedup': (1.04, 1.58, 1.85), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 136), 'num_seqs': (11, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (136, None), 'total_seq_len': (3901, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 49), 'total_seq_len': (None, 599)}, 'workloads': 6, 'speedup': (1.63, 6.29, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (49, None), 'total_seq_len': (None, 599)}, 'workloads': 7, 'speedup': (3.97, 5.72, 9.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 778)}, 'workloads': 9, 'speedup': (1.57, 5.7, 17.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 4), 'total_seq_len': (599, 1893)}, 'workloads': 4, 'speedup': (3.54, 3.97, 4.55), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (4, None), 'total_seq_len': (599, 1893)}, 'workloads': 7, 'speedup': (1.91, 4.2, 6.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (778, 1893)}, 'workloads': 4, 'speedup': (1.57, 3.81, 6.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (1893, 3717)}, 'workloads': 6, 'speedup': (1.1, 2.13, 3.47), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1893, 10420)}, 'workloads': 8, 'speedup': (1.07, 2.23, 3.18), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (5, 14), 'total_seq_len': (1893, 10420)}, 'workloads': 7, 'speedup': (1.28, 2.18, 4.36), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (3717, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 847)}, 'workloads': 7, 'speedup': (1.8, 4.53, 17.71), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 22), 'total_seq_len': (None, 847)}, 'workloads': 5, 'speedup': (1.57, 6.2, 12.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 49), 'total_seq_len': (None, 847)}, 'workloads': 6, 'speedup': (1.63, 6.29, 12.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (49, None), 'total_seq_len': (None, 847)}, 'workloads': 8, 'speedup': (3.97, 5.74, 9.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 78), 'num_seqs': (14, None), 'total_seq_len': (847, 4096)}, 'workloads': 16, 'speedup': (1.1, 2.81, 6.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (78, None), 'num_seqs': (14, None), 'total_seq_len': (847, 7435)}, 'workloads': 4, 'speedup': (1.13, 1.71, 2.08), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 274), 'num_seqs': (None, 14), 'total_seq_len': (847, 10420)}, 'workloads': 9, 'speedup': (1.63, 4.17, 6.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (274, None), 'num_seqs': (None, 14), 'total_seq_len': (847, 10420)}, 'workloads': 13, 'speedup': (1.07, 2.08, 4.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -100,112 +106,125 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 7.33x (4.72x .. 9.83x) over sglang_flashinfer_prefill
-    if total_seq_len <= 203 and mean_seq_len <= 78:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 7 workloads, 1.43x (1.05x .. 2.26x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3737 and mean_seq_len > 262:
-        return 'triton_prefill_chunked.v16'
-    # region 3: 7 workloads, 2.67x (2.18x .. 2.92x) over sglang_flashinfer_prefill
-    if num_seqs <= 6 and 78 < mean_seq_len <= 262:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 6 workloads, 2.31x (1.25x .. 3.63x) over sglang_flashinfer_prefill
-    if 6 < num_seqs <= 11 and 78 < mean_seq_len <= 262:
+    # region 1: 4 workloads, 7.13x (4.72x .. 9.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and 2 < mean_seq_len <= 30:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 4 workloads, 4.41x (2.32x .. 13.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 540 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 6 workloads, 1.36x (1.26x .. 1.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 11 and 30 < mean_seq_len <= 136:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 6 workloads, 2.15x (1.11x .. 2.79x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and mean_seq_len <= 11:
+    # region 4: 13 workloads, 1.68x (1.05x .. 2.78x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3737 and mean_seq_len > 140:
+        return 'triton_prefill_chunked.v16'
+    # region 5: 4 workloads, 3.64x (1.66x .. 6.33x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 30 < mean_seq_len <= 86:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 7 workloads, 2.82x (2.30x .. 3.63x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 86 < mean_seq_len <= 136:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 7: 4 workloads, 2.15x (1.11x .. 2.79x) over sglang_flashinfer_prefill
+    if 203 < total_seq_len <= 540 and 2 < mean_seq_len <= 30:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 16 workloads, 1.59x (1.19x .. 3.61x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and 11 < mean_seq_len <= 78:
-        return 'triton_prefill_chunked.v64'
+    # region 8: 4 workloads, 1.60x (1.56x .. 1.63x) over sglang_flashinfer_prefill
+    if 540 < total_seq_len <= 1339 and 4 < mean_seq_len <= 30:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 9: 4 workloads, 2.04x (1.45x .. 2.65x) over sglang_flashinfer_prefill
+    if total_seq_len > 540 and mean_seq_len <= 4:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 4 workloads, 1.58x (1.04x .. 1.85x) over sglang_flashinfer_prefill
+    if total_seq_len > 1339 and 4 < mean_seq_len <= 25:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill
-    if total_seq_len <= 599 and 22 < mean_seq_len <= 49:
+    # region 1: 7 workloads, 4.53x (1.80x .. 17.71x) over sglang_flashinfer_prefill
+    if total_seq_len <= 847 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 2: 5 workloads, 6.20x (1.57x .. 12.87x) over sglang_flashinfer_prefill
+    if total_seq_len <= 847 and 6 < mean_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 847 and 22 < mean_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 2: 7 workloads, 5.72x (3.97x .. 9.06x) over sglang_flashinfer_prefill
-    if total_seq_len <= 599 and mean_seq_len > 49:
+    # region 4: 8 workloads, 5.74x (3.97x .. 9.06x) over sglang_flashinfer_prefill
+    if total_seq_len <= 847 and mean_seq_len > 49:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 9 workloads, 5.70x (1.57x .. 17.35x) over sglang_flashinfer_prefill
-    if total_seq_len <= 778 and mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 4 workloads, 3.97x (3.54x .. 4.55x) over sglang_flashinfer_prefill
-    if 599 < total_seq_len <= 1893 and num_seqs <= 4 and mean_seq_len > 22:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 7 workloads, 4.20x (1.91x .. 6.61x) over sglang_flashinfer_prefill
-    if 599 < total_seq_len <= 1893 and num_seqs > 4 and mean_seq_len > 22:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 4 workloads, 3.81x (1.57x .. 6.57x) over sglang_flashinfer_prefill
-    if 778 < total_seq_len <= 1893 and mean_seq_len <= 22:
+    # region 5: 16 workloads, 2.81x (1.10x .. 6.57x) over sglang_flashinfer_prefill
+    if 847 < total_seq_len <= 4096 and num_seqs > 14 and mean_seq_len <= 78:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 6 workloads, 2.13x (1.10x .. 3.47x) over sglang_flashinfer_prefill
-    if 1893 < total_seq_len <= 3717 and num_seqs > 14:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 8 workloads, 2.23x (1.07x .. 3.18x) over sglang_flashinfer_prefill
-    if 1893 < total_seq_len <= 10420 and num_seqs <= 5:
+    # region 6: 4 workloads, 1.71x (1.13x .. 2.08x) over sglang_flashinfer_prefill
+    if 847 < total_seq_len <= 7435 and num_seqs > 14 and mean_seq_len > 78:
         return 'triton_prefill_chunked.v16'
-    # region 9: 7 workloads, 2.18x (1.28x .. 4.36x) over sglang_flashinfer_prefill
-    if 1893 < total_seq_len <= 10420 and 5 < num_seqs <= 14:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 7: 9 workloads, 4.17x (1.63x .. 6.61x) over sglang_flashinfer_prefill
+    if 847 < total_seq_len <= 10420 and num_seqs <= 14 and mean_seq_len <= 274:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 13 workloads, 2.08x (1.07x .. 4.00x) over sglang_flashinfer_prefill
+    if 847 < total_seq_len <= 10420 and num_seqs <= 14 and mean_seq_len > 274:
+        return 'triton_prefill_chunked.v16'
     return 'sglang_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.90% mean, 41.47% max;
-#             1.286x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.04% mean, 210.29% max;
-#             1.912x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.42% mean, 102.58% max;
+#             1.387x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.24% mean, 210.29% max;
+#             1.955x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len > 249: triton_prefill_chunked.v64, 4 workloads, 1.59x (1.36x .. 1.71x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   2. total_seq_len <= 1893 and num_seqs <= 5 and mean_seq_len > 8 and max_seq_len <= 153: triton_prefill_fused.c16v32, 4 workloads, 5.34x (3.67x .. 7.39x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 1893 and mean_seq_len <= 8 and max_seq_len <= 153: cuda_prefill_pool_rows.k4c8, 5 workloads, 3.60x (2.49x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len <= 1893 and 153 < max_seq_len <= 249: triton_prefill_chunked.v64, 4 workloads, 2.49x (1.39x .. 3.49x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 1893 and mean_seq_len > 45 and max_seq_len > 249: triton_prefill_chunked.v16, 10 workloads, 2.33x (1.44x .. 2.92x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   6. total_seq_len <= 1893 and num_seqs > 5 and mean_seq_len > 8 and max_seq_len <= 153: triton_prefill_fused.c16v64, 10 workloads, 3.41x (1.49x .. 9.56x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len > 1893 and num_seqs <= 5 and max_seq_len <= 1877: triton_prefill_chunked.v16, 5 workloads, 1.31x (1.05x .. 1.80x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 1893 and num_seqs <= 10 and max_seq_len > 1917: sglang_flashinfer_prefill (baseline), 9 workloads
-#   9. total_seq_len > 1893 and 5 < num_seqs <= 10 and max_seq_len <= 1917: triton_prefill_chunked.v64, 4 workloads, 1.52x (1.03x .. 2.17x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 1893 and num_seqs > 10 and max_seq_len <= 214: triton_prefill_fused.c16v64, 5 workloads, 1.50x (1.04x .. 2.03x) over sglang_flashinfer_prefill
-#   11. total_seq_len > 1893 and num_seqs > 10 and max_seq_len > 214: sglang_flashinfer_prefill (baseline), 12 workloads
+#   1. total_seq_len <= 2915 and num_seqs <= 10 and max_seq_len > 1124: triton_prefill_chunked.v16, 4 workloads, 1.23x (1.06x .. 1.44x) over sglang_flashinfer_prefill
+#   2. num_seqs <= 5 and 262 < max_seq_len <= 1038: triton_prefill_chunked.v16, 7 workloads, 1.95x (1.05x .. 2.70x) over sglang_flashinfer_prefill
+#   3. num_seqs <= 5 and mean_seq_len > 8 and max_seq_len <= 174: triton_prefill_fused.c16v32, 4 workloads, 5.34x (3.67x .. 7.39x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   4. mean_seq_len <= 8 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 8 workloads, 3.77x (2.76x .. 10.70x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. mean_seq_len <= 8 and 25 < max_seq_len <= 262: triton_prefill_fused.c16v64, 4 workloads, 2.61x (2.53x .. 2.67x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
+#   6. mean_seq_len > 8 and 174 < max_seq_len <= 262: triton_prefill_chunked.v64, 7 workloads, 2.53x (1.39x .. 3.49x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. 5 < num_seqs <= 10 and 262 < max_seq_len <= 1124: triton_prefill_chunked.v64, 4 workloads, 1.89x (1.03x .. 2.79x) over sglang_flashinfer_prefill
+#   8. num_seqs > 5 and mean_seq_len > 8 and max_seq_len <= 174: triton_prefill_fused.c16v64, 17 workloads, 2.50x (1.04x .. 9.56x) over sglang_flashinfer_prefill
+#   9. num_seqs > 10 and mean_seq_len <= 78 and max_seq_len > 262: triton_prefill_chunked.v64, 9 workloads, 1.47x (1.06x .. 1.71x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   10. num_seqs > 10 and mean_seq_len > 78 and max_seq_len > 262: sglang_flashinfer_prefill (baseline), 11 workloads
+#   11. total_seq_len > 4496 and num_seqs <= 10 and max_seq_len > 1124: sglang_flashinfer_prefill (baseline), 9 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 3014 and 674 < max_seq_len <= 1435: triton_prefill_chunked.v16, 6 workloads, 3.03x (2.22x .. 3.89x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 14149 and max_seq_len > 6515: triton_prefill_chunked.v16, 5 workloads, 1.25x (1.07x .. 1.39x) over sglang_flashinfer_prefill
-#   3. num_seqs <= 4 and max_seq_len <= 65: cuda_prefill_pool_rows.k8c16, 4 workloads, 12.77x (10.24x .. 18.03x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. num_seqs <= 11 and 65 < max_seq_len <= 674: triton_prefill_fused.c16v32, 14 workloads, 5.33x (3.63x .. 9.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   5. 1435 < max_seq_len <= 6515: triton_prefill_chunked.v16, 9 workloads, 2.01x (1.13x .. 4.00x) over sglang_flashinfer_prefill
-#   6. num_seqs > 4 and max_seq_len <= 65: cuda_prefill_pool_rows.k2c8, 11 workloads, 6.37x (3.16x .. 12.48x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. num_seqs > 11 and 65 < max_seq_len <= 674: triton_prefill_fused.c16v64, 15 workloads, 2.53x (1.21x .. 6.57x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 3014 and 674 < max_seq_len <= 1435: triton_prefill_fused.c16v32, 4 workloads, 1.85x (1.29x .. 2.93x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   9. total_seq_len > 14149 and max_seq_len > 6515: sglang_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 3014 and 784 < max_seq_len <= 1435: triton_prefill_chunked.v16, 6 workloads, 3.03x (2.22x .. 3.89x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 14149 and max_seq_len > 4522: triton_prefill_chunked.v16, 7 workloads, 1.22x (1.07x .. 1.39x) over sglang_flashinfer_prefill
+#   3. num_seqs <= 11 and 407 < max_seq_len <= 784: triton_prefill_fused.c16v32, 5 workloads, 4.36x (3.63x .. 5.14x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   4. num_seqs <= 29 and mean_seq_len <= 49 and max_seq_len <= 407: cuda_prefill_pool_rows.k8c16, 8 workloads, 9.78x (4.79x .. 18.03x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. num_seqs <= 29 and mean_seq_len > 49 and max_seq_len <= 407: triton_prefill_fused.c16v32, 14 workloads, 5.09x (2.23x .. 9.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   6. 1435 < max_seq_len <= 4522: triton_prefill_chunked.v64, 9 workloads, 2.09x (1.47x .. 3.54x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   7. num_seqs > 11 and 407 < max_seq_len <= 784: triton_prefill_fused.c16v64, 6 workloads, 1.80x (1.21x .. 2.53x) over sglang_flashinfer_prefill
+#   8. num_seqs > 29 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 10 workloads, 4.86x (3.62x .. 8.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   9. num_seqs > 29 and 31 < max_seq_len <= 407: triton_prefill_fused.c16v64, 11 workloads, 2.75x (1.22x .. 6.57x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 3014 and 784 < max_seq_len <= 1435: triton_prefill_fused.c16v32, 4 workloads, 1.85x (1.29x .. 2.93x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   11. total_seq_len > 14149 and max_seq_len > 4522: sglang_flashinfer_prefill (baseline), 4 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (249, None), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.36, 1.59, 1.71), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 153), 'mean_seq_len': (8, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1893)}, 'workloads': 4, 'speedup': (3.67, 5.34, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 153), 'mean_seq_len': (None, 8), 'total_seq_len': (None, 1893)}, 'workloads': 5, 'speedup': (2.49, 3.6, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (153, 249), 'total_seq_len': (None, 1893)}, 'workloads': 4, 'speedup': (1.39, 2.49, 3.49), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (249, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 1893)}, 'workloads': 10, 'speedup': (1.44, 2.33, 2.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 153), 'mean_seq_len': (8, None), 'num_seqs': (5, None), 'total_seq_len': (None, 1893)}, 'workloads': 10, 'speedup': (1.49, 3.41, 9.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (None, 1877), 'num_seqs': (None, 5), 'total_seq_len': (1893, None)}, 'workloads': 5, 'speedup': (1.05, 1.31, 1.8), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (None, 10), 'total_seq_len': (1893, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (None, 1917), 'num_seqs': (5, 10), 'total_seq_len': (1893, None)}, 'workloads': 4, 'speedup': (1.03, 1.52, 2.17), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 214), 'num_seqs': (10, None), 'total_seq_len': (1893, None)}, 'workloads': 5, 'speedup': (1.04, 1.5, 2.03), 'fallbacks': ()},
-    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (214, None), 'num_seqs': (10, None), 'total_seq_len': (1893, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1124, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 2915)}, 'workloads': 4, 'speedup': (1.06, 1.23, 1.44), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (262, 1038), 'num_seqs': (None, 5)}, 'workloads': 7, 'speedup': (1.05, 1.95, 2.7), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 174), 'mean_seq_len': (8, None), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (3.67, 5.34, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 8)}, 'workloads': 8, 'speedup': (2.76, 3.77, 10.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (25, 262), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (2.53, 2.61, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (174, 262), 'mean_seq_len': (8, None)}, 'workloads': 7, 'speedup': (1.39, 2.53, 3.49), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (262, 1124), 'num_seqs': (5, 10)}, 'workloads': 4, 'speedup': (1.03, 1.89, 2.79), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 174), 'mean_seq_len': (8, None), 'num_seqs': (5, None)}, 'workloads': 17, 'speedup': (1.04, 2.5, 9.56), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (262, None), 'mean_seq_len': (None, 78), 'num_seqs': (10, None)}, 'workloads': 9, 'speedup': (1.06, 1.47, 1.71), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (262, None), 'mean_seq_len': (78, None), 'num_seqs': (10, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1124, None), 'num_seqs': (None, 10), 'total_seq_len': (4496, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (674, 1435), 'total_seq_len': (None, 3014)}, 'workloads': 6, 'speedup': (2.22, 3.03, 3.89), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (6515, None), 'total_seq_len': (None, 14149)}, 'workloads': 5, 'speedup': (1.07, 1.25, 1.39), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 65), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (10.24, 12.77, 18.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (65, 674), 'num_seqs': (None, 11)}, 'workloads': 14, 'speedup': (3.63, 5.33, 9.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1435, 6515)}, 'workloads': 9, 'speedup': (1.13, 2.01, 4.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 65), 'num_seqs': (4, None)}, 'workloads': 11, 'speedup': (3.16, 6.37, 12.48), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (65, 674), 'num_seqs': (11, None)}, 'workloads': 15, 'speedup': (1.21, 2.53, 6.57), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (674, 1435), 'total_seq_len': (3014, None)}, 'workloads': 4, 'speedup': (1.29, 1.85, 2.93), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (6515, None), 'total_seq_len': (14149, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (784, 1435), 'total_seq_len': (None, 3014)}, 'workloads': 6, 'speedup': (2.22, 3.03, 3.89), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (4522, None), 'total_seq_len': (None, 14149)}, 'workloads': 7, 'speedup': (1.07, 1.22, 1.39), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (407, 784), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (3.63, 4.36, 5.14), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 407), 'mean_seq_len': (None, 49), 'num_seqs': (None, 29)}, 'workloads': 8, 'speedup': (4.79, 9.78, 18.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 407), 'mean_seq_len': (49, None), 'num_seqs': (None, 29)}, 'workloads': 14, 'speedup': (2.23, 5.09, 9.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1435, 4522)}, 'workloads': 9, 'speedup': (1.47, 2.09, 3.54), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (407, 784), 'num_seqs': (11, None)}, 'workloads': 6, 'speedup': (1.21, 1.8, 2.53), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (29, None)}, 'workloads': 10, 'speedup': (3.62, 4.86, 8.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (31, 407), 'num_seqs': (29, None)}, 'workloads': 11, 'speedup': (1.22, 2.75, 6.57), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (784, 1435), 'total_seq_len': (3014, None)}, 'workloads': 4, 'speedup': (1.29, 1.85, 2.93), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (4522, None), 'total_seq_len': (14149, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -214,33 +233,33 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.59x (1.36x .. 1.71x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len > 249:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 2: 4 workloads, 5.34x (3.67x .. 7.39x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1893 and num_seqs <= 5 and mean_seq_len > 8 and max_seq_len <= 153:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 5 workloads, 3.60x (2.49x .. 13.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1893 and mean_seq_len <= 8 and max_seq_len <= 153:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 4 workloads, 2.49x (1.39x .. 3.49x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1893 and 153 < max_seq_len <= 249:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 10 workloads, 2.33x (1.44x .. 2.92x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1893 and mean_seq_len > 45 and max_seq_len > 249:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 10 workloads, 3.41x (1.49x .. 9.56x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1893 and num_seqs > 5 and mean_seq_len > 8 and max_seq_len <= 153:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 5 workloads, 1.31x (1.05x .. 1.80x) over sglang_flashinfer_prefill
-    if total_seq_len > 1893 and num_seqs <= 5 and max_seq_len <= 1877:
+    # region 1: 4 workloads, 1.23x (1.06x .. 1.44x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2915 and num_seqs <= 10 and max_seq_len > 1124:
         return 'triton_prefill_chunked.v16'
-    # region 9: 4 workloads, 1.52x (1.03x .. 2.17x) over sglang_flashinfer_prefill
-    if total_seq_len > 1893 and 5 < num_seqs <= 10 and max_seq_len <= 1917:
+    # region 2: 7 workloads, 1.95x (1.05x .. 2.70x) over sglang_flashinfer_prefill
+    if num_seqs <= 5 and 262 < max_seq_len <= 1038:
+        return 'triton_prefill_chunked.v16'
+    # region 3: 4 workloads, 5.34x (3.67x .. 7.39x) over sglang_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len > 8 and max_seq_len <= 174:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 8 workloads, 3.77x (2.76x .. 10.70x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 8 and max_seq_len <= 25:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 4 workloads, 2.61x (2.53x .. 2.67x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 8 and 25 < max_seq_len <= 262:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 7 workloads, 2.53x (1.39x .. 3.49x) over sglang_flashinfer_prefill
+    if mean_seq_len > 8 and 174 < max_seq_len <= 262:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 7: 4 workloads, 1.89x (1.03x .. 2.79x) over sglang_flashinfer_prefill
+    if 5 < num_seqs <= 10 and 262 < max_seq_len <= 1124:
         return 'triton_prefill_chunked.v64'
-    # region 10: 5 workloads, 1.50x (1.04x .. 2.03x) over sglang_flashinfer_prefill
-    if total_seq_len > 1893 and num_seqs > 10 and max_seq_len <= 214:
+    # region 8: 17 workloads, 2.50x (1.04x .. 9.56x) over sglang_flashinfer_prefill
+    if num_seqs > 5 and mean_seq_len > 8 and max_seq_len <= 174:
         return 'triton_prefill_fused.c16v64'
+    # region 9: 9 workloads, 1.47x (1.06x .. 1.71x) over sglang_flashinfer_prefill
+    if num_seqs > 10 and mean_seq_len <= 78 and max_seq_len > 262:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
 
@@ -248,27 +267,33 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 3.03x (2.22x .. 3.89x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3014 and 674 < max_seq_len <= 1435:
+    if total_seq_len <= 3014 and 784 < max_seq_len <= 1435:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
-    # region 2: 5 workloads, 1.25x (1.07x .. 1.39x) over sglang_flashinfer_prefill
-    if total_seq_len <= 14149 and max_seq_len > 6515:
+    # region 2: 7 workloads, 1.22x (1.07x .. 1.39x) over sglang_flashinfer_prefill
+    if total_seq_len <= 14149 and max_seq_len > 4522:
         return 'triton_prefill_chunked.v16'
-    # region 3: 4 workloads, 12.77x (10.24x .. 18.03x) over sglang_flashinfer_prefill
-    if num_seqs <= 4 and max_seq_len <= 65:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 4: 14 workloads, 5.33x (3.63x .. 9.06x) over sglang_flashinfer_prefill
-    if num_seqs <= 11 and 65 < max_seq_len <= 674:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 9 workloads, 2.01x (1.13x .. 4.00x) over sglang_flashinfer_prefill
-    if 1435 < max_seq_len <= 6515:
-        return 'triton_prefill_chunked.v16'
-    # region 6: 11 workloads, 6.37x (3.16x .. 12.48x) over sglang_flashinfer_prefill
-    if num_seqs > 4 and max_seq_len <= 65:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 15 workloads, 2.53x (1.21x .. 6.57x) over sglang_flashinfer_prefill
-    if num_seqs > 11 and 65 < max_seq_len <= 674:
+    # region 3: 5 workloads, 4.36x (3.63x .. 5.14x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 407 < max_seq_len <= 784:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 8 workloads, 9.78x (4.79x .. 18.03x) over sglang_flashinfer_prefill
+    if num_seqs <= 29 and mean_seq_len <= 49 and max_seq_len <= 407:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 5: 14 workloads, 5.09x (2.23x .. 9.06x) over sglang_flashinfer_prefill
+    if num_seqs <= 29 and mean_seq_len > 49 and max_seq_len <= 407:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 9 workloads, 2.09x (1.47x .. 3.54x) over sglang_flashinfer_prefill
+    if 1435 < max_seq_len <= 4522:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 7: 6 workloads, 1.80x (1.21x .. 2.53x) over sglang_flashinfer_prefill
+    if num_seqs > 11 and 407 < max_seq_len <= 784:
         return 'triton_prefill_fused.c16v64'
-    # region 8: 4 workloads, 1.85x (1.29x .. 2.93x) over sglang_flashinfer_prefill
-    if total_seq_len > 3014 and 674 < max_seq_len <= 1435:
+    # region 8: 10 workloads, 4.86x (3.62x .. 8.52x) over sglang_flashinfer_prefill
+    if num_seqs > 29 and max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 11 workloads, 2.75x (1.22x .. 6.57x) over sglang_flashinfer_prefill
+    if num_seqs > 29 and 31 < max_seq_len <= 407:
+        return 'triton_prefill_fused.c16v64'
+    # region 10: 4 workloads, 1.85x (1.29x .. 2.93x) over sglang_flashinfer_prefill
+    if total_seq_len > 3014 and 784 < max_seq_len <= 1435:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
     return 'sglang_flashinfer_prefill'

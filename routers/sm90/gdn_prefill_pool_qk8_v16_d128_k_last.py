@@ -5,24 +5,24 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T00:04:37Z
-# workloads   72 (workload-set digest 4c225101d453d30a)
+# measured    up to 2026-11-27T00:24:50Z
+# workloads   84 (workload-set digest 5e2c575ed42f9018)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill      22258222cc8d30cf  72/72  1.00x
-#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  66/66  0.49x
-#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  66/66  0.48x
-#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  66/66  0.23x
-#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  66/66  0.53x
-#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  66/66  0.52x
-#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  66/66  0.56x
-#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  66/66  0.52x
-#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  66/66  0.56x
-#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  66/66  0.55x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  72/72  0.93x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  72/72  1.03x
-#   triton_prefill_fused.c16v32    390308607b5503dc  72/72  1.08x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  72/72  1.20x
+#   sglang_flashinfer_prefill      22258222cc8d30cf  84/84  1.00x
+#   cuda_prefill_pool_rows.k16c16  055fb5e6e6439e69  78/78  0.55x
+#   cuda_prefill_pool_rows.k16c8   45c137085c831c3a  78/78  0.56x
+#   cuda_prefill_pool_rows.k1c8    7d4959b45f432e29  78/78  0.28x
+#   cuda_prefill_pool_rows.k2c16   96c55506cd5cec70  78/78  0.64x
+#   cuda_prefill_pool_rows.k2c8    ba4eeadba108c3e5  78/78  0.63x
+#   cuda_prefill_pool_rows.k4c16   24776eb51a633f5f  78/78  0.65x
+#   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  78/78  0.62x
+#   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  78/78  0.63x
+#   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  78/78  0.65x
+#   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  0.95x
+#   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  1.07x
+#   triton_prefill_fused.c16v32    390308607b5503dc  84/84  1.14x
+#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  84/84  1.29x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -42,42 +42,48 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 29.29% mean, 185.44% max;
-#             0.969x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.59% mean, 100.65% max;
-#             1.912x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 25.96% mean, 247.35% max;
+#             1.209x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.62% mean, 112.73% max;
+#             1.866x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 496 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.19x (3.32x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 496 and mean_seq_len > 3: triton_prefill_fused.c16v32, 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 496 < total_seq_len <= 820 and num_seqs <= 19: triton_prefill_chunked.v64, 10 workloads, 1.87x (1.28x .. 3.15x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   4. 496 < total_seq_len <= 956 and num_seqs > 19: triton_prefill_fused.c16v64, 4 workloads, 2.09x (1.61x .. 2.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. total_seq_len > 956 and mean_seq_len <= 22: triton_prefill_chunked.v64, 4 workloads, 1.34x (1.31x .. 1.39x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   6. total_seq_len > 956 and mean_seq_len > 22: sglang_flashinfer_prefill (baseline), 43 workloads
+#   1. total_seq_len <= 175 and mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 7.63x (3.85x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 406 and mean_seq_len > 9: triton_prefill_fused.c16v32, 4 workloads, 3.88x (1.69x .. 6.85x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. 7 < mean_seq_len <= 9: triton_prefill_fused.c16v64, 7 workloads, 2.01x (1.29x .. 2.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len > 175 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.26x (2.21x .. 3.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 406 < total_seq_len <= 956 and mean_seq_len > 9: triton_prefill_chunked.v64, 11 workloads, 1.78x (1.10x .. 3.15x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 956 and 9 < mean_seq_len <= 22: triton_prefill_chunked.v64, 4 workloads, 1.34x (1.31x .. 1.39x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   7. total_seq_len > 956 and mean_seq_len > 22: sglang_flashinfer_prefill (baseline), 46 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 135 and 3 < mean_seq_len <= 89: cuda_prefill_pool_rows.k16c8, 4 workloads, 18.46x (15.85x .. 21.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1174 and mean_seq_len > 89: triton_prefill_fused.c16v64, 10 workloads, 4.33x (1.65x .. 7.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 5 workloads, 14.42x (6.66x .. 40.30x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. total_seq_len > 135 and 3 < mean_seq_len <= 89: triton_prefill_fused.c16v64, 24 workloads, 2.97x (1.05x .. 5.78x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   5. 1174 < total_seq_len <= 3670 and mean_seq_len > 89: triton_prefill_fused.c16v32, 11 workloads, 2.21x (1.23x .. 3.55x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   6. total_seq_len > 3670 and mean_seq_len > 89: sglang_flashinfer_prefill (baseline), 18 workloads
+#   1. total_seq_len <= 218 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 6 workloads, 21.36x (15.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 1174 and num_seqs > 5 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 9 workloads, 5.11x (3.30x .. 17.41x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1174 and num_seqs > 5 and mean_seq_len > 5: triton_prefill_fused.c16v64, 21 workloads, 3.42x (1.65x .. 5.78x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v16
+#   4. 218 < total_seq_len <= 1174 and num_seqs <= 5: triton_prefill_fused.c16v64, 7 workloads, 5.03x (2.99x .. 7.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8
+#   5. 1174 < total_seq_len <= 3690 and num_seqs <= 11 and mean_seq_len > 32: triton_prefill_fused.c16v64, 8 workloads, 2.46x (1.56x .. 3.54x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. 1174 < total_seq_len <= 3728 and mean_seq_len <= 32: triton_prefill_fused.c16v64, 7 workloads, 1.97x (1.05x .. 2.86x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. 1174 < total_seq_len <= 3728 and num_seqs > 11 and mean_seq_len > 32: triton_prefill_fused.c16v32, 4 workloads, 1.76x (1.23x .. 3.55x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   8. total_seq_len > 3728: sglang_flashinfer_prefill (baseline), 22 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 496)}, 'workloads': 5, 'speedup': (3.32, 6.19, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (None, 496)}, 'workloads': 6, 'speedup': (1.61, 3.89, 9.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (496, 820)}, 'workloads': 10, 'speedup': (1.28, 1.87, 3.15), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (496, 956)}, 'workloads': 4, 'speedup': (1.61, 2.09, 2.61), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (956, None)}, 'workloads': 4, 'speedup': (1.31, 1.34, 1.39), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (956, None)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 175)}, 'workloads': 5, 'speedup': (3.85, 7.63, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'total_seq_len': (None, 406)}, 'workloads': 4, 'speedup': (1.69, 3.88, 6.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, 9)}, 'workloads': 7, 'speedup': (1.29, 2.01, 2.61), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (175, None)}, 'workloads': 7, 'speedup': (2.21, 3.26, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (9, None), 'total_seq_len': (406, 956)}, 'workloads': 11, 'speedup': (1.1, 1.78, 3.15), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (9, 22), 'total_seq_len': (956, None)}, 'workloads': 4, 'speedup': (1.31, 1.34, 1.39), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (956, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 89), 'total_seq_len': (None, 135)}, 'workloads': 4, 'speedup': (15.85, 18.46, 21.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (89, None), 'total_seq_len': (None, 1174)}, 'workloads': 10, 'speedup': (1.65, 4.33, 7.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3)}, 'workloads': 5, 'speedup': (6.66, 14.42, 40.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 89), 'total_seq_len': (135, None)}, 'workloads': 24, 'speedup': (1.05, 2.97, 5.78), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (89, None), 'total_seq_len': (1174, 3670)}, 'workloads': 11, 'speedup': (1.23, 2.21, 3.55), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (89, None), 'total_seq_len': (3670, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 218)}, 'workloads': 6, 'speedup': (15.85, 21.36, 43.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 1174)}, 'workloads': 9, 'speedup': (3.3, 5.11, 17.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 1174)}, 'workloads': 21, 'speedup': (1.65, 3.42, 5.78), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (218, 1174)}, 'workloads': 7, 'speedup': (2.99, 5.03, 7.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (None, 11), 'total_seq_len': (1174, 3690)}, 'workloads': 8, 'speedup': (1.56, 2.46, 3.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 32), 'total_seq_len': (1174, 3728)}, 'workloads': 7, 'speedup': (1.05, 1.97, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (32, None), 'num_seqs': (11, None), 'total_seq_len': (1174, 3728)}, 'workloads': 4, 'speedup': (1.23, 1.76, 3.55), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (3728, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -86,20 +92,23 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 6.19x (3.32x .. 13.04x) over sglang_flashinfer_prefill
-    if total_seq_len <= 496 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill
-    if total_seq_len <= 496 and mean_seq_len > 3:
+    # region 1: 5 workloads, 7.63x (3.85x .. 13.04x) over sglang_flashinfer_prefill
+    if total_seq_len <= 175 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 3.88x (1.69x .. 6.85x) over sglang_flashinfer_prefill
+    if total_seq_len <= 406 and mean_seq_len > 9:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 10 workloads, 1.87x (1.28x .. 3.15x) over sglang_flashinfer_prefill
-    if 496 < total_seq_len <= 820 and num_seqs <= 19:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 4 workloads, 2.09x (1.61x .. 2.61x) over sglang_flashinfer_prefill
-    if 496 < total_seq_len <= 956 and num_seqs > 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 4 workloads, 1.34x (1.31x .. 1.39x) over sglang_flashinfer_prefill
-    if total_seq_len > 956 and mean_seq_len <= 22:
+    # region 3: 7 workloads, 2.01x (1.29x .. 2.61x) over sglang_flashinfer_prefill
+    if 7 < mean_seq_len <= 9:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 7 workloads, 3.26x (2.21x .. 3.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 175 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 11 workloads, 1.78x (1.10x .. 3.15x) over sglang_flashinfer_prefill
+    if 406 < total_seq_len <= 956 and mean_seq_len > 9:
+        return 'triton_prefill_chunked.v64'
+    # region 6: 4 workloads, 1.34x (1.31x .. 1.39x) over sglang_flashinfer_prefill
+    if total_seq_len > 956 and 9 < mean_seq_len <= 22:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     return 'sglang_flashinfer_prefill'
 
@@ -107,68 +116,80 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 18.46x (15.85x .. 21.82x) over sglang_flashinfer_prefill
-    if total_seq_len <= 135 and 3 < mean_seq_len <= 89:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 4.33x (1.65x .. 7.83x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1174 and mean_seq_len > 89:
+    # region 1: 6 workloads, 21.36x (15.85x .. 43.42x) over sglang_flashinfer_prefill
+    if total_seq_len <= 218 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 9 workloads, 5.11x (3.30x .. 17.41x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1174 and num_seqs > 5 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 21 workloads, 3.42x (1.65x .. 5.78x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1174 and num_seqs > 5 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 7 workloads, 5.03x (2.99x .. 7.83x) over sglang_flashinfer_prefill
+    if 218 < total_seq_len <= 1174 and num_seqs <= 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 8 workloads, 2.46x (1.56x .. 3.54x) over sglang_flashinfer_prefill
+    if 1174 < total_seq_len <= 3690 and num_seqs <= 11 and mean_seq_len > 32:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 5 workloads, 14.42x (6.66x .. 40.30x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 24 workloads, 2.97x (1.05x .. 5.78x) over sglang_flashinfer_prefill
-    if total_seq_len > 135 and 3 < mean_seq_len <= 89:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 11 workloads, 2.21x (1.23x .. 3.55x) over sglang_flashinfer_prefill
-    if 1174 < total_seq_len <= 3670 and mean_seq_len > 89:
+    # region 6: 7 workloads, 1.97x (1.05x .. 2.86x) over sglang_flashinfer_prefill
+    if 1174 < total_seq_len <= 3728 and mean_seq_len <= 32:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 1.76x (1.23x .. 3.55x) over sglang_flashinfer_prefill
+    if 1174 < total_seq_len <= 3728 and num_seqs > 11 and mean_seq_len > 32:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
     return 'sglang_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.45% mean, 121.00% max;
-#             1.265x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.62% mean, 131.24% max;
-#             1.951x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.60% mean, 100.25% max;
+#             1.461x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.12% mean, 131.24% max;
+#             2.033x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 37 and mean_seq_len <= 8 and max_seq_len <= 329: cuda_prefill_pool_rows.k4c8, 4 workloads, 9.05x (4.38x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. num_seqs <= 5 and 329 < max_seq_len <= 1053: triton_prefill_chunked.v64, 5 workloads, 1.77x (1.28x .. 2.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   3. num_seqs <= 5 and max_seq_len > 1053: sglang_flashinfer_prefill (baseline), 9 workloads
-#   4. mean_seq_len > 8 and max_seq_len <= 329: triton_prefill_fused.c16v64, 27 workloads, 1.99x (1.03x .. 7.00x) over sglang_flashinfer_prefill
-#   5. num_seqs > 5 and mean_seq_len <= 86 and max_seq_len > 329: triton_prefill_chunked.v64, 7 workloads, 1.35x (1.08x .. 1.70x) over sglang_flashinfer_prefill
-#   6. num_seqs > 5 and mean_seq_len > 89 and max_seq_len > 329: sglang_flashinfer_prefill (baseline), 16 workloads
-#   7. total_seq_len > 37 and mean_seq_len <= 8 and max_seq_len <= 329: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.26x (2.70x .. 3.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   1. total_seq_len <= 393 and mean_seq_len <= 2 and max_seq_len <= 329: cuda_prefill_pool_rows.k4c8, 4 workloads, 7.24x (3.85x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 393 and mean_seq_len > 2 and max_seq_len <= 329: triton_prefill_fused.c16v32, 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1448 and 329 < max_seq_len <= 630: triton_prefill_chunked.v64, 6 workloads, 1.82x (1.54x .. 2.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   4. total_seq_len <= 2689 and mean_seq_len <= 77 and max_seq_len > 630: triton_prefill_chunked.v64, 6 workloads, 1.30x (1.08x .. 1.64x) over sglang_flashinfer_prefill
+#   5. total_seq_len <= 2689 and mean_seq_len > 90 and max_seq_len > 630: sglang_flashinfer_prefill (baseline), 8 workloads
+#   6. total_seq_len > 393 and mean_seq_len <= 11 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.22x (2.70x .. 3.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
+#   7. total_seq_len > 393 and 54 < max_seq_len <= 329: triton_prefill_fused.c16v64, 19 workloads, 1.77x (1.03x .. 3.90x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 393 and mean_seq_len > 11 and max_seq_len <= 54: triton_prefill_fused.c16v64, 6 workloads, 2.03x (1.66x .. 2.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   9. total_seq_len > 1448 and 329 < max_seq_len <= 630: sglang_flashinfer_prefill (baseline), 4 workloads
+#   10. total_seq_len > 2689 and max_seq_len > 630: sglang_flashinfer_prefill (baseline), 16 workloads
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 173 and num_seqs <= 9 and max_seq_len <= 329: cuda_prefill_pool_rows.k16c8, 6 workloads, 21.36x (15.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 4096 and 450 < max_seq_len <= 819: triton_prefill_fused.c16v64, 5 workloads, 2.99x (1.59x .. 5.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 6214 and mean_seq_len > 90 and max_seq_len > 819: triton_prefill_chunked.v16, 9 workloads, 2.13x (1.16x .. 3.47x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len <= 6247 and mean_seq_len <= 90 and max_seq_len > 819: triton_prefill_chunked.v64, 4 workloads, 1.61x (1.42x .. 2.03x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 6247 and 329 < max_seq_len <= 450: triton_prefill_fused.c16v32, 4 workloads, 3.79x (2.50x .. 5.03x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   6. num_seqs > 9 and mean_seq_len <= 8 and max_seq_len <= 329: cuda_prefill_pool_rows.k2c8, 5 workloads, 6.82x (4.17x .. 17.41x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. num_seqs > 9 and mean_seq_len > 8 and max_seq_len <= 329: triton_prefill_fused.c16v64, 15 workloads, 3.03x (1.36x .. 5.42x) over sglang_flashinfer_prefill
+#   2. total_seq_len <= 4096 and 450 < max_seq_len <= 831: triton_prefill_fused.c16v64, 6 workloads, 2.96x (1.59x .. 5.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 6148 and num_seqs <= 32 and max_seq_len > 831: triton_prefill_chunked.v16, 10 workloads, 2.11x (1.16x .. 3.47x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len <= 6247 and 329 < max_seq_len <= 450: triton_prefill_fused.c16v32, 4 workloads, 3.79x (2.50x .. 5.03x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 6247 and num_seqs > 32 and max_seq_len > 831: triton_prefill_chunked.v64, 4 workloads, 1.60x (1.42x .. 2.03x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16
+#   6. num_seqs > 9 and mean_seq_len <= 8 and max_seq_len <= 329: cuda_prefill_pool_rows.k2c8, 12 workloads, 4.76x (3.18x .. 17.41x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. num_seqs > 9 and mean_seq_len > 8 and max_seq_len <= 329: triton_prefill_fused.c16v64, 17 workloads, 2.90x (1.36x .. 5.42x) over sglang_flashinfer_prefill
 #   8. total_seq_len > 173 and num_seqs <= 9 and max_seq_len <= 329: triton_prefill_fused.c16v64, 9 workloads, 4.83x (3.21x .. 7.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   9. total_seq_len > 6247 and max_seq_len > 329: sglang_flashinfer_prefill (baseline), 15 workloads
+#   9. total_seq_len > 6247 and max_seq_len > 329: sglang_flashinfer_prefill (baseline), 16 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (None, 8), 'total_seq_len': (None, 37)}, 'workloads': 4, 'speedup': (4.38, 9.05, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (329, 1053), 'num_seqs': (None, 5)}, 'workloads': 5, 'speedup': (1.28, 1.77, 2.63), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1053, None), 'num_seqs': (None, 5)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (8, None)}, 'workloads': 27, 'speedup': (1.03, 1.99, 7.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (329, None), 'mean_seq_len': (None, 86), 'num_seqs': (5, None)}, 'workloads': 7, 'speedup': (1.08, 1.35, 1.7), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (329, None), 'mean_seq_len': (89, None), 'num_seqs': (5, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (None, 8), 'total_seq_len': (37, None)}, 'workloads': 4, 'speedup': (2.7, 3.26, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 393)}, 'workloads': 4, 'speedup': (3.85, 7.24, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (2, None), 'total_seq_len': (None, 393)}, 'workloads': 6, 'speedup': (1.61, 3.89, 9.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (329, 630), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.54, 1.82, 2.63), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (630, None), 'mean_seq_len': (None, 77), 'total_seq_len': (None, 2689)}, 'workloads': 6, 'speedup': (1.08, 1.3, 1.64), 'fallbacks': ()},
+    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (630, None), 'mean_seq_len': (90, None), 'total_seq_len': (None, 2689)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (None, 11), 'total_seq_len': (393, None)}, 'workloads': 9, 'speedup': (2.7, 3.22, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 329), 'total_seq_len': (393, None)}, 'workloads': 19, 'speedup': (1.03, 1.77, 3.9), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (11, None), 'total_seq_len': (393, None)}, 'workloads': 6, 'speedup': (1.66, 2.03, 2.57), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (329, 630), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (630, None), 'total_seq_len': (2689, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 329), 'num_seqs': (None, 9), 'total_seq_len': (None, 173)}, 'workloads': 6, 'speedup': (15.85, 21.36, 43.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 819), 'total_seq_len': (None, 4096)}, 'workloads': 5, 'speedup': (1.59, 2.99, 5.55), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (819, None), 'mean_seq_len': (90, None), 'total_seq_len': (None, 6214)}, 'workloads': 9, 'speedup': (1.16, 2.13, 3.47), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (819, None), 'mean_seq_len': (None, 90), 'total_seq_len': (None, 6247)}, 'workloads': 4, 'speedup': (1.42, 1.61, 2.03), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (329, 450), 'total_seq_len': (None, 6247)}, 'workloads': 4, 'speedup': (2.5, 3.79, 5.03), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (None, 8), 'num_seqs': (9, None)}, 'workloads': 5, 'speedup': (4.17, 6.82, 17.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (8, None), 'num_seqs': (9, None)}, 'workloads': 15, 'speedup': (1.36, 3.03, 5.42), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 831), 'total_seq_len': (None, 4096)}, 'workloads': 6, 'speedup': (1.59, 2.96, 5.55), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (831, None), 'num_seqs': (None, 32), 'total_seq_len': (None, 6148)}, 'workloads': 10, 'speedup': (1.16, 2.11, 3.47), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (329, 450), 'total_seq_len': (None, 6247)}, 'workloads': 4, 'speedup': (2.5, 3.79, 5.03), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (831, None), 'num_seqs': (32, None), 'total_seq_len': (None, 6247)}, 'workloads': 4, 'speedup': (1.42, 1.6, 2.03), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (None, 8), 'num_seqs': (9, None)}, 'workloads': 12, 'speedup': (3.18, 4.76, 17.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 329), 'mean_seq_len': (8, None), 'num_seqs': (9, None)}, 'workloads': 17, 'speedup': (1.36, 2.9, 5.42), 'fallbacks': ()},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 329), 'num_seqs': (None, 9), 'total_seq_len': (173, None)}, 'workloads': 9, 'speedup': (3.21, 4.83, 7.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (329, None), 'total_seq_len': (6247, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (329, None), 'total_seq_len': (6247, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -177,21 +198,27 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 9.05x (4.38x .. 13.04x) over sglang_flashinfer_prefill
-    if total_seq_len <= 37 and mean_seq_len <= 8 and max_seq_len <= 329:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 5 workloads, 1.77x (1.28x .. 2.63x) over sglang_flashinfer_prefill
-    if num_seqs <= 5 and 329 < max_seq_len <= 1053:
+    # region 1: 4 workloads, 7.24x (3.85x .. 13.04x) over sglang_flashinfer_prefill
+    if total_seq_len <= 393 and mean_seq_len <= 2 and max_seq_len <= 329:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 3.89x (1.61x .. 9.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 393 and mean_seq_len > 2 and max_seq_len <= 329:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 6 workloads, 1.82x (1.54x .. 2.63x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1448 and 329 < max_seq_len <= 630:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 27 workloads, 1.99x (1.03x .. 7.00x) over sglang_flashinfer_prefill
-    if mean_seq_len > 8 and max_seq_len <= 329:
-        return 'triton_prefill_fused.c16v64'
-    # region 5: 7 workloads, 1.35x (1.08x .. 1.70x) over sglang_flashinfer_prefill
-    if num_seqs > 5 and mean_seq_len <= 86 and max_seq_len > 329:
+    # region 4: 6 workloads, 1.30x (1.08x .. 1.64x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2689 and mean_seq_len <= 77 and max_seq_len > 630:
         return 'triton_prefill_chunked.v64'
-    # region 7: 4 workloads, 3.26x (2.70x .. 3.81x) over sglang_flashinfer_prefill
-    if total_seq_len > 37 and mean_seq_len <= 8 and max_seq_len <= 329:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 9 workloads, 3.22x (2.70x .. 3.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 393 and mean_seq_len <= 11 and max_seq_len <= 54:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 19 workloads, 1.77x (1.03x .. 3.90x) over sglang_flashinfer_prefill
+    if total_seq_len > 393 and 54 < max_seq_len <= 329:
+        return 'triton_prefill_fused.c16v64'
+    # region 8: 6 workloads, 2.03x (1.66x .. 2.57x) over sglang_flashinfer_prefill
+    if total_seq_len > 393 and mean_seq_len > 11 and max_seq_len <= 54:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
@@ -201,22 +228,22 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 1: 6 workloads, 21.36x (15.85x .. 43.42x) over sglang_flashinfer_prefill
     if total_seq_len <= 173 and num_seqs <= 9 and max_seq_len <= 329:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 2.99x (1.59x .. 5.55x) over sglang_flashinfer_prefill
-    if total_seq_len <= 4096 and 450 < max_seq_len <= 819:
+    # region 2: 6 workloads, 2.96x (1.59x .. 5.55x) over sglang_flashinfer_prefill
+    if total_seq_len <= 4096 and 450 < max_seq_len <= 831:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 9 workloads, 2.13x (1.16x .. 3.47x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6214 and mean_seq_len > 90 and max_seq_len > 819:
+    # region 3: 10 workloads, 2.11x (1.16x .. 3.47x) over sglang_flashinfer_prefill
+    if total_seq_len <= 6148 and num_seqs <= 32 and max_seq_len > 831:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 4 workloads, 1.61x (1.42x .. 2.03x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6247 and mean_seq_len <= 90 and max_seq_len > 819:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 4 workloads, 3.79x (2.50x .. 5.03x) over sglang_flashinfer_prefill
+    # region 4: 4 workloads, 3.79x (2.50x .. 5.03x) over sglang_flashinfer_prefill
     if total_seq_len <= 6247 and 329 < max_seq_len <= 450:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 5 workloads, 6.82x (4.17x .. 17.41x) over sglang_flashinfer_prefill
+    # region 5: 4 workloads, 1.60x (1.42x .. 2.03x) over sglang_flashinfer_prefill
+    if total_seq_len <= 6247 and num_seqs > 32 and max_seq_len > 831:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
+    # region 6: 12 workloads, 4.76x (3.18x .. 17.41x) over sglang_flashinfer_prefill
     if num_seqs > 9 and mean_seq_len <= 8 and max_seq_len <= 329:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 15 workloads, 3.03x (1.36x .. 5.42x) over sglang_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 17 workloads, 2.90x (1.36x .. 5.42x) over sglang_flashinfer_prefill
     if num_seqs > 9 and mean_seq_len > 8 and max_seq_len <= 329:
         return 'triton_prefill_fused.c16v64'
     # region 8: 9 workloads, 4.83x (3.21x .. 7.83x) over sglang_flashinfer_prefill
