@@ -315,11 +315,8 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # 256 sequences: beyond 64 only a few random draws were measured, and a held-out
                           # 135 x 7,348 with one 6,544-token sequence went to the chunked kernel in graphs
                           # (583 us against FlashInfer's 523) and to the fused one eagerly (1,123 against
-                          # 667) at 16 value heads (H100, 2026-11-27). 4,096 tokens, a common chunked-prefill
-                          # budget: without it 64 x 4,096 (longest 219) at 8 value heads went to the chunked
-                          # kernel by a region fitted on few-sequence workloads, 150 us against 141 (SGLang
-                          # layer bench, H100, 2026-11-27)
-                          grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 4096, 8192)},
+                          # 667) at 16 value heads (H100, 2026-11-27)
+                          grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
                           grid_every_mix=True))
 
 
