@@ -69,7 +69,9 @@ def fake_vllm(monkeypatch):
     sys.modules[LAYER].fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
     sys.modules[LAYER].fla_chunk_gated_delta_rule = fla_chunk_gated_delta_rule
     monkeypatch.setattr(plugin, "_originals", {})
-    monkeypatch.setitem(plugin._LONGEST, "batch", None)
+    from kdispatch.integrations import pool_prefill
+
+    monkeypatch.setitem(pool_prefill._batch, "lengths", None)
     yield sys.modules[LAYER], calls
 
 
@@ -273,14 +275,16 @@ def test_uncovered_prefill_calls_reach_vllm(monkeypatch, fake_vllm, kernels_here
 
 
 def test_the_metadata_builder_notes_each_batchs_prefills_and_longest_query(monkeypatch, fake_vllm, fake_builder):
+    from kdispatch.integrations import pool_prefill
+
     monkeypatch.setenv(plugin.SWITCH, "1")
     plugin.register()
     plugin.register()  # wrapped once
     common = types.SimpleNamespace(prefills=3, max_query_len=77)
     metadata = fake_builder().build(0, common)
-    assert metadata.num_prefills == 3 and plugin._LONGEST["batch"] == (3, 77)
+    assert metadata.num_prefills == 3 and pool_prefill.batch_longest(3) == 77 and pool_prefill.batch_longest(2) is None
     fake_builder().build(common_prefix_len=0, common_attn_metadata=types.SimpleNamespace(prefills=0, max_query_len=1))
-    assert plugin._LONGEST["batch"] is None, "a decode-only batch"
+    assert pool_prefill.batch_longest(0) is None, "a decode-only batch"
     assert not hasattr(fake_builder.build.__wrapped__, "_kdispatch_notes_lengths"), "not wrapped twice"
 
 

@@ -14,6 +14,7 @@ from kdispatch.integrations.packed_decode import DIM, HEADS
 
 _all_true: dict = {}  # device -> a bool buffer of ones, sliced per call (has_initial_state)
 _identity: dict = {}  # device -> int32 0, 1, 2, ..., sliced per call (one slot per sequence)
+_batch: dict = {"lengths": None}  # (sequences, longest sequence) of the batch the engine runs, from its metadata
 
 
 def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.float32,)) -> str | None:
@@ -41,6 +42,18 @@ def axes(total_seq_len: int, num_seqs: int, pool, max_seq_len: int | None = None
     out = {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
            "num_slots": pool.shape[0]}
     return out if max_seq_len is None else {**out, "max_seq_len": max_seq_len}
+
+
+def note_batch(num_seqs: int, longest: int | None) -> None:
+    """Keeps the running batch's sequence count and longest sequence, as the engine's metadata has
+    them on the host (no sync), for its prefill calls (`batch_longest`); nothing known: (0, None)."""
+    _batch["lengths"] = (num_seqs, int(longest)) if num_seqs and longest else None
+
+
+def batch_longest(num_seqs: int) -> int | None:
+    """The noted batch's longest sequence, if its sequence count is this call's (else None)."""
+    lengths = _batch["lengths"]
+    return lengths[1] if lengths is not None and lengths[0] == num_seqs else None
 
 
 def all_true(n: int, device) -> torch.Tensor:

@@ -46,7 +46,6 @@ RING_CACHES = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos
 STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
 EXTEND_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
-_LONGEST = {"batch": None}  # (sequences, longest sequence) of the forward batch being run, from its metadata
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +75,7 @@ def note_lengths(backend, forward_batch, *args, **kwargs):
     """BEFORE hook of GDNAttnBackend.init_forward_metadata: keeps the batch's sequence count and
     longest extend length (host-side, no sync) for its extend calls; changes nothing."""
     lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
-    _LONGEST["batch"] = (len(lens), max(lens)) if lens else None
-
-
-def _longest(num_seqs: int) -> int | None:
-    """The longest sequence of the batch being run, if its sequence count is this call's."""
-    batch = _LONGEST["batch"]
-    return batch[1] if batch is not None and batch[0] == num_seqs else None
+    pool_prefill.note_batch(len(lens) if lens else 0, max(lens) if lens else None)
 
 
 def _passed(stats: dict, why: str) -> None:
@@ -134,7 +127,7 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
            else None)
     if why is None:
         short = serving.gdn_short("prefill_pool", v.shape[2])
-        longest = _longest(n)
+        longest = pool_prefill.batch_longest(n)
         if serving.given_back(short, v.shape[2], v.device,
                               lambda: pool_prefill.axes(v.shape[1], n, ssm_states, longest)):
             _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")

@@ -66,7 +66,6 @@ STATS = {"served": 0, "passed": 0, "first_pass_reason": None}  # packed decode
 VERIFY_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 PREFILL_STATS = {"served": 0, "passed": 0, "first_pass_reason": None}
 PREFILL_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # gathered states, converted to fp32
-_LONGEST = {"batch": None}  # (prefills, longest query) of the batch whose GDN metadata was built last
 
 logger = logging.getLogger(__name__)
 _originals: dict = {}  # kernel name -> vLLM's function
@@ -139,15 +138,8 @@ def _wrap_metadata_build() -> bool:
 
 def note_lengths(metadata, common_attn_metadata) -> None:
     """Keeps a built batch's prefill count and longest query (host-side ints) for its prefill calls."""
-    prefills = getattr(metadata, "num_prefills", 0) or 0
-    longest = getattr(common_attn_metadata, "max_query_len", None)
-    _LONGEST["batch"] = (prefills, int(longest)) if prefills and longest else None
-
-
-def _longest(num_seqs: int) -> int | None:
-    """The longest query of the batch being run, if its prefill count is this call's sequence count."""
-    batch = _LONGEST["batch"]
-    return batch[1] if batch is not None and batch[0] == num_seqs else None
+    pool_prefill.note_batch(getattr(metadata, "num_prefills", 0) or 0,
+                            getattr(common_attn_metadata, "max_query_len", None))
 
 
 def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
@@ -266,7 +258,7 @@ def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlen
             checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
             use_cp=use_cp)
 
-    longest = _longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
+    longest = pool_prefill.batch_longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
            "context parallel asked for" if use_cp is True else
            _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest))
@@ -284,7 +276,7 @@ def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_fina
             output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out)
 
-    longest = _longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
+    longest = pool_prefill.batch_longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("an output buffer that is not a contiguous bf16 one of at least the output's size"
            if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
                                                  and core_attn_out.numel() >= v.numel()) else
