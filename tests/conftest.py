@@ -32,6 +32,22 @@ INTERPRETED_ONLY = {"triton_prefill_chunked": {"gdn_prefill_pool_qk2_v4": "v64"}
                     "triton_prefill_fused": {"gdn_prefill_pool_qk2_v4": "c16v64"}}  # contest convention: test_gdn_chunked.py
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _widest_recurrent_prefill_blocks():
+    """Interpreted, the recurrent prefill's launch heuristic (the narrowest value block that keeps
+    <= 2,048 programs: 2 rows, 1,024 programs for 2 sequences) costs ~15 s a call, the programs
+    running one after another; its widest production block (8 rows) runs the same code in a quarter
+    of the programs. tests/gpu/ runs the heuristic's own choices (test_gdn_triton.py checks it)."""
+    if not INTERPRETED:
+        yield
+        return
+    from kdispatch.kernels.triton.gdn import prefill_recurrent
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prefill_recurrent, "prefill_config", lambda num_seqs, num_v_heads=8, head_v=128: (8, 1))
+        yield
+
+
 def interpreted_skip(v) -> str | None:
     """Why the CPU suites skip this variant under the interpreter (see INTERPRETED_ONLY), else None."""
     from kdispatch import definitions
