@@ -16,7 +16,8 @@ beside the JSON in `kdispatch/definitions/<op_type>/spec.py`:
   reference can be captured in a CUDA graph, how much a variant's time varies between processes;
 - the floor: bytes and FLOPs one call cannot avoid, for the benchmarks' fraction-of-floor numbers;
 - coverage: the ranges of shapes serving engines send, beyond the contest's (`traces/coverage.py`
-  samples a tuned coverage set and a held-out set from them).
+  samples a tuned coverage set and a held-out set from them), and where the fitter places regions
+  by estimated times between the measured shapes.
 
 Adding a definition = its JSON + a reference module + a spec + variants; nothing in `tuner/` changes.
 Hooks take inputs by name (`args["state"]`), so a spec never depends on argument positions.
@@ -102,6 +103,33 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """Where the fit features decide what a call costs but the coverage measures them sparsely (pool
+    prefill with the longest sequence known), the fitter also places regions by estimated times
+    (tuner/estimate.py): each variant's log time by local-linear regression in the logs of
+    `features` over its measured workloads (Gaussian weights, `bandwidth` in natural-log units), at
+    every shape of `grid`. `grid(ranges)`: {feature: (lo, hi) measured} -> the valid shapes
+    ({feature: value}) of a log-spaced grid inside them. Applies to a fit whose features include
+    all of `features` (a feature that is a call-time hint: the hinted fit only). `max_depth`: the
+    region tree's depth on the denser points."""
+
+    features: tuple[str, ...]
+    grid: Callable[[dict[str, tuple[int, int]]], list[dict[str, int]]]
+    bandwidth: float = 1.5
+    max_depth: int = 6
+
+
+def log_steps(lo: int, hi: int) -> list[int]:
+    """lo, the powers of two strictly between, and hi (a grid axis of `Estimate.grid`)."""
+    out, p = [lo], 1
+    while p < hi:
+        if p > lo:
+            out.append(p)
+        p *= 2
+    return out + ([hi] if hi > lo else [])
+
+
+@dataclass(frozen=True)
 class Spec:
     short: str  # kdispatch.ops.<short>, and the name users type
     family: str  # kernels/<backend>/<family>/ holds its variants
@@ -135,6 +163,7 @@ class Spec:
     # inputs, which kernels otherwise treat as padding; run on every call in the checked mode (syncs)
     check_values: Callable[[dict], tuple[str, str] | None] | None = None
     coverage: Coverage | None = None  # the shapes engines send (tuned beyond the contest's)
+    estimate: Estimate | None = None  # regions also placed by estimated times (see Estimate)
 
     def tolerance(self, output: str) -> Tol:
         return self.tolerances.get(output, DEFAULT_TOL)

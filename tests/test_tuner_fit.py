@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -274,6 +275,83 @@ def test_a_hinted_policy_separates_what_the_shapes_cannot(tmp_path):
     assert mod.route(**axes) == "flashinfer"
     assert mod.route_hinted(**axes, max_seq_len=128) in ("A", ("A",))
     assert mod.route_hinted(**axes, max_seq_len=512) == "flashinfer"
+
+
+def test_estimates_continue_a_power_law_between_measured_shapes():
+    """Local-linear in the logs: a time that is a power law of the features is recovered between
+    and beyond the measured shapes; no estimate near a workload where the variant failed."""
+    from kdispatch.tuner import estimate
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 8, size=(40, 2))  # logs of two features
+    X[0] = (0.0, 8.0)  # a corner, far from the first two queries
+    lat = np.stack([np.exp(1.0 + 0.8 * X[:, 0] - 0.3 * X[:, 1]), np.exp(2.0 + 0.1 * X[:, 0])])
+    lat[1, 0] = np.nan  # B failed at the first workload
+    Q = np.array([[4.0, 4.0], [7.5, 0.5], X[0]])
+    got = estimate.log_times(X, lat, Q, bandwidth=1.5)
+    want = np.array([1.0 + 0.8 * Q[:, 0] - 0.3 * Q[:, 1], 2.0 + 0.1 * Q[:, 0]])
+    np.testing.assert_allclose(got[0], want[0], atol=1e-2)
+    np.testing.assert_allclose(got[1, :2], want[1, :2], atol=1e-2)
+    assert np.isnan(got[1, 2]), "no estimate where the variant failed"
+
+
+def test_pool_prefill_grid_shapes_are_valid_batches():
+    from kdispatch.definitions.gdn.spec import pool_prefill_grid
+    from kdispatch.spec import log_steps
+
+    assert log_steps(1, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256] and log_steps(3, 5) == [3, 4, 5]
+    shapes = pool_prefill_grid({"total_seq_len": (1, 32768), "num_seqs": (1, 256), "max_seq_len": (1, 32768)})
+    assert len(shapes) > 300
+    for s in shapes:
+        t, n, longest = s["total_seq_len"], s["num_seqs"], s["max_seq_len"]
+        assert n <= t and -(-t // n) <= longest <= t - n + 1, s
+
+
+def test_the_hinted_fit_places_bounds_by_estimated_times(tmp_path):
+    """Pool prefill, longest sequence known: A's time grows as the square root of the longest
+    sequence and of the total, and crosses the baseline's (100 us, less the 3% margin) on a diagonal,
+    longest = 188 x 1,024 / total, mostly between measured shapes. The tree on the measured
+    workloads alone puts its bounds between neighbours and misroutes shapes between them; with the
+    estimates the probes on either side of the crossing (x 0.6, x 1.6) route right. A measured
+    workload still binds its region; the router says what the estimates did."""
+    pool = "gdn_prefill_pool_qk4_v8_d128_k_last"
+    a_time = lambda total, longest: 40.0 * (longest / 32) ** 0.5 * (total / 1024) ** 0.5  # noqa: E731
+    ws, hints = [], {}
+    for total in (256, 1024, 4096):
+        for n in (2, 8, 32):
+            for longest in sorted({total // n, total // 2, total - n + 1}):
+                u = f"p{total}-{n}-{longest}"
+                ws.append((u, {"total_seq_len": total, "num_seqs": n, "num_slots": n + 1}))
+                hints[u] = {"max_seq_len": longest}
+    store = Store(":memory:")
+    eid = store.add_env(ENV)
+    rows = []
+    for u, axes in ws:
+        for name, t in (("flashinfer", 100.0), ("A", a_time(axes["total_seq_len"], hints[u]["max_seq_len"]))):
+            rows.append(Result(env=eid, definition=pool, variant=name, variant_hash="h-" + name, uuid=u, axes=axes,
+                               status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
+                               method="graph", median_us=t, p10_us=t * 0.99, p90_us=t * 1.01, reason=""))
+    store.put_many(rows)
+    table = fitting.load_table(store, pool, "sm90")
+    plain = fitting.fit(table, with_heldout=False)
+    assert plain.estimated == 0, "without the hint the estimate's features are not all there"
+    hinted = fitting.fit(table.with_hints(hints), with_heldout=False)
+    assert hinted.estimated > 50
+    wrong = []
+    for total in (362, 512, 724, 1448, 2048, 2896):
+        for factor in (0.6, 1.6):
+            longest = int(188 * 1024 / total * factor)
+            if longest < total // 32:
+                continue  # no such batch of 32 sequences
+            features = {"total_seq_len": total, "num_seqs": 32, "mean_seq_len": total // 32, "max_seq_len": longest}
+            if hinted.route(features) != ("A" if factor < 1 else "flashinfer"):
+                wrong.append((total, longest))
+    assert not wrong
+    for r in hinted.regions:  # every measured workload of A's regions is one A won
+        if r.variant == "A":
+            assert all(a_time(table.features[u]["total_seq_len"], hints[u]["max_seq_len"]) < 97 for u in r.uuids)
+    plain.hinted = hinted
+    assert "# estimates   the regions are also fitted on" in codegen.render(plain)
 
 
 def test_determinism_byte_identical(tmp_path):

@@ -63,6 +63,13 @@ def _speedup(stats: dict) -> str:
     return f"{geo:.2f}x ({lo:.2f}x .. {hi:.2f}x)"
 
 
+def _region_speedup(policy: Policy, r) -> str:
+    """The region's measured speedup over what it replaces, or that estimates alone placed it."""
+    if policy.estimated and not r.uuids:
+        return "by estimated times (no measured workload in it)"
+    return f"{_speedup(r.stats)} over {_base(policy, r)}"
+
+
 def _chains(policy: Policy) -> bool:
     return any(r.fallbacks for r in policy.regions if r.variant != policy.baseline)
 
@@ -102,7 +109,7 @@ def _region_lines(policy: Policy, d: str) -> list[str]:
     for i, r in enumerate(policy.regions, 1):
         cond = _cond(d, r.bounds) or "every shape"
         who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
-        sp = "" if r.variant == policy.baseline else f", {_speedup(r.stats)} over {_base(policy, r)}"
+        sp = "" if r.variant == policy.baseline else f", {_region_speedup(policy, r)}"
         then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
         back = "; engine plugins keep the engine's kernel (`hand_back`)" if r.hand_back else ""
         lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}{back}")
@@ -160,8 +167,7 @@ def _route_body(policy: Policy, d: str) -> list[str]:
         if r.variant == policy.baseline:
             continue
         cond = _cond(d, r.bounds)
-        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, "
-                    f"{_speedup(r.stats)} over {_base(policy, r)}")
+        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, {_region_speedup(policy, r)}")
         if cond:
             body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
         else:
@@ -231,6 +237,7 @@ def render(policy: Policy) -> str:
     if noisy:
         lines.append("#             (by " + ", ".join(f"{f:.0%} for {v}" for v, f in noisy) +
                      ": its time varies between processes)")
+    lines += _estimate_lines(policy, d)
     eager = policy.eager if policy.eager is not None and not _same_choices(policy, policy.eager) else None
     lines += _heldout_lines(policy.heldout, "graph")
     if policy.eager is not None:
@@ -249,6 +256,17 @@ def render(policy: Policy) -> str:
     lines += _functions(policy, eager, d, ", ".join(axes), "")
     lines += _hinted_lines(policy, d, axes)
     return "\n".join(lines) + "\n"
+
+
+def _estimate_lines(policy: Policy, d: str) -> list[str]:
+    """What the fit took from estimated times (`Spec.estimate`), if anything."""
+    if not policy.estimated:
+        return []
+    est = defs.get(d).spec.estimate
+    return [f"# estimates   the regions are also fitted on {policy.estimated} grid shapes (powers of two in the measured",
+            f"#             ranges of {', '.join(est.features)}), each variant's time there estimated",
+            f"#             from its measured workloads (local-linear in the logs, bandwidth {est.bandwidth}:",
+            "#             tuner/estimate.py); the measured workloads of a region still bind its choice"]
 
 
 def _functions(policy: Policy, eager: Policy | None, d: str, params: str, tag: str) -> list[str]:
@@ -276,6 +294,7 @@ def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
     params = ", ".join(axes + hints)
     lines = ["", "", f"# Calls that pass {', '.join(hints)} ({'; '.join(defs.get(d).spec.hints[n].doc for n in hints)}), "
              "fitted with it as one more feature:"]
+    lines += _estimate_lines(h, d)
     lines += _heldout_lines(h.heldout, "graph") + (_heldout_lines(h.eager.heldout, "eager") if h.eager else [])
     lines.append("# regions     CUDA graph (graph times)" + ("" if eager else "; eager calls get the same choices"))
     lines += _region_lines(h, d)

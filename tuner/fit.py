@@ -72,6 +72,14 @@ baseline's, interpolated in log-log between the two, crosses 1 (`_crossing`; mid
 variant was not measured beyond its region): a kernel that wins by 15% on one side and loses by 70%
 on the other stops winning much nearer the first.
 
+Estimated times (`Spec.estimate`, tuner/estimate.py). Where the spec asks for it and the fit's
+features include the spec's estimate features (pool prefill with the longest sequence: the hinted
+fit), the tree also grows on the shapes of a log grid inside the measured ranges, each variant's
+time there estimated from its measured workloads; a variant is admissible at a grid shape where its
+estimate beats the baseline's by its required gain. The measured workloads stay in, so a variant
+still needs to pass and win on every measured workload of its region; the grid places the bounds
+between them (no `_tighten`), and the tree may grow deeper (`Estimate.max_depth`).
+
 Fallback chains. Each region also lists its other admissible variants, by total cost there
 (`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
 dispatcher takes the next one instead of the baseline. Only within the measured range of every
@@ -94,6 +102,7 @@ import numpy as np
 from kdispatch import definitions as defs
 from kdispatch import registry
 
+from . import estimate as estimates
 from . import features as feats
 from .stats import MODES, beats, geomean, slower, timed
 from .store import Result, Store
@@ -256,6 +265,7 @@ class Policy:
     # on the graph policy of a definition with call-time hints: the (graph, .eager) policy fitted with
     # them too, for calls that pass them
     hinted: "Policy | None" = None
+    estimated: int = 0  # grid shapes with estimated times the regions were also fitted on (Spec.estimate)
 
     def route(self, features: dict) -> str:
         return self.chain(features)[0]
@@ -314,6 +324,36 @@ class _Matrix:
         best = np.where(best > 0, best, 1.0)  # a workload nothing timed costs nothing
         self.cost = np.where(np.isnan(self.lat), 0.0, self.lat / best[None, :]) * self.w[None, :]
 
+    def add_estimates(self, est, params: FitParams) -> int:
+        """Appends the shapes of `est.grid` (a spec's `Estimate`) inside the measured ranges of its
+        features, with every variant's estimated time there (tuner/estimate.py), admissible where
+        that beats the baseline's estimate by the variant's required gain (and the variant is
+        admissible on some measured workload: one never captured stays out of graphs); returns how
+        many shapes were added."""
+        cols = [self.fit.index(f) for f in est.features]
+        ranges = {f: (int(self.X[:, c].min()), int(self.X[:, c].max())) for f, c in zip(est.features, cols)}
+        shapes = est.grid(ranges)
+        if not shapes:
+            return 0
+        rows = [{**feats.compute(self.t.definition, shape), **shape} for shape in shapes]
+        X = np.array([[r[f] for f in self.fit] for r in rows], dtype=np.int64)
+        logs = lambda a: np.log(np.maximum(a, 1).astype(np.float64))  # noqa: E731
+        lat = np.exp(estimates.log_times(logs(self.X[:, cols]), self.lat, logs(X[:, cols]), est.bandwidth))
+        if not np.isfinite(lat[0]).any():
+            return 0  # the baseline was not timed in this mode
+        gain = np.array([0.0] + [required_gain(params, self.t.definition, v) for v in self.names[1:]])
+        with np.errstate(invalid="ignore"):
+            ok = (lat < lat[0][None, :] * (1.0 - gain[:, None])) & self.ok.any(axis=1)[:, None]
+        ok[0] = True
+        best = np.min(np.where(ok & np.isfinite(lat), lat, np.inf), axis=0)
+        best = np.where(np.isfinite(best) & (best > 0), best, 1.0)
+        self.X = np.concatenate([self.X, X])
+        self.w = np.concatenate([self.w, np.ones(len(X))])
+        self.lat = np.concatenate([self.lat, lat], axis=1)
+        self.ok = np.concatenate([self.ok, ok], axis=1)
+        self.cost = np.concatenate([self.cost, np.where(np.isnan(lat), 0.0, lat / best[None, :])], axis=1)
+        return len(X)
+
     def leaf(self, idx: np.ndarray) -> tuple[int, float]:
         """(variant index, total cost) of the best admissible variant over workloads idx."""
         good = self.ok[:, idx].all(axis=1)
@@ -370,10 +410,10 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     for r in regions:
         r.stats = region_stats(table, r, mode, guarded=r.hand_back)
     n = len(table.uuids)
-    measured = {f: (int(m.X[:, i].min()), int(m.X[:, i].max())) for i, f in enumerate(m.fit)
+    measured = {f: (int(m.X[:n, i].min()), int(m.X[:n, i].max())) for i, f in enumerate(m.fit)
                 if n and not feats.is_bool(table.definition, f)}
     pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
-                 mode=mode, fit_names=tuple(m.fit))
+                 mode=mode, fit_names=tuple(m.fit), estimated=len(m.X) - n)
     if with_heldout:
         pol.heldout = heldout_regret(table, params, mode)
     if mode == "graph":
@@ -401,8 +441,13 @@ def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False) 
     n = len(table.uuids)
     if not n:
         return [Region({}, table.baseline, [])], m
-    boxes = _tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m)
-    return [Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx)],
+    est = defs.get(table.definition).spec.estimate
+    if est is not None and set(est.features) <= set(m.fit) and m.add_estimates(est, params):
+        tree = _grow(m, np.arange(len(m.X)), 0, replace(params, max_depth=est.max_depth))
+        boxes = _merge_boxes(_leaves(tree, {}), m.fit)  # the estimates place the bounds between workloads
+    else:
+        boxes = _tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m)
+    return [Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx) if i < n],
                    fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else [])
             for bounds, vj, idx in boxes], m
 

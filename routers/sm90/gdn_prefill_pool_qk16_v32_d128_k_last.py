@@ -134,57 +134,81 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.44% mean, 73.99% max;
-#             1.439x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.18% mean, 49.72% max;
-#             1.739x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
+#             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
+#             from its measured workloads (local-linear in the logs, bandwidth 1.5:
+#             tuner/estimate.py); the measured workloads of a region still bind its choice
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.61% mean, 33.74% max;
+#             1.505x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.56% mean, 36.84% max;
+#             1.772x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 141 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.87x (3.67x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. mean_seq_len <= 8 and 8 < max_seq_len <= 124: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.84x (2.61x .. 3.39x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64
-#   3. mean_seq_len <= 22 and max_seq_len > 461: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.38x .. 2.40x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. mean_seq_len <= 90 and 247 < max_seq_len <= 461: triton_prefill_fused.c16v64, 5 workloads, 2.01x (1.06x .. 4.09x) over sglang_flashinfer_prefill
-#   5. 124 < max_seq_len <= 138: sglang_flashinfer_prefill (baseline), 5 workloads
-#   6. 138 < max_seq_len <= 247: triton_prefill_fused.c16v64, 4 workloads, 1.90x (1.06x .. 3.09x) over sglang_flashinfer_prefill
-#   7. mean_seq_len > 8 and 8 < max_seq_len <= 124: triton_prefill_fused.c16v64, 15 workloads, 1.95x (1.05x .. 2.73x) over sglang_flashinfer_prefill
-#   8. mean_seq_len > 22 and max_seq_len > 461: sglang_flashinfer_prefill (baseline), 33 workloads
-#   9. mean_seq_len > 90 and 247 < max_seq_len <= 461: sglang_flashinfer_prefill (baseline), 5 workloads
-#   10. total_seq_len > 141 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.87x .. 3.66x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   1. total_seq_len <= 20 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   3. total_seq_len <= 512 and mean_seq_len > 90 and 127 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.70x (1.06x .. 3.09x) over sglang_flashinfer_prefill
+#   4. total_seq_len <= 512 and mean_seq_len > 90 and max_seq_len > 339: sglang_flashinfer_prefill (baseline), 1 workloads
+#   5. num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill
+#   6. num_seqs <= 181 and 45 < mean_seq_len <= 90 and 900 < max_seq_len <= 1347: sglang_flashinfer_prefill (baseline), 1 workloads
+#   7. mean_seq_len <= 2 and 32 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   8. mean_seq_len <= 22 and max_seq_len > 1347: triton_prefill_fused.c16v64, 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. mean_seq_len <= 90 and 127 < max_seq_len <= 900: triton_prefill_fused.c16v64, 9 workloads, 1.96x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+#   10. 2 < mean_seq_len <= 5 and 32 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   11. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 19 workloads, 2.04x (1.05x .. 2.73x) over sglang_flashinfer_prefill
+#   12. 22 < mean_seq_len <= 90 and max_seq_len > 1347: sglang_flashinfer_prefill (baseline), 3 workloads
+#   13. num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill
+#   14. total_seq_len > 20 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.45x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   15. total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   16. total_seq_len > 512 and mean_seq_len > 90 and max_seq_len > 127: sglang_flashinfer_prefill (baseline), 37 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len <= 562: triton_prefill_fused.c16v64, 22 workloads, 3.28x (1.99x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len > 562: triton_prefill_fused.c16v32, 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len <= 339: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.47x (2.79x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len > 339: triton_prefill_fused.c16v64, 4 workloads, 2.16x (1.69x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16
-#   5. 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 1363: triton_prefill_fused.c16v64, 8 workloads, 1.87x (1.30x .. 3.95x) over sglang_flashinfer_prefill
-#   6. 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len > 1363: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-#   7. 2470 < total_seq_len <= 11843 and num_seqs <= 27 and max_seq_len <= 1659: sglang_flashinfer_prefill (baseline), 4 workloads
-#   8. 2470 < total_seq_len <= 11843 and max_seq_len > 1659: sglang_flashinfer_prefill (baseline), 10 workloads
-#   9. 2470 < total_seq_len <= 11843 and num_seqs > 27 and max_seq_len <= 1377: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.06x .. 1.96x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 11843: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   2. total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 1888: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+#   3. total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 1888: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len <= 6856 and 127 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 30 workloads, 2.43x (1.19x .. 6.75x) over sglang_flashinfer_prefill
+#   5. mean_seq_len <= 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. mean_seq_len <= 22 and max_seq_len > 1783: triton_prefill_fused.c16v64, 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k4c16, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   8. total_seq_len > 81 and mean_seq_len > 10 and max_seq_len <= 127: triton_prefill_fused.c16v64, 14 workloads, 2.69x (1.32x .. 4.68x) over sglang_flashinfer_prefill
+#   9. total_seq_len > 2498 and mean_seq_len > 22 and max_seq_len > 1783: sglang_flashinfer_prefill (baseline), 13 workloads
+#   10. total_seq_len > 6856 and num_seqs <= 90 and mean_seq_len <= 181 and 127 < max_seq_len <= 671: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
+#   11. total_seq_len > 6856 and num_seqs <= 90 and mean_seq_len > 181 and 127 < max_seq_len <= 671: sglang_flashinfer_prefill (baseline), 1 workloads
+#   12. total_seq_len > 6856 and 671 < max_seq_len <= 1783: sglang_flashinfer_prefill (baseline), 4 workloads
+#   13. total_seq_len > 6856 and num_seqs > 90 and mean_seq_len <= 90 and 127 < max_seq_len <= 671: triton_prefill_fused.c16v64, 1 workloads, 1.96x (1.96x .. 1.96x) over sglang_flashinfer_prefill
+#   14. total_seq_len > 6856 and num_seqs > 90 and mean_seq_len > 90 and 127 < max_seq_len <= 671: sglang_flashinfer_prefill (baseline), 1 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'total_seq_len': (None, 141)}, 'workloads': 4, 'speedup': (3.67, 6.87, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 124), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (2.61, 2.84, 3.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (461, None), 'mean_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (1.38, 1.73, 2.4), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (247, 461), 'mean_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (1.06, 2.01, 4.09), 'fallbacks': ()},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (124, 138)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (138, 247)}, 'workloads': 4, 'speedup': (1.06, 1.9, 3.09), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 124), 'mean_seq_len': (8, None)}, 'workloads': 15, 'speedup': (1.05, 1.95, 2.73), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (461, None), 'mean_seq_len': (22, None)}, 'workloads': 33, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (247, 461), 'mean_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'total_seq_len': (141, None)}, 'workloads': 5, 'speedup': (2.87, 3.29, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 20)}, 'workloads': 3, 'speedup': (4.06, 8.46, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 32), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 339), 'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 3, 'speedup': (1.06, 1.7, 3.09), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (None, 45), 'num_seqs': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (45, 90), 'num_seqs': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, 127), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1347, None), 'mean_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (1.57, 1.65, 1.74), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 900), 'mean_seq_len': (None, 90)}, 'workloads': 9, 'speedup': (1.06, 1.96, 4.09), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (32, 127), 'mean_seq_len': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (5, None)}, 'workloads': 19, 'speedup': (1.05, 2.04, 2.73), 'fallbacks': ()},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1347, None), 'mean_seq_len': (22, 90)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (None, 90), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'total_seq_len': (20, None)}, 'workloads': 6, 'speedup': (2.73, 3.45, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (22, 32), 'mean_seq_len': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, None), 'total_seq_len': (512, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 562), 'mean_seq_len': (10, None), 'total_seq_len': (None, 1801)}, 'workloads': 22, 'speedup': (1.99, 3.28, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (562, None), 'mean_seq_len': (10, None), 'total_seq_len': (None, 1801)}, 'workloads': 6, 'speedup': (1.51, 2.18, 2.62), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 339), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 2470)}, 'workloads': 15, 'speedup': (2.79, 5.47, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 2470)}, 'workloads': 4, 'speedup': (1.69, 2.16, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1363), 'mean_seq_len': (10, None), 'total_seq_len': (1801, 2470)}, 'workloads': 8, 'speedup': (1.3, 1.87, 3.95), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1363, None), 'mean_seq_len': (10, None), 'total_seq_len': (1801, 2470)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1659), 'num_seqs': (None, 27), 'total_seq_len': (2470, 11843)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'total_seq_len': (2470, 11843)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1377), 'num_seqs': (27, None), 'total_seq_len': (2470, 11843)}, 'workloads': 6, 'speedup': (1.06, 1.51, 1.96), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (11843, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1783, 1888), 'mean_seq_len': (22, None), 'total_seq_len': (None, 2498)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1888, None), 'mean_seq_len': (22, None), 'total_seq_len': (None, 2498)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 1783), 'total_seq_len': (None, 6856)}, 'workloads': 30, 'speedup': (1.19, 2.43, 6.75), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 10)}, 'workloads': 14, 'speedup': (3.08, 5.74, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (45, 81)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (81, None)}, 'workloads': 14, 'speedup': (1.32, 2.69, 4.68), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (22, None), 'total_seq_len': (2498, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 671), 'mean_seq_len': (None, 181), 'num_seqs': (None, 90), 'total_seq_len': (6856, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 671), 'mean_seq_len': (181, None), 'num_seqs': (None, 90), 'total_seq_len': (6856, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (671, 1783), 'total_seq_len': (6856, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 671), 'mean_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (6856, None)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ()},
+    {'region': 14, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 671), 'mean_seq_len': (90, None), 'num_seqs': (90, None), 'total_seq_len': (6856, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -193,52 +217,76 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.87x (3.67x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 141 and max_seq_len <= 8:
+    # region 1: 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 20 and mean_seq_len <= 5 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 4 workloads, 2.84x (2.61x .. 3.39x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 8 and 8 < max_seq_len <= 124:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 4 workloads, 1.73x (1.38x .. 2.40x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 22 and max_seq_len > 461:
+    # region 2: 0 workloads, no timing over sglang_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 3 workloads, 1.70x (1.06x .. 3.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 512 and mean_seq_len > 90 and 127 < max_seq_len <= 339:
+        return 'triton_prefill_fused.c16v64'
+    # region 5: 0 workloads, no timing over sglang_flashinfer_prefill
+    if num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 0 workloads, no timing over sglang_flashinfer_prefill
+    if mean_seq_len <= 2 and 32 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 22 and max_seq_len > 1347:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 5 workloads, 2.01x (1.06x .. 4.09x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 90 and 247 < max_seq_len <= 461:
+    # region 9: 9 workloads, 1.96x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 90 and 127 < max_seq_len <= 900:
         return 'triton_prefill_fused.c16v64'
-    # region 6: 4 workloads, 1.90x (1.06x .. 3.09x) over sglang_flashinfer_prefill
-    if 138 < max_seq_len <= 247:
+    # region 10: 0 workloads, no timing over sglang_flashinfer_prefill
+    if 2 < mean_seq_len <= 5 and 32 < max_seq_len <= 127:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 19 workloads, 2.04x (1.05x .. 2.73x) over sglang_flashinfer_prefill
+    if mean_seq_len > 5 and max_seq_len <= 127:
         return 'triton_prefill_fused.c16v64'
-    # region 7: 15 workloads, 1.95x (1.05x .. 2.73x) over sglang_flashinfer_prefill
-    if mean_seq_len > 8 and 8 < max_seq_len <= 124:
+    # region 13: 0 workloads, no timing over sglang_flashinfer_prefill
+    if num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347:
         return 'triton_prefill_fused.c16v64'
-    # region 10: 5 workloads, 3.29x (2.87x .. 3.66x) over sglang_flashinfer_prefill
-    if total_seq_len > 141 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 6 workloads, 3.45x (2.73x .. 3.90x) over sglang_flashinfer_prefill
+    if total_seq_len > 20 and mean_seq_len <= 5 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 0 workloads, no timing over sglang_flashinfer_prefill
+    if total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 22 workloads, 3.28x (1.99x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len <= 562:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 2: 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1801 and mean_seq_len > 10 and max_seq_len > 562:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 15 workloads, 5.47x (2.79x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len <= 339:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 4 workloads, 2.16x (1.69x .. 2.60x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2470 and mean_seq_len <= 10 and max_seq_len > 339:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 8 workloads, 1.87x (1.30x .. 3.95x) over sglang_flashinfer_prefill
-    if 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 1363:
-        return 'triton_prefill_fused.c16v64'
-    # region 6: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-    if 1801 < total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len > 1363:
+    # region 1: 0 workloads, no timing over sglang_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 1888:
         return 'triton_prefill_chunked.v64'
-    # region 9: 6 workloads, 1.51x (1.06x .. 1.96x) over sglang_flashinfer_prefill
-    if 2470 < total_seq_len <= 11843 and num_seqs > 27 and max_seq_len <= 1377:
+    # region 3: 0 workloads, no timing over sglang_flashinfer_prefill
+    if total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 1888:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 30 workloads, 2.43x (1.19x .. 6.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 6856 and 127 < max_seq_len <= 1783:
+        return 'triton_prefill_fused.c16v64'
+    # region 5: 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 10 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 22 and max_seq_len > 1783:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 0 workloads, no timing over sglang_flashinfer_prefill
+    if 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 8: 14 workloads, 2.69x (1.32x .. 4.68x) over sglang_flashinfer_prefill
+    if total_seq_len > 81 and mean_seq_len > 10 and max_seq_len <= 127:
+        return 'triton_prefill_fused.c16v64'
+    # region 10: 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
+    if total_seq_len > 6856 and num_seqs <= 90 and mean_seq_len <= 181 and 127 < max_seq_len <= 671:
+        return 'triton_prefill_fused.c16v64'
+    # region 13: 1 workloads, 1.96x (1.96x .. 1.96x) over sglang_flashinfer_prefill
+    if total_seq_len > 6856 and num_seqs > 90 and mean_seq_len <= 90 and 127 < max_seq_len <= 671:
         return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

@@ -14,7 +14,7 @@ import torch
 
 from kdispatch.checks import Tol, first_bad
 from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name, verify_steps_name
-from kdispatch.spec import Coverage, Derived, Floor, Hint, Rotation, Spec
+from kdispatch.spec import Coverage, Derived, Estimate, Floor, Hint, Rotation, Spec, log_steps
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -280,6 +280,19 @@ def floor_pool_prefill(args: dict, axes: dict) -> Floor:
     return Floor(2 * _pool_bytes(args) + moved)
 
 
+def pool_prefill_grid(ranges: dict) -> list[dict]:
+    """(tokens, sequences, longest sequence) at powers of two inside the measured ranges, the
+    longest from an even split of the tokens to all but one token for each other sequence."""
+    out = []
+    for total in log_steps(*ranges["total_seq_len"]):
+        for n in log_steps(*ranges["num_seqs"]):
+            lo = max(-(-total // n), ranges["max_seq_len"][0])
+            hi = min(total - n + 1, ranges["max_seq_len"][1])
+            out += [{"total_seq_len": total, "num_seqs": n, "max_seq_len": longest}
+                    for longest in (log_steps(lo, hi) if n <= total and lo <= hi else ())]
+    return out
+
+
 def _pool_prefill_spec(hq: int, hv: int) -> Spec:
     return Spec(
         short=f"gdn_prefill_pool_qk{hq}_v{hv}", family="gdn", build=build_prefill_pool,
@@ -317,7 +330,16 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # (583 us against FlashInfer's 523) and to the fused one eagerly (1,123 against
                           # 667) at 16 value heads (H100, 2026-11-27)
                           grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
-                          grid_every_mix=True))
+                          grid_every_mix=True),
+        # With the longest sequence known the three features decide the time, but 84 measured shapes
+        # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
+        # times on a grid place them better (H100 measurements of 2026-11-27, hinted fit at 32 / 16 /
+        # 8 / 4 value heads, regret mean, graph: 5-fold 6.4 / 5.6 / 7.4 / 15.0% -> 2.6 / 4.9 / 3.0 /
+        # 14.2%, held-out 4.4 / 5.8 / 5.4 / 3.3% -> 3.8 / 2.4 / 3.0 / 0.6%; eager: 5-fold 5.2 / 11.1 /
+        # 13.2 / 16.3% -> 3.6 / 6.3 / 4.0 / 9.5%, held-out 31.6 / 17.0 / 17.4 / 19.9% -> 7.9 / 8.5 /
+        # 11.5 / 10.7%). Without the hint one shape has several times (its mixes): estimates average
+        # them, and were worse on held-out shapes than the tree, which needs a win on every mix.
+        estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid))
 
 
 def _pool_cu_seqlens(axes: dict, given: dict, ctx) -> torch.Tensor:
