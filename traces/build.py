@@ -172,19 +172,10 @@ def sampled_traces(defn: dict, spec, which: str) -> tuple[list[dict], dict]:
             chosen = [mixes[(i + k) % len(mixes)] for k in range(len(mixes))]  # its own one first
         else:
             chosen = [mixes[i % len(mixes)]]
-        drawn = []  # the mixes' tensors so far: a mix that draws the same (one sequence) is measured once
         for mix in chosen:
             key = json.dumps(axes, sort_keys=True) + (f"/{mix}" if len(mixes) > 1 else "")
             uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kdispatch/{which}/{defn['name']}/{key}"))
-            inputs = mixed_inputs(defn, spec, axes, mix, uuid, blob)
-            mine = {k: v for k, v in blob.items() if k.startswith(f"{uuid}/")}
-            if any(mine.keys() == {k.replace(u, uuid) for k in other} and
-                   all(t.equal(other[k.replace(uuid, u)]) for k, t in mine.items()) for u, other in drawn):
-                for k in mine:
-                    del blob[k]
-                continue
-            drawn.append((uuid, mine))
-            traces.append(_trace(defn, axes, inputs, uuid))
+            traces.append(_trace(defn, axes, mixed_inputs(defn, spec, axes, mix, uuid, blob), uuid))
     return traces, blob
 
 

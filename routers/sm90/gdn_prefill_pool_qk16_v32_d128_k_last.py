@@ -144,29 +144,29 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             1.772x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 20 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   2. total_seq_len <= 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
 #   3. total_seq_len <= 512 and mean_seq_len > 90 and 127 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.70x (1.06x .. 3.09x) over sglang_flashinfer_prefill
 #   4. total_seq_len <= 512 and mean_seq_len > 90 and max_seq_len > 339: sglang_flashinfer_prefill (baseline), 1 workloads
-#   5. num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill
+#   5. num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
 #   6. num_seqs <= 181 and 45 < mean_seq_len <= 90 and 900 < max_seq_len <= 1347: sglang_flashinfer_prefill (baseline), 1 workloads
-#   7. mean_seq_len <= 2 and 32 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   7. mean_seq_len <= 2 and 32 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
 #   8. mean_seq_len <= 22 and max_seq_len > 1347: triton_prefill_fused.c16v64, 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   9. mean_seq_len <= 90 and 127 < max_seq_len <= 900: triton_prefill_fused.c16v64, 9 workloads, 1.96x (1.06x .. 4.09x) over sglang_flashinfer_prefill
-#   10. 2 < mean_seq_len <= 5 and 32 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   10. 2 < mean_seq_len <= 5 and 32 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   11. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 19 workloads, 2.04x (1.05x .. 2.73x) over sglang_flashinfer_prefill
 #   12. 22 < mean_seq_len <= 90 and max_seq_len > 1347: sglang_flashinfer_prefill (baseline), 3 workloads
-#   13. num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill
+#   13. num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
 #   14. total_seq_len > 20 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.45x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   15. total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   15. total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
 #   16. total_seq_len > 512 and mean_seq_len > 90 and max_seq_len > 127: sglang_flashinfer_prefill (baseline), 37 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   1. total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 1888: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-#   3. total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 1888: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 1888: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   4. total_seq_len <= 6856 and 127 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 30 workloads, 2.43x (1.19x .. 6.75x) over sglang_flashinfer_prefill
 #   5. mean_seq_len <= 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   6. mean_seq_len <= 22 and max_seq_len > 1783: triton_prefill_fused.c16v64, 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k4c16, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
+#   7. 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k4c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
 #   8. total_seq_len > 81 and mean_seq_len > 10 and max_seq_len <= 127: triton_prefill_fused.c16v64, 14 workloads, 2.69x (1.32x .. 4.68x) over sglang_flashinfer_prefill
 #   9. total_seq_len > 2498 and mean_seq_len > 22 and max_seq_len > 1783: sglang_flashinfer_prefill (baseline), 13 workloads
 #   10. total_seq_len > 6856 and num_seqs <= 90 and mean_seq_len <= 181 and 127 < max_seq_len <= 671: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
@@ -220,16 +220,16 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 1: 3 workloads, 8.46x (4.06x .. 13.51x) over sglang_flashinfer_prefill
     if total_seq_len <= 20 and mean_seq_len <= 5 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 3 workloads, 1.70x (1.06x .. 3.09x) over sglang_flashinfer_prefill
     if total_seq_len <= 512 and mean_seq_len > 90 and 127 < max_seq_len <= 339:
         return 'triton_prefill_fused.c16v64'
-    # region 5: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347:
         return 'triton_prefill_fused.c16v64'
-    # region 7: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if mean_seq_len <= 2 and 32 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill
@@ -238,19 +238,19 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 9: 9 workloads, 1.96x (1.06x .. 4.09x) over sglang_flashinfer_prefill
     if mean_seq_len <= 90 and 127 < max_seq_len <= 900:
         return 'triton_prefill_fused.c16v64'
-    # region 10: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if 2 < mean_seq_len <= 5 and 32 < max_seq_len <= 127:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     # region 11: 19 workloads, 2.04x (1.05x .. 2.73x) over sglang_flashinfer_prefill
     if mean_seq_len > 5 and max_seq_len <= 127:
         return 'triton_prefill_fused.c16v64'
-    # region 13: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347:
         return 'triton_prefill_fused.c16v64'
     # region 14: 6 workloads, 3.45x (2.73x .. 3.90x) over sglang_flashinfer_prefill
     if total_seq_len > 20 and mean_seq_len <= 5 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 32:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
     return 'sglang_flashinfer_prefill'
@@ -259,13 +259,13 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
     if total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 1888:
         return 'triton_prefill_chunked.v64'
-    # region 3: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 1888:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 30 workloads, 2.43x (1.19x .. 6.75x) over sglang_flashinfer_prefill
@@ -277,7 +277,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 6: 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill
     if mean_seq_len <= 22 and max_seq_len > 1783:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
     # region 8: 14 workloads, 2.69x (1.32x .. 4.68x) over sglang_flashinfer_prefill

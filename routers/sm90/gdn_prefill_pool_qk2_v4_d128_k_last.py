@@ -175,40 +175,40 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 # held out    eager: 5-fold over workloads: regret vs the best variant 9.45% mean, 145.17% max;
 #             3.358x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 156 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 13.28x (13.00x .. 13.56x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   3. total_seq_len <= 156 and num_seqs <= 22 and mean_seq_len <= 5 and 4 < max_seq_len <= 160: cuda_prefill_pool_rows.k16c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   3. total_seq_len <= 156 and num_seqs <= 22 and mean_seq_len <= 5 and 4 < max_seq_len <= 160: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   4. total_seq_len <= 156 and num_seqs <= 22 and mean_seq_len > 5 and 4 < max_seq_len <= 160: triton_prefill_fused.c16v32, 3 workloads, 4.42x (2.62x .. 6.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   5. total_seq_len <= 156 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len <= 156 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   6. total_seq_len <= 156 and num_seqs > 22 and 4 < max_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.75x (3.75x .. 3.75x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. total_seq_len <= 156 and num_seqs > 22 and 32 < max_seq_len <= 160: cuda_prefill_pool_rows.k16c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   7. total_seq_len <= 156 and num_seqs > 22 and 32 < max_seq_len <= 160: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   8. total_seq_len <= 3130 and num_seqs <= 168 and mean_seq_len <= 22 and max_seq_len > 523: triton_prefill_chunked.v64, 1 workloads, 1.63x (1.63x .. 1.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
 #   9. total_seq_len <= 3130 and num_seqs <= 168 and mean_seq_len <= 45 and 160 < max_seq_len <= 523: triton_prefill_chunked.v64, 2 workloads, 2.08x (1.67x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 #   10. total_seq_len <= 3130 and num_seqs <= 168 and mean_seq_len > 22 and max_seq_len > 523: triton_prefill_chunked.v16, 11 workloads, 1.99x (1.44x .. 4.06x) over sglang_flashinfer_prefill
 #   11. total_seq_len <= 3130 and num_seqs <= 168 and mean_seq_len > 45 and 160 < max_seq_len <= 523: triton_prefill_chunked.v16, 13 workloads, 2.65x (2.21x .. 2.98x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   12. total_seq_len <= 3130 and num_seqs > 168 and 160 < max_seq_len <= 407: triton_prefill_fused.c16v64, 2 workloads, 1.96x (1.79x .. 2.15x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   13. total_seq_len <= 3130 and num_seqs > 168 and max_seq_len > 407: triton_prefill_chunked.v64, 2 workloads, 1.58x (1.50x .. 1.67x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   14. 11 < total_seq_len <= 156 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   14. 11 < total_seq_len <= 156 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   15. 156 < total_seq_len <= 362 and num_seqs <= 22 and 18 < max_seq_len <= 160: triton_prefill_fused.c16v32, 1 workloads, 6.89x (6.89x .. 6.89x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
-#   16. 156 < total_seq_len <= 362 and num_seqs > 22 and 18 < max_seq_len <= 160: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16
-#   17. 156 < total_seq_len <= 3130 and num_seqs <= 144 and mean_seq_len <= 5 and max_seq_len <= 18: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   16. 156 < total_seq_len <= 362 and num_seqs > 22 and 18 < max_seq_len <= 160: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16
+#   17. 156 < total_seq_len <= 3130 and num_seqs <= 144 and mean_seq_len <= 5 and max_seq_len <= 18: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
 #   18. 156 < total_seq_len <= 3130 and num_seqs <= 144 and mean_seq_len > 5 and max_seq_len <= 18: triton_prefill_fused.c16v64, 2 workloads, 2.89x (2.83x .. 2.95x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
 #   19. 156 < total_seq_len <= 3130 and num_seqs > 144 and max_seq_len <= 18: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.45x (2.96x .. 3.72x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   20. 362 < total_seq_len <= 3130 and 18 < max_seq_len <= 160: triton_prefill_fused.c16v64, 14 workloads, 3.44x (1.78x .. 8.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   21. 3130 < total_seq_len <= 7092 and num_seqs <= 18 and 297 < max_seq_len <= 4084: triton_prefill_chunked.v16, 0 workloads, no timing over sglang_flashinfer_prefill
+#   21. 3130 < total_seq_len <= 7092 and num_seqs <= 18 and 297 < max_seq_len <= 4084: triton_prefill_chunked.v16, 0 workloads, by estimated times (no measured workload in it)
 #   22. 3130 < total_seq_len <= 7092 and num_seqs <= 18 and max_seq_len > 4084: sglang_flashinfer_prefill (baseline), 0 workloads
 #   23. 3130 < total_seq_len <= 7092 and 18 < num_seqs <= 45 and 297 < max_seq_len <= 1448: sglang_flashinfer_prefill (baseline), 2 workloads
 #   24. 3130 < total_seq_len <= 7092 and 18 < num_seqs <= 113 and max_seq_len > 1448: triton_prefill_chunked.v16, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   25. 3130 < total_seq_len <= 7092 and num_seqs > 45 and 297 < max_seq_len <= 1448: triton_prefill_chunked.v64, 0 workloads, no timing over sglang_flashinfer_prefill
-#   26. 3130 < total_seq_len <= 7092 and num_seqs > 113 and max_seq_len > 1448: triton_prefill_chunked.v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   25. 3130 < total_seq_len <= 7092 and num_seqs > 45 and 297 < max_seq_len <= 1448: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
+#   26. 3130 < total_seq_len <= 7092 and num_seqs > 113 and max_seq_len > 1448: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16
 #   27. 3130 < total_seq_len <= 23170 and max_seq_len <= 297: triton_prefill_fused.c16v64, 3 workloads, 1.69x (1.29x .. 2.02x) over sglang_flashinfer_prefill
 #   28. total_seq_len > 7092 and num_seqs <= 90 and max_seq_len > 16288: sglang_flashinfer_prefill (baseline), 1 workloads
 #   29. total_seq_len > 7092 and num_seqs <= 181 and 297 < max_seq_len <= 16288: sglang_flashinfer_prefill (baseline), 15 workloads
-#   30. total_seq_len > 7092 and num_seqs > 90 and max_seq_len > 16288: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   30. total_seq_len > 7092 and num_seqs > 90 and max_seq_len > 16288: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   31. total_seq_len > 7092 and num_seqs > 181 and 297 < max_seq_len <= 16288: triton_prefill_fused.c16v64, 1 workloads, 6.03x (6.03x .. 6.03x) over sglang_flashinfer_prefill
 #   32. total_seq_len > 23170 and max_seq_len <= 297: sglang_flashinfer_prefill (baseline), 1 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 283 and num_seqs > 59 and max_seq_len <= 51: cuda_prefill_pool_rows.k4c8, 0 workloads, no timing over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   1. total_seq_len <= 283 and num_seqs > 59 and max_seq_len <= 51: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 647 and 8 < num_seqs <= 59 and 42 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.58x (9.58x .. 9.58x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
 #   3. total_seq_len <= 724 and num_seqs <= 59 and 127 < max_seq_len <= 155: cuda_prefill_pool_rows.k8c16, 1 workloads, 17.52x (17.52x .. 17.52x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8
 #   4. total_seq_len <= 1448 and num_seqs > 59 and 51 < max_seq_len <= 106: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.94x (3.94x .. 3.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
@@ -217,9 +217,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   7. total_seq_len <= 5792 and num_seqs > 59 and 567 < max_seq_len <= 1123: triton_prefill_chunked.v64, 2 workloads, 2.06x (2.04x .. 2.08x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   8. total_seq_len <= 5792 and num_seqs > 181 and max_seq_len > 1123: triton_prefill_chunked.v64, 1 workloads, 1.84x (1.84x .. 1.84x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   9. total_seq_len <= 10203 and num_seqs <= 22 and max_seq_len > 4723: triton_prefill_chunked.v16, 3 workloads, 1.25x (1.19x .. 1.30x) over sglang_flashinfer_prefill
-#   10. total_seq_len <= 23170 and num_seqs <= 113 and 4095 < max_seq_len <= 4723: triton_prefill_chunked.v16, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   10. total_seq_len <= 23170 and num_seqs <= 113 and 4095 < max_seq_len <= 4723: triton_prefill_chunked.v16, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
 #   11. total_seq_len <= 23170 and 22 < num_seqs <= 113 and max_seq_len > 4723: triton_prefill_chunked.v16, 2 workloads, 1.78x (1.63x .. 1.95x) over sglang_flashinfer_prefill
-#   12. total_seq_len <= 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123: triton_prefill_chunked.v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   12. total_seq_len <= 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   13. num_seqs <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 20.59x (20.59x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   14. num_seqs <= 8 and 4 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 4 workloads, 14.18x (12.84x .. 17.48x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   15. num_seqs <= 11 and 871 < max_seq_len <= 1123: triton_prefill_chunked.v16, 4 workloads, 3.95x (2.42x .. 6.26x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
@@ -232,15 +232,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   22. total_seq_len > 724 and num_seqs <= 59 and 127 < max_seq_len <= 155: triton_prefill_fused.c16v64, 2 workloads, 7.35x (7.21x .. 7.50x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   23. total_seq_len > 724 and num_seqs > 59 and mean_seq_len <= 22 and max_seq_len <= 51: cuda_prefill_pool_rows.k2c8, 5 workloads, 5.58x (3.49x .. 8.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   24. total_seq_len > 724 and num_seqs > 59 and mean_seq_len > 22 and max_seq_len <= 51: triton_prefill_fused.c16v64, 2 workloads, 4.18x (2.40x .. 7.28x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   25. total_seq_len > 1448 and num_seqs > 59 and 51 < max_seq_len <= 106: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   25. total_seq_len > 1448 and num_seqs > 59 and 51 < max_seq_len <= 106: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   26. total_seq_len > 3130 and num_seqs <= 59 and 155 < max_seq_len <= 871: triton_prefill_fused.c16v64, 4 workloads, 4.32x (3.56x .. 6.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   27. total_seq_len > 5792 and 11 < num_seqs <= 59 and 871 < max_seq_len <= 1123: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   27. total_seq_len > 5792 and 11 < num_seqs <= 59 and 871 < max_seq_len <= 1123: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   28. total_seq_len > 5792 and num_seqs > 59 and 567 < max_seq_len <= 1123: triton_prefill_fused.c16v64, 1 workloads, 3.66x (3.66x .. 3.66x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   29. total_seq_len > 5792 and num_seqs > 181 and max_seq_len > 1123: triton_prefill_fused.c16v64, 1 workloads, 5.97x (5.97x .. 5.97x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   30. total_seq_len > 10203 and num_seqs <= 22 and max_seq_len > 4723: sglang_flashinfer_prefill (baseline), 4 workloads
 #   31. total_seq_len > 23170 and num_seqs <= 113 and 4095 < max_seq_len <= 4723: sglang_flashinfer_prefill (baseline), 0 workloads
 #   32. total_seq_len > 23170 and 22 < num_seqs <= 113 and max_seq_len > 4723: sglang_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123: triton_prefill_fused.c16v64, 0 workloads, no timing over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   33. total_seq_len > 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
@@ -319,25 +319,25 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 11 and 2 < max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 2 workloads, 13.28x (13.00x .. 13.56x) over sglang_flashinfer_prefill
     if total_seq_len <= 156 and num_seqs <= 2 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 156 and num_seqs <= 22 and mean_seq_len <= 5 and 4 < max_seq_len <= 160:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 3 workloads, 4.42x (2.62x .. 6.01x) over sglang_flashinfer_prefill
     if total_seq_len <= 156 and num_seqs <= 22 and mean_seq_len > 5 and 4 < max_seq_len <= 160:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 156 and num_seqs > 2 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 6: 1 workloads, 3.75x (3.75x .. 3.75x) over sglang_flashinfer_prefill
     if total_seq_len <= 156 and num_seqs > 22 and 4 < max_seq_len <= 32:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 156 and num_seqs > 22 and 32 < max_seq_len <= 160:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 8: 1 workloads, 1.63x (1.63x .. 1.63x) over sglang_flashinfer_prefill
@@ -358,16 +358,16 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 13: 2 workloads, 1.58x (1.50x .. 1.67x) over sglang_flashinfer_prefill
     if total_seq_len <= 3130 and num_seqs > 168 and max_seq_len > 407:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
-    # region 14: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if 11 < total_seq_len <= 156 and 2 < max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 15: 1 workloads, 6.89x (6.89x .. 6.89x) over sglang_flashinfer_prefill
     if 156 < total_seq_len <= 362 and num_seqs <= 22 and 18 < max_seq_len <= 160:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
     if 156 < total_seq_len <= 362 and num_seqs > 22 and 18 < max_seq_len <= 160:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 156 < total_seq_len <= 3130 and num_seqs <= 144 and mean_seq_len <= 5 and max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 18: 2 workloads, 2.89x (2.83x .. 2.95x) over sglang_flashinfer_prefill
@@ -379,22 +379,22 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 20: 14 workloads, 3.44x (1.78x .. 8.09x) over sglang_flashinfer_prefill
     if 362 < total_seq_len <= 3130 and 18 < max_seq_len <= 160:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 3130 < total_seq_len <= 7092 and num_seqs <= 18 and 297 < max_seq_len <= 4084:
         return 'triton_prefill_chunked.v16'
     # region 24: 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
     if 3130 < total_seq_len <= 7092 and 18 < num_seqs <= 113 and max_seq_len > 1448:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 25: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 3130 < total_seq_len <= 7092 and num_seqs > 45 and 297 < max_seq_len <= 1448:
         return 'triton_prefill_chunked.v64'
-    # region 26: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 3130 < total_seq_len <= 7092 and num_seqs > 113 and max_seq_len > 1448:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 27: 3 workloads, 1.69x (1.29x .. 2.02x) over sglang_flashinfer_prefill
     if 3130 < total_seq_len <= 23170 and max_seq_len <= 297:
         return 'triton_prefill_fused.c16v64'
-    # region 30: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 7092 and num_seqs > 90 and max_seq_len > 16288:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     # region 31: 1 workloads, 6.03x (6.03x .. 6.03x) over sglang_flashinfer_prefill
@@ -406,7 +406,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 283 and num_seqs > 59 and max_seq_len <= 51:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 1 workloads, 9.58x (9.58x .. 9.58x) over sglang_flashinfer_prefill
@@ -433,13 +433,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 9: 3 workloads, 1.25x (1.19x .. 1.30x) over sglang_flashinfer_prefill
     if total_seq_len <= 10203 and num_seqs <= 22 and max_seq_len > 4723:
         return 'triton_prefill_chunked.v16'
-    # region 10: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 23170 and num_seqs <= 113 and 4095 < max_seq_len <= 4723:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 11: 2 workloads, 1.78x (1.63x .. 1.95x) over sglang_flashinfer_prefill
     if total_seq_len <= 23170 and 22 < num_seqs <= 113 and max_seq_len > 4723:
         return 'triton_prefill_chunked.v16'
-    # region 12: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
     # region 13: 1 workloads, 20.59x (20.59x .. 20.59x) over sglang_flashinfer_prefill
@@ -478,13 +478,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 24: 2 workloads, 4.18x (2.40x .. 7.28x) over sglang_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 59 and mean_seq_len > 22 and max_seq_len <= 51:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and num_seqs > 59 and 51 < max_seq_len <= 106:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 26: 4 workloads, 4.32x (3.56x .. 6.48x) over sglang_flashinfer_prefill
     if total_seq_len > 3130 and num_seqs <= 59 and 155 < max_seq_len <= 871:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 11 < num_seqs <= 59 and 871 < max_seq_len <= 1123:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     # region 28: 1 workloads, 3.66x (3.66x .. 3.66x) over sglang_flashinfer_prefill
@@ -493,7 +493,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 29: 1 workloads, 5.97x (5.97x .. 5.97x) over sglang_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs > 181 and max_seq_len > 1123:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 0 workloads, no timing over sglang_flashinfer_prefill
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and 113 < num_seqs <= 181 and max_seq_len > 1123:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'

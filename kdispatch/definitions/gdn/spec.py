@@ -329,10 +329,7 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # 135 x 7,348 with one 6,544-token sequence went to the chunked kernel in graphs
                           # (583 us against FlashInfer's 523) and to the fused one eagerly (1,123 against
                           # 667) at 16 value heads (H100, 2026-11-27)
-                          # 1 and 2 sequences: one sequence of 2,048 tokens at 8 value heads went to the chunked
-                          # kernel, 3% slower than FlashInfer (SGLang layer bench, H100, 2026-11-27): the
-                          # nearest measured shapes had 2-4 sequences
-                          grid={"num_seqs": (1, 2, 4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
+                          grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
                           grid_every_mix=True),
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
