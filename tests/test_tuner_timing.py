@@ -115,7 +115,6 @@ def test_a_guarded_baseline_is_gated_as_served_and_timed_as_the_engine_calls_it(
     row's timing runs the engine's call, which the plugins hand baseline-routed calls to, and the
     guarded call's times (what kdispatch.ops runs) go beside them in the metrics."""
     from kdispatch import registry
-    from kdispatch.registry import Variant
 
     ref = registry.get(DECODE, "reference").fn
     served, engine = [], []

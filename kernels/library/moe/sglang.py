@@ -54,7 +54,6 @@ Layouts (definition vs SGLang's kernel), all passed as views, nothing copied:
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import os
