@@ -334,11 +334,12 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
         # times on a grid place them better (H100 measurements of 2026-11-27, hinted fit at 32 / 16 /
-        # 8 / 4 value heads, regret mean, graph: 5-fold 6.4 / 5.6 / 7.4 / 15.0% -> 2.6 / 4.9 / 3.0 /
-        # 14.2%, held-out 4.4 / 5.8 / 5.4 / 3.3% -> 3.8 / 2.4 / 3.0 / 0.6%; eager: 5-fold 5.2 / 11.1 /
-        # 13.2 / 16.3% -> 3.6 / 6.3 / 4.0 / 9.5%, held-out 31.6 / 17.0 / 17.4 / 19.9% -> 7.9 / 8.5 /
-        # 11.5 / 10.7%). Without the hint one shape has several times (its mixes): estimates average
-        # them, and were worse on held-out shapes than the tree, which needs a win on every mix.
+        # 8 / 4 value heads, regret mean, graph: 5-fold 6.4 / 5.6 / 7.4 / 15.0% -> 3.1 / 4.9 / 3.0 /
+        # 6.3%, held-out 4.4 / 5.8 / 5.4 / 3.3% -> 3.4 / 2.4 / 3.0 / 2.3%; eager: 5-fold 5.2 / 11.1 /
+        # 13.2 / 16.3% -> 3.0 / 6.4 / 3.8 / 6.1%, held-out 31.6 / 17.0 / 17.4 / 19.9% -> 7.9 / 7.5 /
+        # 11.5 / 9.9%, with the hint as the longest live sequence). Without the hint one shape has
+        # several times (its mixes): estimates average them, and were worse on held-out shapes than
+        # the tree, which needs a win on every mix.
         estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid))
 
 
@@ -350,9 +351,17 @@ def _pool_cu_seqlens(axes: dict, given: dict, ctx) -> torch.Tensor:
 
 
 def longest_sequence(axes: dict, given: dict, ctx) -> int:
-    """Tokens of the batch's longest sequence (0 without sequences)."""
+    """Tokens of the batch's longest live sequence (0 without). A padding row (slot -1) costs the
+    kernels nothing and in an engine's batch carries no prompt; the workloads' padding rows carry
+    tokens, and where the skewed mix put its long sequence there (8 sequences x 2,048 tokens, 1,796
+    in the padding row at 4 value heads: the fused kernel 9.6 us, as for short sequences, against 34
+    with equal lengths; H100, 2026-11-26), the longest over all rows told the fit the wrong work."""
     cu = _pool_cu_seqlens(axes, given, ctx).to(torch.int64)
-    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    slots = given.get("state_indices")
+    if slots is None:
+        slots = _live_slots(axes["num_seqs"], axes["num_slots"], ctx.rng("state_indices"))
+    lens = (cu[1:] - cu[:-1])[slots.to(torch.int64) >= 0]
+    return int(lens.max()) if lens.numel() else 0
 
 
 def _pool_prefill_axes(axes: dict) -> dict | None:
