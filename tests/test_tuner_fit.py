@@ -239,30 +239,38 @@ def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
     assert dpol.route({"batch_size": 8}) == "A" and dpol.route({"batch_size": 64}) == "flashinfer"
 
 
+POOL = "gdn_prefill_pool_qk4_v8_d128_k_last"
+
+
+def pool_prefill_store(shapes, latency):
+    """A store of pool-prefill rows (baseline "flashinfer" and "A") with their call-time hints:
+    shapes = [(total, sequences, longest)]; latency(variant, total, sequences, longest) -> us.
+    Returns (store, {uuid: {"max_seq_len": longest}})."""
+    store = Store(":memory:")
+    eid = store.add_env(ENV)
+    rows, hints = [], {}
+    for total, n, longest in shapes:
+        u = f"p{total}-{n}-{longest}"
+        hints[u] = {"max_seq_len": longest}
+        axes = {"total_seq_len": total, "num_seqs": n, "num_slots": n + 1}
+        for name in ("flashinfer", "A"):
+            t = latency(name, total, n, longest)
+            rows.append(Result(env=eid, definition=POOL, variant=name, variant_hash="h-" + name, uuid=u, axes=axes,
+                               status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
+                               method="graph", median_us=t, p10_us=t * 0.99, p90_us=t * 1.01, reason=""))
+    store.put_many(rows)
+    return store, hints
+
+
 def test_a_hinted_policy_separates_what_the_shapes_cannot(tmp_path):
     """Pool prefill with a call-time hint (max_seq_len): A wins where the longest sequence is short,
     loses where one is long, at the same (tokens, sequences). The plain fit keeps the baseline there;
     the hinted fit (`Table.with_hints`) gives A its region, and the router gets `route_hinted`."""
-    pool = "gdn_prefill_pool_qk4_v8_d128_k_last"
-    ws, hints = [], {}
-    for total in (256, 512, 1024, 2048):
-        for n in (4, 8, 16):
-            for longest in (total // n, total // 2):  # equal lengths, or one long sequence
-                u = f"p{total}-{n}-{longest}"
-                ws.append((u, {"total_seq_len": total, "num_seqs": n, "num_slots": n + 1}))
-                hints[u] = {"max_seq_len": longest}
-    store = Store(":memory:")
-    eid = store.add_env(ENV)
-    rows = []
-    for u, axes in ws:
-        base = 100.0
-        a = 50.0 if hints[u]["max_seq_len"] * axes["num_seqs"] <= axes["total_seq_len"] else 200.0
-        for name, t in (("flashinfer", base), ("A", a)):
-            rows.append(Result(env=eid, definition=pool, variant=name, variant_hash="h-" + name, uuid=u, axes=axes,
-                               status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
-                               method="graph", median_us=t, p10_us=t * 0.99, p90_us=t * 1.01, reason=""))
-    store.put_many(rows)
-    table = fitting.load_table(store, pool, "sm90")
+    store, hints = pool_prefill_store(
+        [(total, n, longest) for total in (256, 512, 1024, 2048) for n in (4, 8, 16)
+         for longest in (total // n, total // 2)],  # equal lengths, or one long sequence
+        lambda name, total, n, longest: 100.0 if name == "flashinfer" else 50.0 if longest * n <= total else 200.0)
+    table = fitting.load_table(store, POOL, "sm90")
     plain = fitting.fit(table)
     assert all(r.variant == "flashinfer" for r in plain.regions), "the shapes alone cannot place A"
     hinted = fitting.fit(table.with_hints(hints))
@@ -314,25 +322,12 @@ def test_the_hinted_fit_places_bounds_by_estimated_times(tmp_path):
     workloads alone puts its bounds between neighbours and misroutes shapes between them; with the
     estimates the probes on either side of the crossing (x 0.6, x 1.6) route right. A measured
     workload still binds its region; the router says what the estimates did."""
-    pool = "gdn_prefill_pool_qk4_v8_d128_k_last"
     a_time = lambda total, longest: 40.0 * (longest / 32) ** 0.5 * (total / 1024) ** 0.5  # noqa: E731
-    ws, hints = [], {}
-    for total in (256, 1024, 4096):
-        for n in (2, 8, 32):
-            for longest in sorted({total // n, total // 2, total - n + 1}):
-                u = f"p{total}-{n}-{longest}"
-                ws.append((u, {"total_seq_len": total, "num_seqs": n, "num_slots": n + 1}))
-                hints[u] = {"max_seq_len": longest}
-    store = Store(":memory:")
-    eid = store.add_env(ENV)
-    rows = []
-    for u, axes in ws:
-        for name, t in (("flashinfer", 100.0), ("A", a_time(axes["total_seq_len"], hints[u]["max_seq_len"]))):
-            rows.append(Result(env=eid, definition=pool, variant=name, variant_hash="h-" + name, uuid=u, axes=axes,
-                               status="PASSED", measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
-                               method="graph", median_us=t, p10_us=t * 0.99, p90_us=t * 1.01, reason=""))
-    store.put_many(rows)
-    table = fitting.load_table(store, pool, "sm90")
+    store, hints = pool_prefill_store(
+        [(total, n, longest) for total in (256, 1024, 4096) for n in (2, 8, 32)
+         for longest in sorted({total // n, total // 2, total - n + 1})],
+        lambda name, total, n, longest: 100.0 if name == "flashinfer" else a_time(total, longest))
+    table = fitting.load_table(store, POOL, "sm90")
     plain = fitting.fit(table, with_heldout=False)
     assert plain.estimated == 0, "without the hint the estimate's features are not all there"
     hinted = fitting.fit(table.with_hints(hints), with_heldout=False)
