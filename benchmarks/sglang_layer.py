@@ -8,7 +8,8 @@ Per call: the outputs (and the pool or intermediate states written) of the two m
 output within 5e-2, states within 1e-2 relative to their norm); CUDA-graph time (one graph calls
 the method once per input set, the sets' slots rotated through a pool larger than 4x the L2) and
 eager time (host + device, synchronised; the two sides alternate call by call, 60 calls or more
-each, so that drift on the shared host hits both); for extend also eager time with a new token
+each, so that drift on the shared host hits both; the quartiles of the pairs' speedups give its
+spread); for extend also eager time with a new token
 count every call (`eager_new`: the calls cut to T - 1, T - 2, ... tokens, each seen once, as an
 engine's prefills come). Before each extend call the plugin's metadata hook (`note_lengths`) is
 given the batch's sequence lengths, as SGLang's backend gives them once per forward batch, so the
@@ -181,14 +182,20 @@ def _run(method, call):
 
 def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
     """Eager (host + device, synchronised) microseconds of each method, median over `reps` calls each,
-    the methods alternating call by call: machine drift (other tenants, clocks) hits both alike."""
+    the methods alternating call by call: machine drift (other tenants, clocks) hits both alike.
+    With both sides measured, also the quartiles of the per-pair speedup (SGLang's call over the
+    plugin's next one): `(q1, q3)` under "speedup"."""
     marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
     samples = {who: [] for who in methods}
     for i in range(reps):
         one = [[marker, calls[i % len(calls)]]]
         for who, method in methods.items():
             samples[who] += timing.eager_times_us(lambda _, c, m=method: _run(m, c), one, 1)
-    return {who: statistics.median(xs) for who, xs in samples.items()}
+    out = {who: statistics.median(xs) for who, xs in samples.items()}
+    if len(samples) == 2:
+        q = statistics.quantiles([a / b for a, b in zip(samples["sglang"], samples["kdispatch"])], n=4)
+        out["speedup"] = (q[0], q[2])
+    return out
 
 
 def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False, calls_before: int = 0) -> dict:
@@ -226,11 +233,11 @@ def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False,
         if device.type == "cuda" and methods:
             reps = max(EAGER_REPS, 2 * len(calls))
             for who, us in _eager_interleaved(methods, calls, device, reps).items():
-                row[f"{who}_eager_us"] = us
+                row[f"{who}_eager_us" if who != "speedup" else "speedup_eager_quartiles"] = us
             if family == "extend":  # every call a new token count, as engines prefill
                 fresh = [trimmed_extend(calls[i % len(calls)], 1 + i) for i in range(reps)]
                 for who, us in _eager_interleaved(methods, fresh, device, reps).items():
-                    row[f"{who}_eager_new_us"] = us
+                    row[f"{who}_eager_new_us" if who != "speedup" else "speedup_eager_new_quartiles"] = us
     finally:
         undo()
     if len(results) == 2:
@@ -276,7 +283,9 @@ def main() -> None:
         for mode in MODES:
             xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
             if xs:
-                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes)")
+                # eager: slower beyond the spread = SGLang's call faster in three of four pairs
+                beyond = "" if mode == "graph" else f", {sum(1 for r in rows if r['family'] == family and r.get(f'speedup_{mode}_quartiles', (1, 1))[1] < 1)} slower in 3 of 4 pairs"
+                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes{beyond})")
     disagree = [r for r in rows if r.get("agree") is False]
     print(f"  outputs disagree on {len(disagree)} of {len(rows)} calls")
     opts.json.parent.mkdir(parents=True, exist_ok=True)
