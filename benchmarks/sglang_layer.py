@@ -182,14 +182,15 @@ def _run(method, call):
 
 def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
     """Eager (host + device, synchronised) microseconds of each method, median over `reps` calls each,
-    the methods alternating call by call: machine drift (other tenants, clocks) hits both alike.
-    With both sides measured, also the quartiles of the per-pair speedup (SGLang's call over the
-    plugin's next one): `(q1, q3)` under "speedup"."""
+    the methods alternating call by call (which goes first alternates too): machine drift (other
+    tenants, clocks) hits both alike. With both sides measured, also the quartiles of the per-pair
+    speedup (SGLang's call over the plugin's on the same inputs): `(q1, q3)` under "speedup"."""
     marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
     samples = {who: [] for who in methods}
+    order = list(methods.items())
     for i in range(reps):
         one = [[marker, calls[i % len(calls)]]]
-        for who, method in methods.items():
+        for who, method in order if i % 2 == 0 else order[::-1]:
             samples[who] += timing.eager_times_us(lambda _, c, m=method: _run(m, c), one, 1)
     out = {who: statistics.median(xs) for who, xs in samples.items()}
     if len(samples) == 2:

@@ -12,8 +12,7 @@ import torch
 
 from kdispatch import dispatch
 from kdispatch.integrations import serving
-
-HEADS = (4, 8, 16, 32)  # value heads of the gdn_decode_packed definitions (q/k heads: half)
+from kdispatch.integrations.serving import HEADS  # value heads (q/k heads: half)
 DIM = 128
 _fp32: dict = {}  # id of a layer's A_log / dt_bias -> (weak reference, version, its float32 copy)
 

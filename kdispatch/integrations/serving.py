@@ -16,8 +16,11 @@ from __future__ import annotations
 import logging
 
 from kdispatch import dispatch
+from kdispatch.definitions.gdn.names import PACKED_HEADS
 
 logger = logging.getLogger(__name__)
+
+HEADS = tuple(sorted(hv for _, hv in PACKED_HEADS.values()))  # value heads of the GDN engine definitions
 
 _decided: dict = {}  # (definition short name, device) -> None or why not
 
@@ -55,23 +58,32 @@ def gives_back(short: str, device, axes: dict) -> bool:
     arguments are built, so that such a call costs the engine a few microseconds of host time, not
     the views, buffers and checks of a kdispatch call. A False here is no promise: `attempt` still
     gives back whatever the dispatcher decides to."""
-    import kdispatch.ops
-    from kdispatch import arch
-
-    d = kdispatch.ops.DISPATCHERS[short]
-    here = _archs.get(device) or _archs.setdefault(device, arch.arch_of(device))
+    d = _dispatchers.get(short) or _dispatcher(short)
+    here = _archs.get(device) or _arch(device)
     return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager")
 
 
+# asked on every engine call: looked up once (the imports alone cost a handed-back call ~1 us)
+_dispatchers: dict = {}  # definition short name -> its kdispatch.ops dispatcher
 _archs: dict = {}  # device -> its architecture
+
+
+def _dispatcher(short: str):
+    import kdispatch.ops
+
+    return _dispatchers.setdefault(short, kdispatch.ops.DISPATCHERS[short])
+
+
+def _arch(device) -> str:
+    from kdispatch import arch
+
+    return _archs.setdefault(device, arch.arch_of(device))
 
 
 def given_back(short: str, value_heads: int, device, axes) -> bool:
     """`gives_back` for a call of a head count the GDN definitions cover, on a device where kdispatch
     serves `short`, else False (the call's own checks then say why). `axes()`: the definition's
     variable axes of the call, built only when asked."""
-    from kdispatch.integrations.packed_decode import HEADS
-
     return value_heads in HEADS and not_served(short, device) is None and gives_back(short, device, axes())
 
 

@@ -91,7 +91,7 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
 
     short = serving.gdn_short("decode_packed", num_v_heads)
-    why = "ReplaySSM ring caches" if any(kwargs.get(k) is not None for k in RING_CACHES) else None
+    why = "ReplaySSM ring caches" if kwargs and any(kwargs.get(k) is not None for k in RING_CACHES) else None
     if why is None and serving.given_back(short, num_v_heads, mixed_qkv.device,
                                           lambda: packed_decode.axes(mixed_qkv.shape[0], ssm_states)):
         why = f"{short}: routed to the baseline for this shape"
