@@ -11,6 +11,8 @@ export PYTHONUNBUFFERED=1
 if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines"; fi
 # SGLang's import-time needs the host lacks (stage_engines.sh's engines-deps bundle: benchmarks/sglang_layer.py)
 if [ -d /tmp/kd-engines-deps ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines-deps"; fi
+# vLLM's Python files and their one extra need (stage_engines.sh's engines-vllm bundle: benchmarks/vllm_kernels.py)
+if [ -d /tmp/kd-vllm ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-vllm"; fi
 # DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh (its JIT finds nvcc through CUDA_HOME)
 if [ -f /tmp/kd-deepgemm/src/deep_gemm/_C.so ]; then
   export PYTHONPATH="$PYTHONPATH:/tmp/kd-deepgemm/src"

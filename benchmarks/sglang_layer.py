@@ -183,8 +183,8 @@ def _run(method, call):
 def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
     """Eager (host + device, synchronised) microseconds of each method, median over `reps` calls each,
     the methods alternating call by call (which goes first alternates too): machine drift (other
-    tenants, clocks) hits both alike. With both sides measured, also the quartiles of the per-pair
-    speedup (SGLang's call over the plugin's on the same inputs): `(q1, q3)` under "speedup"."""
+    tenants, clocks) hits both alike. With two methods, also the quartiles of the per-pair speedup
+    (the first method's call over the second's on the same inputs): `(q1, q3)` under "speedup"."""
     marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
     samples = {who: [] for who in methods}
     order = list(methods.items())
@@ -194,7 +194,8 @@ def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
             samples[who] += timing.eager_times_us(lambda _, c, m=method: _run(m, c), one, 1)
     out = {who: statistics.median(xs) for who, xs in samples.items()}
     if len(samples) == 2:
-        q = statistics.quantiles([a / b for a, b in zip(samples["sglang"], samples["kdispatch"])], n=4)
+        first, second = samples.values()
+        q = statistics.quantiles([a / b for a, b in zip(first, second)], n=4)
         out["speedup"] = (q[0], q[2])
     return out
 

@@ -9,7 +9,7 @@
 #   bash benchmarks/stage_engines.sh                       # here, once
 #   run: carry [".kd-wheels/engines"], command bash .kd-wheels/engines/gpu-setup.sh   (first)
 #   then benchmarks/rebundle.sh's b1 .. bN (shared/device's bundles re-packed to fit beside the tree),
-#   each its own call, in the same hold of the machine
+#   then engines-deps and engines-vllm (below), each its own call, in the same hold of the machine
 # gpu-setup.sh unpacks it under /tmp/kd-engines; benchmarks/gpu_env.sh puts /tmp/kd-engines on
 # PYTHONPATH when it exists.
 set -euo pipefail
@@ -84,6 +84,40 @@ fi
 echo "engines-deps: installed ${#missing[@]} distributions the host lacked into /tmp/kd-engines-deps"
 SETUP
 du -sh "$deps"
+
+# vLLM's Python files (its wheel is 336 MB, nearly all compiled extensions no benchmark loads) and the
+# one distribution its GDN kernels' imports need beyond the host's and engines-deps': .kd-wheels/engines-vllm,
+# its own call after engines-deps' (whose pyzmq it needs). Its gpu-setup.sh unpacks them under /tmp/kd-vllm (benchmarks/gpu_env.sh:
+# on PYTHONPATH when it exists) for benchmarks/vllm_kernels.py.
+VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
+vl=.kd-wheels/engines-vllm
+rm -rf "$vl"
+mkdir -p "$vl"
+tmp=$(mktemp -d)
+pip download --no-deps --quiet -d "$tmp" "$VLLM_SPEC"
+python - "$tmp" "$vl" <<'SLIM'
+import pathlib, sys, zipfile
+tmp, out = (pathlib.Path(a) for a in sys.argv[1:])
+(wheel,) = tmp.glob("vllm-*.whl")
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out / (wheel.stem + ".py.zip"), "w", zipfile.ZIP_DEFLATED) as dst:
+    for item in src.infolist():
+        if item.filename.endswith(".py") or ".dist-info/" in item.filename:
+            dst.writestr(item, src.read(item))
+SLIM
+rm -rf "$tmp"
+pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" -d "$vl" regex
+cat > "$vl/gpu-setup.sh" <<'SETUP'
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mkdir -p /tmp/kd-vllm
+python -m zipfile -e "$here"/vllm-*.py.zip /tmp/kd-vllm
+python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/kd-vllm "$here"/regex-*.whl
+# vLLM's CUDA platform imports its compiled op library (92 MB, not shipped) for its side effects only;
+# the kernels benchmarked are Triton and need none of its ops
+echo "# stand-in for the compiled op library (not staged: benchmarks/stage_engines.sh)" > /tmp/kd-vllm/vllm/_C_stable_libtorch.py
+PYTHONPATH=/tmp/kd-vllm:/tmp/kd-engines-deps python -c "import vllm; from vllm.third_party.flash_linear_attention.ops import fused_recurrent_gated_delta_rule_packed_decode; print('kd-vllm ready:', vllm.__version__)"
+SETUP
+du -sh "$vl"
 
 # shared/device's c2 and c3 bundles each hold half of one big wheel (part.aa, part.ab: 46 MB), which with
 # this working tree (21 MB with the results twins, 2026-11-26) passes a transfer's 64 MiB. 3 MB of each

@@ -244,6 +244,7 @@ def vllm_prefill_call(seqs=4, total=40, dtype=torch.float32):
 def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_here, kernel, dtype):
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     plugin.register()
     assert getattr(module, kernel) in (plugin.fi_chunk_call, plugin.fla_chunk_call)
     kw, ref = vllm_prefill_call(dtype=dtype)
@@ -261,9 +262,23 @@ def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_her
         assert out.data_ptr() == buffer.data_ptr() and torch.isnan(buffer[40:]).all()
 
 
+def test_prefill_stays_vllms_without_its_switch(monkeypatch, fake_vllm, fake_builder):
+    """KDISPATCH_VLLM alone swaps decode and verification, not prefill, and leaves the metadata
+    builder unwrapped."""
+    module, _ = fake_vllm
+    fi, fla, build = module.fi_chunk_gated_delta_rule, module.fla_chunk_gated_delta_rule, fake_builder.build
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.delenv(plugin.PREFILL_SWITCH, raising=False)
+    assert plugin.register() == LAYER
+    assert module.fused_recurrent_gated_delta_rule_packed_decode is plugin.packed_decode_call
+    assert module.fi_chunk_gated_delta_rule is fi and module.fla_chunk_gated_delta_rule is fla
+    assert fake_builder.build is build
+
+
 def test_uncovered_prefill_calls_reach_vllm(monkeypatch, fake_vllm, kernels_here):
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     plugin.register()
     kw, _ = vllm_prefill_call()
     module.fi_chunk_gated_delta_rule(**kw, state_checkpoints=torch.zeros(1, 8, 128, 128), checkpoint_every_n_tokens=64)
@@ -278,6 +293,7 @@ def test_the_metadata_builder_notes_each_batchs_prefills_and_longest_query(monke
     from kdispatch.integrations import pool_prefill
 
     monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     plugin.register()
     plugin.register()  # wrapped once
     common = types.SimpleNamespace(prefills=3, max_query_len=77)
@@ -297,6 +313,7 @@ def test_prefill_is_routed_with_the_batchs_longest_query(monkeypatch, fake_vllm,
 
     module, calls = fake_vllm
     monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     plugin.register()
     d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_pool_qk4_v8", "flashinfer_prefill_gather")
     monkeypatch.setattr(pool_prefill, "not_covered", lambda *a, **k: pytest.fail("the call was prepared for kdispatch"))

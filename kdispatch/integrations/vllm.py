@@ -1,9 +1,11 @@
 """kdispatch inside vLLM: GDN (Qwen3-Next, Qwen3.5) decode and speculative verification served by
 kdispatch's routed ops.
 
-Turn it on: install kdispatch in vLLM's environment and set `KDISPATCH_VLLM=1`. vLLM calls every
-`vllm.general_plugins` entry point in each worker before it builds the model (kdispatch's is
-`register` below, declared in setup.py); with the switch unset the plugin does nothing.
+Turn it on: install kdispatch in vLLM's environment and set `KDISPATCH_VLLM=1` (decode and
+verification), and `KDISPATCH_VLLM_PREFILL=1` for the prefill swaps too (off by default: slower than
+vLLM's own prefill on some shapes, see PREFILL_SWITCH). vLLM calls every `vllm.general_plugins`
+entry point in each worker before it builds the model (kdispatch's is `register` below, declared in
+setup.py); with KDISPATCH_VLLM unset the plugin does nothing.
 
 What it replaces: two kernels vLLM's GDN layer module calls, its references to them swapped for
 kdispatch's functions, which serve what kdispatch's definitions cover and hand every other call to
@@ -53,6 +55,12 @@ import torch
 from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
+# The prefill swaps, opt-in on top of SWITCH: the gdn_prefill_pool routers are fitted against
+# SGLang's prefill (gather, FlashInfer, scatter), and vLLM gathers and scatters around the swapped
+# call either way, so where kdispatch's kernels won only by skipping the gather they lose to vLLM's
+# bare FlashInfer call (H100, 2026-11-27, benchmarks/vllm_kernels.py: 8 of 20 shapes 0.78-0.95x in
+# graphs, e.g. 8 value heads x 1 x 2,048 tokens 114 us against 90); mean 1.24x.
+PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
 VERIFY_KERNEL = "fused_sigmoid_gating_delta_rule_update"
 FI_PREFILL = "fi_chunk_gated_delta_rule"
@@ -76,16 +84,16 @@ def _passed(stats: dict, why: str) -> None:
     stats["first_pass_reason"] = stats["first_pass_reason"] or why
 
 
-def enabled() -> bool:
-    return os.environ.get(SWITCH, "").strip() not in ("", "0")
+def enabled(switch: str = SWITCH) -> bool:
+    return os.environ.get(switch, "").strip() not in ("", "0")
 
 
 def register() -> str | None:
     """The `vllm.general_plugins` entry point: with KDISPATCH_VLLM set, swaps the GDN layer module's
-    packed decode for `packed_decode_call` and, where the module has them, its sigmoid-gating
-    kernel for `sigmoid_gating_call` and its prefill functions for `fi_chunk_call` /
-    `fla_chunk_call`, and wraps the GDN metadata builder's `build` (`note_lengths`). Returns the
-    patched module's name (None: nothing done)."""
+    packed decode for `packed_decode_call` and, where the module has it, its sigmoid-gating kernel
+    for `sigmoid_gating_call`; with KDISPATCH_VLLM_PREFILL set too, its prefill functions for
+    `fi_chunk_call` / `fla_chunk_call`, and wraps the GDN metadata builder's `build`
+    (`note_lengths`). Returns the patched module's name (None: nothing done)."""
     if not enabled():
         return None
     for name in LAYER_MODULES:
@@ -95,15 +103,19 @@ def register() -> str | None:
             continue
         if getattr(module, KERNEL, None) is None:
             continue
+        prefill = enabled(PREFILL_SWITCH)
         for kernel, ours in SWAPS:
+            if kernel in (FI_PREFILL, FLA_PREFILL) and not prefill:
+                continue
             current = getattr(module, kernel, None)
             if current is not None and current is not ours:
                 _originals[kernel] = current
                 setattr(module, kernel, ours)
-        noted = _wrap_metadata_build()
-        logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s)%s", name,
-                    ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH],
-                    "" if noted else f"; no {METADATA_BUILDER}: prefill routed without its longest sequence")
+        why_not = ("" if not prefill or _wrap_metadata_build()
+                   else f"; no {METADATA_BUILDER}: prefill routed without its longest sequence")
+        logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s, %s=%s)%s", name,
+                    ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH], PREFILL_SWITCH,
+                    os.environ.get(PREFILL_SWITCH, ""), why_not)
         return name
     logger.warning("kdispatch: no vLLM GDN layer module with %s found (%s): nothing replaced", KERNEL,
                    ", ".join(LAYER_MODULES))
