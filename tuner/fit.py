@@ -369,32 +369,50 @@ class _Matrix:
         return [self.names[j] for j in sorted(range(1, len(self.names)), key=lambda j: (costs[j], self.names[j]))
                 if good[j] and j != chosen]
 
+    def _cuts(self, idx: np.ndarray, fi: int):
+        """idx sorted by feature fi, and per threshold between distinct values (cut k: the first k
+        sorted workloads on the left): the cut positions, the best admissible cost of each side
+        (inf where no variant is admissible on all of it) and the left side's weight; None where
+        the feature has one value on idx."""
+        order = idx[np.argsort(self.X[idx, fi], kind="stable")]
+        vals = self.X[order, fi]
+        cuts = np.nonzero(vals[1:] != vals[:-1])[0] + 1
+        if len(cuts) == 0:
+            return None
+        c = np.cumsum(self.cost[:, order], axis=1)
+        bad = np.cumsum(~self.ok[:, order], axis=1)
+        wc = np.cumsum(self.w[order])
+        tot_c, tot_bad = c[:, -1:], bad[:, -1:]
+        lc = np.where(bad[:, cuts - 1] == 0, c[:, cuts - 1], np.inf).min(axis=0)
+        rc = np.where(tot_bad - bad[:, cuts - 1] == 0, tot_c - c[:, cuts - 1], np.inf).min(axis=0)
+        return order, vals, cuts, lc, rc, wc[cuts - 1], wc[-1]
+
     def splits(self, idx: np.ndarray, min_leaf: float):
         """Yields (feature index, threshold, left idx, right idx, left cost, right cost) for every
         admissible split of idx, in (feature, threshold) order."""
         for fi in range(len(self.fit)):
-            order = idx[np.argsort(self.X[idx, fi], kind="stable")]
-            vals = self.X[order, fi]
-            cuts = np.nonzero(vals[1:] != vals[:-1])[0] + 1
-            if len(cuts) == 0:
+            found = self._cuts(idx, fi)
+            if found is None:
                 continue
-            c = np.cumsum(self.cost[:, order], axis=1)
-            bad = np.cumsum(~self.ok[:, order], axis=1)
-            wc = np.cumsum(self.w[order])
-            tot_c, tot_bad, tot_w = c[:, -1:], bad[:, -1:], wc[-1]
-            lc = np.where(bad[:, cuts - 1] == 0, c[:, cuts - 1], np.inf).min(axis=0)
-            rc = np.where(tot_bad - bad[:, cuts - 1] == 0, tot_c - c[:, cuts - 1], np.inf).min(axis=0)
+            order, vals, cuts, lc, rc, wl, tot_w = found
             for k, cut in enumerate(cuts):
-                wl = wc[cut - 1]
-                if wl < min_leaf or tot_w - wl < min_leaf:
+                if wl[k] < min_leaf or tot_w - wl[k] < min_leaf:
                     continue
                 a, b = int(vals[cut - 1]), int(vals[cut])
                 yield fi, _midway(a, b), order[:cut], order[cut:], float(lc[k]), float(rc[k])
 
     def best_split_cost(self, idx, min_leaf) -> float:
+        """The lowest left + right cost over the admissible splits of idx (the lookahead of `_grow`:
+        the same sums as `splits` gives, without building each split)."""
         best = math.inf
-        for *_, lc, rc in self.splits(idx, min_leaf):
-            best = min(best, lc + rc)
+        for fi in range(len(self.fit)):
+            found = self._cuts(idx, fi)
+            if found is None:
+                continue
+            _, _, _, lc, rc, wl, tot_w = found
+            admissible = (wl >= min_leaf) & (tot_w - wl >= min_leaf)
+            if admissible.any():
+                best = min(best, float((lc + rc)[admissible].min()))
         return best
 
 
