@@ -87,6 +87,12 @@ def given_back(short: str, value_heads: int, device, axes) -> bool:
     return value_heads in HEADS and not_served(short, device) is None and gives_back(short, device, axes())
 
 
+def passed(stats: dict, why: str) -> None:
+    """Counts a call a plugin passed to the engine in `stats`, keeping the first reason."""
+    stats["passed"] += 1
+    stats["first_pass_reason"] = stats["first_pass_reason"] or why
+
+
 def attempt(stats: dict, short: str, device, serve, engine):
     """serve() (kdispatch), counted in `stats`; engine() (the engine's own kernel) where the router
     sends the call to the baseline, and if serve() raises, for this call and every later one of
@@ -95,15 +101,13 @@ def attempt(stats: dict, short: str, device, serve, engine):
         with dispatch.handing_back_baseline():
             result = serve()
     except dispatch.BaselineChosen:
-        stats["passed"] += 1
-        stats["first_pass_reason"] = stats["first_pass_reason"] or f"{short}: routed to the baseline for this shape"
+        passed(stats, f"{short}: routed to the baseline for this shape")
         return engine()
     except Exception as exc:
         _decided[(short, device)] = f"{short}: raised {type(exc).__name__}: {exc}"
         logger.warning("kdispatch: %s raised %s: %s; the engine's kernel serves it from now on", short,
                        type(exc).__name__, exc)
-        stats["passed"] += 1
-        stats["first_pass_reason"] = stats["first_pass_reason"] or _decided[(short, device)]
+        passed(stats, _decided[(short, device)])
         return engine()
     stats["served"] += 1
     return result

@@ -78,11 +78,6 @@ def note_lengths(backend, forward_batch, *args, **kwargs):
     pool_prefill.note_batch(len(lens) if lens else 0, max(lens) if lens else None)
 
 
-def _passed(stats: dict, why: str) -> None:
-    stats["passed"] += 1
-    stats["first_pass_reason"] = stats["first_pass_reason"] or why
-
-
 def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
          head_v_dim, **kwargs):
     """AROUND hook of TritonGDNKernel.packed_decode: same arguments, same result ([1, B, HV, V])."""
@@ -97,7 +92,7 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
         why = f"{short}: routed to the baseline for this shape"
     why = why or packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim)
     if why is not None:
-        _passed(STATS, why)
+        serving.passed(STATS, why)
         return engine()
 
     def ours():
@@ -130,12 +125,12 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
         longest = pool_prefill.batch_longest(n)
         if serving.given_back(short, v.shape[2], v.device,
                               lambda: pool_prefill.axes(v.shape[1], n, ssm_states, longest)):
-            _passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
+            serving.passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
         why = pool_prefill.not_covered(q0, k0, v0, g0, beta0, ssm_states, slots, query_start_loc)
     if why is not None:
-        _passed(EXTEND_STATS, why)
+        serving.passed(EXTEND_STATS, why)
         return engine()
 
     def ours():
@@ -168,13 +163,13 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
         short = serving.gdn_short("verify", v.shape[2])
         if buffer is not None and buffer.dim() == 5 and \
                 serving.given_back(short, v.shape[2], v.device, lambda: verify.axes(v.shape[1], n, ssm_states, buffer)):
-            _passed(VERIFY_STATS, f"{short}: routed to the baseline for this shape")
+            serving.passed(VERIFY_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, slots = q[0], k[0], v[0], cache_indices[:n]  # a CUDA-graph bucket may pass more
         rows = intermediate_state_indices[:n] if intermediate_state_indices is not None else None
         why = verify.not_covered(q0, k0, v0, a, b, ssm_states, slots, query_start_loc, buffer, rows)
     if why is not None:
-        _passed(VERIFY_STATS, why)
+        serving.passed(VERIFY_STATS, why)
         return engine()
     return serving.attempt(
         VERIFY_STATS, short, v.device,

@@ -79,11 +79,6 @@ logger = logging.getLogger(__name__)
 _originals: dict = {}  # kernel name -> vLLM's function
 
 
-def _passed(stats: dict, why: str) -> None:
-    stats["passed"] += 1
-    stats["first_pass_reason"] = stats["first_pass_reason"] or why
-
-
 def enabled(switch: str = SWITCH) -> bool:
     return os.environ.get(switch, "").strip() not in ("", "0")
 
@@ -168,7 +163,7 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
                                  lambda: packed_decode.axes(mixed_qkv.shape[0], initial_state)) else
            packed_decode.not_covered(mixed_qkv, a, b, initial_state, ssm_state_indices, heads, width))
     if why is not None:
-        _passed(STATS, why)
+        serving.passed(STATS, why)
         return _originals[KERNEL](mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
                          initial_state=initial_state, out=out, ssm_state_indices=ssm_state_indices,
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
@@ -203,7 +198,7 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
            "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 else
            verify.not_covered_steps(q[0], k[0], v[0], a, b, initial_state, slots, accepted, cu_seqlens))
     if why is not None:
-        _passed(VERIFY_STATS, why)
+        serving.passed(VERIFY_STATS, why)
         return _originals[VERIFY_KERNEL](
             A_log=A_log, a=a, b=b, dt_bias=dt_bias, q=q, k=k, v=v, beta=beta, threshold=threshold, scale=scale,
             initial_state=initial_state, inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
@@ -255,7 +250,7 @@ def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, 
 def _prefill_or_engine(why, v, serve, engine):
     """A prefill call kdispatch covers (why is None) served by `serve`, else by the engine's function."""
     if why is not None:
-        _passed(PREFILL_STATS, why)
+        serving.passed(PREFILL_STATS, why)
         return engine()
     return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, serve, engine)
 
