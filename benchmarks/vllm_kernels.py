@@ -7,7 +7,9 @@ at the head counts of TP 1, 2, 4 and 8:
   vllm.third_party.flash_linear_attention.ops, called as the layer calls it (A_log fp32, dt_bias in
   the model's bf16, the pool updated in place, `out` a [B, 1, HV, V] view);
 - prefill: the layer's non-speculative prefill segment around `fi_chunk_gated_delta_rule` (its
-  FlashInfer prefill, the default on sm_90): the prefill sequences' states gathered from the pool
+  FlashInfer prefill, the default on sm_90; `prefill_fla`: around its fla `chunk_gated_delta_rule`,
+  `--gdn-prefill-backend triton`, given the chunk metadata vLLM's GDN metadata builder computes on
+  the host once per batch): the prefill sequences' states gathered from the pool
   (zeroed where a sequence has no initial state), the call with q/k L2-normalised beforehand (as the
   layer does), the final states scattered back. The plugin replaces only the call; gather and
   scatter stay vLLM's on both sides. The layer module itself does not import here (it needs vLLM's
@@ -23,7 +25,7 @@ larger than 4x the L2; eager time (host + device, synchronised, the sides altern
 the quartiles of the paired speedups). Needs vLLM's Python files and `regex` on the GPU host
 (benchmarks/stage_engines.sh); prints a table and a summary, writes JSON.
 
-    python benchmarks/vllm_kernels.py [--families decode prefill] [--heads 32 16 8 4] [--json out.json]
+    python benchmarks/vllm_kernels.py [--families decode prefill prefill_fla] [--heads 32 16 8 4] [--json out.json]
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ LAYER_FILE = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"  # under 
 
 
 def vllm_functions() -> dict:
-    """vLLM's packed decode and FlashInfer prefill functions, and its l2norm_fwd."""
+    """vLLM's packed decode, FlashInfer and fla prefill functions, and its l2norm_fwd."""
+    from vllm.third_party.flash_linear_attention.ops import chunk_gated_delta_rule
     from vllm.third_party.flash_linear_attention.ops import fused_recurrent_gated_delta_rule_packed_decode
     from vllm.third_party.flash_linear_attention.ops.chunk import l2norm_fwd
 
@@ -58,7 +61,18 @@ def vllm_functions() -> dict:
     namespace = {"torch": torch, "Literal": typing.Literal, "l2norm_fwd": l2norm_fwd}
     exec(compile(ast.Module([fn], type_ignores=[]), str(path), "exec"), namespace)  # vLLM's own source
     return {plugin.KERNEL: fused_recurrent_gated_delta_rule_packed_decode, plugin.FI_PREFILL: namespace[plugin.FI_PREFILL],
-            "l2norm_fwd": l2norm_fwd}
+            plugin.FLA_PREFILL: chunk_gated_delta_rule, "l2norm_fwd": l2norm_fwd}
+
+
+def fla_chunk_metadata(cu_seqlens: torch.Tensor) -> dict:
+    """The fla prefill's chunk indices and offsets, as vLLM's GDN metadata builder computes them on the
+    host once per batch (the function would otherwise sync to compute them)."""
+    from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+    from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
+
+    cpu = cu_seqlens.cpu()
+    return {"chunk_indices": prepare_chunk_indices(cpu, FLA_CHUNK_SIZE).to(cu_seqlens.device),
+            "chunk_offsets": prepare_chunk_offsets(cpu, FLA_CHUNK_SIZE).to(cu_seqlens.device)}
 
 
 def decode_sets(hv: int, batch: int, l2: int, device) -> tuple[list, torch.Tensor]:
@@ -93,7 +107,8 @@ def decode_method(kernel):
 
 
 def prefill_method(kernel, hinted: bool):
-    """The layer's prefill segment with `kernel` as its fi_chunk_gated_delta_rule."""
+    """The layer's prefill segment with `kernel` as its prefill function (the fla one also gets the
+    set's chunk metadata, `fla`)."""
     def run(c):
         if hinted:
             plugin.note_lengths(SimpleNamespace(num_prefills=len(c["lens"])), SimpleNamespace(max_query_len=max(c["lens"])))
@@ -101,7 +116,8 @@ def prefill_method(kernel, hinted: bool):
         initial = pool[slots]
         initial[~c["has_initial"], ...] = 0
         o, final = kernel(q=c["q"], k=c["k"], v=c["v"], g=c["g"], beta=c["beta"], initial_state=initial,
-                          output_final_state=True, cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=False)
+                          output_final_state=True, cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=False,
+                          **c.get("fla", {}))
         pool[slots] = final.to(pool.dtype)
         return o
     return run
@@ -113,8 +129,12 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict) -> dict:
         methods = {"vllm": decode_method(fns[plugin.KERNEL]), "kdispatch": decode_method(plugin.packed_decode_call)}
     else:
         sets, written = prefill_sets(hv, *shape, l2, device, fns["l2norm_fwd"])
-        methods = {"vllm": prefill_method(fns[plugin.FI_PREFILL], False),
-                   "kdispatch": prefill_method(plugin.fi_chunk_call, True)}
+        ours = {"prefill": plugin.fi_chunk_call, "prefill_fla": plugin.fla_chunk_call}[family]
+        theirs = fns[plugin.FI_PREFILL if family == "prefill" else plugin.FLA_PREFILL]
+        if family == "prefill_fla":
+            for c in sets:
+                c["fla"] = fla_chunk_metadata(c["cu_seqlens"])
+        methods = {"vllm": prefill_method(theirs, False), "kdispatch": prefill_method(ours, True)}
     start = written.clone()
     row = {"family": family, "value_heads": hv, "shape": shape, "sets": len(sets)}
     results = {}
@@ -148,15 +168,17 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", nargs="*", default=["decode", "prefill"], choices=["decode", "prefill"])
+    # prefill_fla only when asked: vLLM's fla kernels autotune on each new shape (a first run of its 20 shapes
+    # did not finish in 4.7 minutes, H100, 2026-11-27)
+    ap.add_argument("--families", nargs="*", default=["decode", "prefill"], choices=["decode", "prefill", "prefill_fla"])
     ap.add_argument("--heads", nargs="*", type=int, default=[32, 16, 8, 4])
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/vllm-kernels-H100.json"))
     opts = ap.parse_args()
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     fns = vllm_functions()
-    plugin._originals.update({k: fns[k] for k in (plugin.KERNEL, plugin.FI_PREFILL)})  # as register() swaps them
-    shapes = {"decode": DECODE, "prefill": EXTEND}
+    plugin._originals.update({k: fns[k] for k in (plugin.KERNEL, plugin.FI_PREFILL, plugin.FLA_PREFILL)})  # as register()
+    shapes = {"decode": DECODE, "prefill": EXTEND, "prefill_fla": EXTEND}
     rows = []
     print(f"{'family':<8}{'HV':>4} {'shape':<12}{'vLLM g':>9}{'kd g':>9}{'x':>7}{'vLLM e':>9}{'kd e':>9}{'x':>7}  agree")
     for family in opts.families:

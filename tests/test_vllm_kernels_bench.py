@@ -20,7 +20,8 @@ def fake_vllm(root: Path) -> None:
     for d in (ops, layer.parent):
         d.mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text("__version__ = 'fake'\n")
-    (ops / "__init__.py").write_text("def fused_recurrent_gated_delta_rule_packed_decode(**kw):\n    return 'decode'\n")
+    (ops / "__init__.py").write_text("def fused_recurrent_gated_delta_rule_packed_decode(**kw):\n    return 'decode'\n"
+                                     "def chunk_gated_delta_rule(**kw):\n    return 'fla'\n")
     (ops / "chunk.py").write_text("def l2norm_fwd(x):\n    return x * 2\n")
     layer.write_text(textwrap.dedent("""\
         import a_module_the_gpu_machine_lacks
@@ -41,6 +42,7 @@ def test_the_prefill_function_comes_from_the_layer_source_alone(tmp_path, monkey
     out, state = fns["fi_chunk_gated_delta_rule"](q, "s")
     assert torch.equal(out, q * 2) and state == "s", "vLLM's function body, with vLLM's l2norm_fwd"
     assert fns["fused_recurrent_gated_delta_rule_packed_decode"]() == "decode"
+    assert fns["fla_chunk_gated_delta_rule"]() == "fla"
 
 
 def test_the_prefill_segment_gathers_zeroes_and_scatters_as_vllms_layer():
