@@ -200,6 +200,19 @@ def _eager_interleaved(methods: dict, calls: list, device, reps: int) -> dict:
     return out
 
 
+def print_summary(rows: list, families, modes) -> None:
+    """Per family and mode the mean and minimum speedup; for eager modes also the shapes slower beyond
+    the spread (the engine's call faster in three of four pairs: the pairs' third quartile below 1)."""
+    for family in families:
+        for mode in modes:
+            xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
+            if xs:
+                slower = sum(1 for r in rows if r["family"] == family and r.get(f"speedup_{mode}_quartiles", (1, 1))[1] < 1)
+                beyond = "" if mode == "graph" else f", {slower} slower in 3 of 4 pairs"
+                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes{beyond})")
+    print(f"  outputs disagree on {sum(1 for r in rows if r.get('agree') is False)} of {len(rows)} calls")
+
+
 def measure(family: str, hv: int, shape, l2: int, device, profile: bool = False, calls_before: int = 0) -> dict:
     module, cls_name, method_name, _, build, output_of = FAMILIES[family]
     cls = _kernel_class(module, cls_name)
@@ -281,15 +294,7 @@ def main() -> None:
                       flush=True)
                 print("\n".join(f"    {line}" for line in r.get("kdispatch_host_profile", [])))
     print("\nsummary: the plugin's speedup over SGLang's kernel class (mean, min over shapes and head counts)")
-    for family in opts.families:
-        for mode in MODES:
-            xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
-            if xs:
-                # eager: slower beyond the spread = SGLang's call faster in three of four pairs
-                beyond = "" if mode == "graph" else f", {sum(1 for r in rows if r['family'] == family and r.get(f'speedup_{mode}_quartiles', (1, 1))[1] < 1)} slower in 3 of 4 pairs"
-                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes{beyond})")
-    disagree = [r for r in rows if r.get("agree") is False]
-    print(f"  outputs disagree on {len(disagree)} of {len(rows)} calls")
+    print_summary(rows, opts.families, MODES)
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                                      "torch": torch.__version__,

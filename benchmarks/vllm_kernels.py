@@ -44,7 +44,7 @@ import torch
 from kdispatch.integrations import vllm as plugin
 from kdispatch.tuner import timing
 
-from sglang_layer import DECODE, EXTEND, _eager_interleaved, decode_calls, extend_calls  # noqa: E402
+from sglang_layer import DECODE, EXTEND, _eager_interleaved, decode_calls, extend_calls, print_summary  # noqa: E402
 
 LAYER_FILE = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"  # under vLLM's package folder
 
@@ -194,15 +194,8 @@ def main() -> None:
                       + "".join(f"  {w}: {r[w + '_error']}" for w in ("vllm", "kdispatch") if w + "_error" in r),
                       flush=True)
     print("\nsummary: the plugin's speedup over vLLM's function (mean, min over shapes and head counts)")
-    for family in opts.families:
-        for mode in ("graph", "eager"):
-            xs = [r[f"speedup_{mode}"] for r in rows if r["family"] == family and f"speedup_{mode}" in r]
-            if xs:
-                beyond = "" if mode == "graph" else \
-                    f", {sum(1 for r in rows if r['family'] == family and r.get('speedup_eager_quartiles', (1, 1))[1] < 1)} slower in 3 of 4 pairs"
-                print(f"  {family:<7} {mode:<6} mean {statistics.mean(xs):.2f}x  min {min(xs):.2f}x  ({len(xs)} shapes{beyond})")
-    print(f"  outputs disagree on {sum(1 for r in rows if r.get('agree') is False)} of {len(rows)} calls; "
-          f"served / passed: decode {plugin.STATS}, prefill {plugin.PREFILL_STATS}")
+    print_summary(rows, opts.families, ("graph", "eager"))
+    print(f"  served / passed: decode {plugin.STATS}, prefill {plugin.PREFILL_STATS}")
     import vllm
 
     opts.json.parent.mkdir(parents=True, exist_ok=True)
