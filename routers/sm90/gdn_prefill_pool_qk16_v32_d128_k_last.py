@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T00:22:49Z
+# measured    up to 2026-11-27T06:59:56Z
 # workloads   84 (workload-set digest 814780a533a1642f)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,6 +19,7 @@
 #   cuda_prefill_pool_rows.k4c8    54ed34477b60c6f0  79/79  0.55x
 #   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  79/79  0.52x
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  79/79  0.54x
+#   flashinfer_pool_inplace        b00f6e686113c26a  84/84  1.34x
 #   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  0.69x
 #   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  0.81x
 #   triton_prefill_fused.c16v32    390308607b5503dc  84/84  0.97x
@@ -42,50 +43,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 17.64% mean, 128.16% max;
-#             1.264x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 24.06% mean, 315.50% max;
-#             1.482x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 14.73% mean, 154.74% max;
+#             1.422x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 29.93% mean, 315.50% max;
+#             1.569x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 32 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 512 and 4 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   3. total_seq_len <= 512 and mean_seq_len > 90: sglang_flashinfer_prefill (baseline), 4 workloads
-#   4. 32 < total_seq_len <= 512 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.40x (2.57x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 512 < total_seq_len <= 2470 and mean_seq_len <= 22: triton_prefill_fused.c16v64, 11 workloads, 2.14x (1.38x .. 2.49x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. 512 < total_seq_len <= 2470 and mean_seq_len > 22: sglang_flashinfer_prefill (baseline), 24 workloads
-#   7. total_seq_len > 2470 and mean_seq_len <= 35: triton_prefill_fused.c16v32, 4 workloads, 1.26x (1.04x .. 1.38x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 2470 and mean_seq_len > 35: sglang_flashinfer_prefill (baseline), 21 workloads
+#   1. total_seq_len <= 32 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 849 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   3. total_seq_len <= 849 and mean_seq_len > 90: flashinfer_pool_inplace, 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+#   4. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   5. total_seq_len > 32 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.05x (1.54x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   6. 849 < total_seq_len <= 3428 and mean_seq_len > 362: flashinfer_pool_inplace, 4 workloads, 1.20x (1.14x .. 1.30x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 849 and 28 < mean_seq_len <= 362: flashinfer_pool_inplace, 28 workloads, 1.33x (1.17x .. 1.50x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 3428 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 14 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   1. total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 1781 < total_seq_len <= 3622 and num_seqs > 55 and mean_seq_len > 28: triton_prefill_chunked.v64, 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-#   4. 1781 < total_seq_len <= 6677 and 5 < num_seqs <= 55: triton_prefill_fused.c16v64, 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-#   5. total_seq_len > 1781 and num_seqs <= 5: sglang_flashinfer_prefill (baseline), 7 workloads
-#   6. total_seq_len > 1781 and num_seqs > 55 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len > 4996 and num_seqs > 55 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 8 workloads
-#   8. total_seq_len > 6677 and 5 < num_seqs <= 55: sglang_flashinfer_prefill (baseline), 9 workloads
+#   3. 1781 < total_seq_len <= 3281 and 21 < num_seqs <= 95: triton_prefill_chunked.v64, 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
+#   4. 1781 < total_seq_len <= 4211 and num_seqs > 95: triton_prefill_fused.c16v64, 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362: flashinfer_pool_inplace, 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   6. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 4 workloads
+#   7. total_seq_len > 4211 and 21 < num_seqs <= 82: sglang_flashinfer_prefill (baseline), 6 workloads
+#   8. total_seq_len > 4211 and num_seqs > 82: flashinfer_pool_inplace, 5 workloads, 1.34x (1.16x .. 1.64x) over sglang_flashinfer_prefill
+#   9. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990: flashinfer_pool_inplace, 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990: sglang_flashinfer_prefill (baseline), 7 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (2.57, 6.28, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (4, 90), 'total_seq_len': (None, 512)}, 'workloads': 12, 'speedup': (1.06, 2.15, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 3, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (32, 512)}, 'workloads': 4, 'speedup': (2.57, 3.4, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (512, 2470)}, 'workloads': 11, 'speedup': (1.38, 2.14, 2.49), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'total_seq_len': (512, 2470)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 35), 'total_seq_len': (2470, None)}, 'workloads': 4, 'speedup': (1.04, 1.26, 1.38), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (35, None), 'total_seq_len': (2470, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (2.57, 6.28, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'total_seq_len': (None, 849)}, 'workloads': 7, 'speedup': (1.06, 1.92, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 849)}, 'workloads': 6, 'speedup': (1.11, 1.37, 1.69), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 14, 'speedup': (1.38, 2.19, 2.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (32, None)}, 'workloads': 7, 'speedup': (1.54, 3.05, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (849, 3428)}, 'workloads': 4, 'speedup': (1.14, 1.2, 1.3), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 362), 'total_seq_len': (849, None)}, 'workloads': 28, 'speedup': (1.17, 1.33, 1.5), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 1781)}, 'workloads': 15, 'speedup': (1.67, 5.04, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 1781)}, 'workloads': 15, 'speedup': (1.67, 5.04, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 1781)}, 'workloads': 28, 'speedup': (1.28, 2.95, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (55, None), 'total_seq_len': (1781, 3622)}, 'workloads': 4, 'speedup': (1.06, 1.17, 1.24), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (1781, 6677)}, 'workloads': 8, 'speedup': (1.19, 1.69, 3.95), 'fallbacks': ()},
-    {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1781, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (55, None), 'total_seq_len': (1781, None)}, 'workloads': 5, 'speedup': (1.69, 2.14, 2.9), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (55, None), 'total_seq_len': (4996, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (5, 55), 'total_seq_len': (6677, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (21, 95), 'total_seq_len': (1781, 3281)}, 'workloads': 4, 'speedup': (1.06, 1.17, 1.24), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (95, None), 'total_seq_len': (1781, 4211)}, 'workloads': 5, 'speedup': (1.69, 2.14, 2.9), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 6, 'speedup': (1.47, 2.04, 3.37), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (21, 82), 'total_seq_len': (4211, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (82, None), 'total_seq_len': (4211, None)}, 'workloads': 5, 'speedup': (1.16, 1.34, 1.64), 'fallbacks': ()},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 990), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 4, 'speedup': (1.27, 1.55, 1.9), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (990, None), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -95,20 +100,26 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 32 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 12 workloads, 2.15x (1.06x .. 4.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 512 and 4 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 4 workloads, 3.40x (2.57x .. 3.90x) over sglang_flashinfer_prefill
-    if 32 < total_seq_len <= 512 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 11 workloads, 2.14x (1.38x .. 2.49x) over sglang_flashinfer_prefill
-    if 512 < total_seq_len <= 2470 and mean_seq_len <= 22:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 4 workloads, 1.26x (1.04x .. 1.38x) over sglang_flashinfer_prefill
-    if total_seq_len > 2470 and mean_seq_len <= 35:
-        return 'triton_prefill_fused.c16v32'
+    if total_seq_len <= 32 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 849 and 28 < mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+    if total_seq_len <= 849 and mean_seq_len > 90:
+        return 'flashinfer_pool_inplace'
+    # region 4: 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill
+    if 5 < mean_seq_len <= 28:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 7 workloads, 3.05x (1.54x .. 3.90x) over sglang_flashinfer_prefill
+    if total_seq_len > 32 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 4 workloads, 1.20x (1.14x .. 1.30x) over sglang_flashinfer_prefill
+    if 849 < total_seq_len <= 3428 and mean_seq_len > 362:
+        return 'flashinfer_pool_inplace'
+    # region 7: 28 workloads, 1.33x (1.17x .. 1.50x) over sglang_flashinfer_prefill
+    if total_seq_len > 849 and 28 < mean_seq_len <= 362:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 
 
@@ -117,19 +128,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill
     if total_seq_len <= 1781 and mean_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill
     if total_seq_len <= 1781 and mean_seq_len > 10:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
     # region 3: 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 3622 and num_seqs > 55 and mean_seq_len > 28:
+    if 1781 < total_seq_len <= 3281 and 21 < num_seqs <= 95:
         return 'triton_prefill_chunked.v64'
-    # region 4: 8 workloads, 1.69x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 6677 and 5 < num_seqs <= 55:
-        return 'triton_prefill_fused.c16v64'
-    # region 6: 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill
-    if total_seq_len > 1781 and num_seqs > 55 and mean_seq_len <= 28:
+    # region 4: 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill
+    if 1781 < total_seq_len <= 4211 and num_seqs > 95:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill
+    if 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362:
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
+    # region 8: 5 workloads, 1.34x (1.16x .. 1.64x) over sglang_flashinfer_prefill
+    if total_seq_len > 4211 and num_seqs > 82:
+        return 'flashinfer_pool_inplace'
+    # region 9: 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
+    if total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 
 
@@ -138,91 +155,107 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.10% mean, 40.94% max;
-#             1.490x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.04% mean, 26.20% max;
-#             1.771x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.20% mean, 37.39% max;
+#             1.618x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.36% mean, 167.32% max;
+#             1.932x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k4c8, 2 workloads, 12.22x (11.05x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 849 and mean_seq_len > 138 and max_seq_len > 127: triton_prefill_fused.c16v64, 3 workloads, 1.64x (1.13x .. 3.09x) over sglang_flashinfer_prefill
-#   3. total_seq_len <= 16748 and 90 < mean_seq_len <= 138 and 127 < max_seq_len <= 280: triton_prefill_fused.c16v64, 5 workloads, 1.19x (1.04x .. 1.51x) over sglang_flashinfer_prefill
-#   4. total_seq_len <= 16748 and 90 < mean_seq_len <= 138 and max_seq_len > 280: sglang_flashinfer_prefill (baseline), 7 workloads
-#   5. num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   6. num_seqs <= 181 and 45 < mean_seq_len <= 90 and 900 < max_seq_len <= 1347: sglang_flashinfer_prefill (baseline), 1 workloads
-#   7. mean_seq_len <= 2 and 40 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
-#   8. mean_seq_len <= 22 and max_seq_len > 1347: triton_prefill_fused.c16v64, 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. mean_seq_len <= 90 and 127 < max_seq_len <= 900: triton_prefill_fused.c16v64, 8 workloads, 1.79x (1.06x .. 2.48x) over sglang_flashinfer_prefill
-#   10. 2 < mean_seq_len <= 5 and 40 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v16
-#   11. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill
-#   12. 22 < mean_seq_len <= 90 and max_seq_len > 1347: sglang_flashinfer_prefill (baseline), 3 workloads
-#   13. num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   14. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   15. 849 < total_seq_len <= 16748 and mean_seq_len > 138 and max_seq_len > 127: sglang_flashinfer_prefill (baseline), 21 workloads
-#   16. total_seq_len > 16748 and mean_seq_len > 90 and max_seq_len > 127: sglang_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k4c8, 2 workloads, 12.22x (11.05x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: triton_prefill_fused.c16v64, 1 workloads, 3.09x (3.09x .. 3.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   3. total_seq_len <= 4847 and mean_seq_len > 424 and 127 < max_seq_len <= 1365: flashinfer_pool_inplace, 3 workloads, 1.23x (1.14x .. 1.30x) over sglang_flashinfer_prefill
+#   4. total_seq_len <= 11585 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 9 workloads, 1.11x (1.04x .. 1.19x) over sglang_flashinfer_prefill
+#   5. mean_seq_len <= 2 and 40 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   6. mean_seq_len <= 11 and max_seq_len > 897: triton_prefill_fused.c16v64, 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. mean_seq_len <= 22 and 450 < max_seq_len <= 897: triton_prefill_fused.c16v64, 1 workloads, 2.40x (2.40x .. 2.40x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. mean_seq_len <= 35 and 127 < max_seq_len <= 450: triton_prefill_fused.c16v64, 4 workloads, 2.20x (1.93x .. 2.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   9. 2 < mean_seq_len <= 5 and 40 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   10. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   11. 11 < mean_seq_len <= 35 and max_seq_len > 897: flashinfer_pool_inplace, 3 workloads, 1.42x (1.32x .. 1.49x) over sglang_flashinfer_prefill
+#   12. 22 < mean_seq_len <= 35 and 450 < max_seq_len <= 897: flashinfer_pool_inplace, 1 workloads, 1.46x (1.46x .. 1.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   13. 35 < mean_seq_len <= 90 and max_seq_len > 127: flashinfer_pool_inplace, 3 workloads, 1.43x (1.33x .. 1.50x) over sglang_flashinfer_prefill
+#   14. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   15. total_seq_len > 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: flashinfer_pool_inplace, 21 workloads, 1.32x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+#   16. 4847 < total_seq_len <= 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads
+#   17. total_seq_len > 4847 and mean_seq_len > 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads
+#   18. 11585 < total_seq_len <= 23573 and num_seqs <= 21 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 0 workloads
+#   19. 11585 < total_seq_len <= 23573 and num_seqs > 21 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
+#   20. total_seq_len > 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   21. total_seq_len > 23573 and num_seqs <= 47 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 2 workloads
+#   22. total_seq_len > 23573 and num_seqs > 47 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   2. total_seq_len <= 724 and mean_seq_len <= 5 and 127 < max_seq_len <= 256: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   3. total_seq_len <= 724 and 5 < mean_seq_len <= 90 and 127 < max_seq_len <= 256: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16
-#   4. total_seq_len <= 1801 and num_seqs <= 82 and 256 < max_seq_len <= 562: triton_prefill_fused.c16v64, 7 workloads, 2.92x (1.99x .. 4.98x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len <= 1801 and num_seqs <= 82 and 562 < max_seq_len <= 1783: triton_prefill_fused.c16v32, 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   6. total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 2036: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-#   7. total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 2036: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   8. total_seq_len <= 11585 and mean_seq_len > 90 and 127 < max_seq_len <= 256: triton_prefill_fused.c16v64, 8 workloads, 2.52x (1.20x .. 6.75x) over sglang_flashinfer_prefill
-#   9. total_seq_len <= 11585 and num_seqs > 82 and 979 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 1 workloads, 2.09x (2.09x .. 2.09x) over sglang_flashinfer_prefill
-#   10. mean_seq_len <= 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   11. mean_seq_len <= 22 and max_seq_len > 1783: triton_prefill_fused.c16v64, 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. num_seqs > 82 and mean_seq_len <= 90 and 256 < max_seq_len <= 979: triton_prefill_fused.c16v64, 2 workloads, 2.60x (2.59x .. 2.60x) over sglang_flashinfer_prefill
-#   13. num_seqs > 82 and mean_seq_len > 90 and 256 < max_seq_len <= 979: sglang_flashinfer_prefill (baseline), 1 workloads
-#   14. 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127: cuda_prefill_pool_rows.k4c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   15. total_seq_len > 81 and mean_seq_len > 10 and max_seq_len <= 127: triton_prefill_fused.c16v64, 15 workloads, 2.85x (1.32x .. 6.45x) over sglang_flashinfer_prefill
-#   16. total_seq_len > 724 and mean_seq_len <= 90 and 127 < max_seq_len <= 256: triton_prefill_fused.c16v64, 2 workloads, 2.15x (1.96x .. 2.37x) over sglang_flashinfer_prefill
-#   17. 1801 < total_seq_len <= 6856 and num_seqs <= 82 and 256 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 5 workloads, 1.62x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-#   18. total_seq_len > 2498 and mean_seq_len > 22 and max_seq_len > 1783: sglang_flashinfer_prefill (baseline), 13 workloads
-#   19. total_seq_len > 6856 and num_seqs <= 82 and 256 < max_seq_len <= 1783: sglang_flashinfer_prefill (baseline), 4 workloads
-#   20. total_seq_len > 11585 and mean_seq_len > 90 and 127 < max_seq_len <= 256: sglang_flashinfer_prefill (baseline), 1 workloads
-#   21. total_seq_len > 11585 and num_seqs > 82 and 979 < max_seq_len <= 1783: sglang_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 362 and mean_seq_len <= 10 and 104 < max_seq_len <= 1783: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8
+#   2. total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 562: triton_prefill_fused.c16v64, 28 workloads, 2.87x (1.36x .. 6.75x) over sglang_flashinfer_prefill
+#   3. total_seq_len <= 2470 and mean_seq_len > 10 and 562 < max_seq_len <= 907: triton_prefill_fused.c16v32, 6 workloads, 2.36x (1.51x .. 4.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. total_seq_len <= 2470 and mean_seq_len > 10 and 907 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 2 workloads, 1.76x (1.30x .. 2.37x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   5. total_seq_len <= 6903 and mean_seq_len <= 10 and max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. num_seqs <= 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418: flashinfer_pool_inplace, 4 workloads, 1.77x (1.57x .. 2.15x) over sglang_flashinfer_prefill
+#   7. num_seqs <= 70 and mean_seq_len <= 605 and 1783 < max_seq_len <= 1888: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+#   8. num_seqs <= 70 and mean_seq_len <= 605 and max_seq_len > 1888: flashinfer_pool_inplace, 2 workloads, 1.55x (1.26x .. 1.90x) over sglang_flashinfer_prefill
+#   9. 605 < mean_seq_len <= 1448 and 5418 < max_seq_len <= 11579: sglang_flashinfer_prefill (baseline), 1 workloads
+#   10. mean_seq_len > 605 and max_seq_len > 11579: flashinfer_pool_inplace, 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
+#   11. mean_seq_len > 1448 and 5418 < max_seq_len <= 11579: flashinfer_pool_inplace, 1 workloads, 1.27x (1.27x .. 1.27x) over sglang_flashinfer_prefill
+#   12. num_seqs > 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418: sglang_flashinfer_prefill (baseline), 2 workloads
+#   13. num_seqs > 70 and mean_seq_len <= 605 and max_seq_len > 1783: flashinfer_pool_inplace, 3 workloads, 1.60x (1.56x .. 1.64x) over sglang_flashinfer_prefill
+#   14. 362 < total_seq_len <= 6903 and mean_seq_len <= 2 and 104 < max_seq_len <= 1783: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   15. 362 < total_seq_len <= 6903 and 2 < mean_seq_len <= 10 and 104 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 3 workloads, 2.35x (2.09x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   16. 2470 < total_seq_len <= 6903 and num_seqs <= 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783: flashinfer_pool_inplace, 1 workloads, 1.58x (1.58x .. 1.58x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   17. 2470 < total_seq_len <= 6903 and mean_seq_len > 10 and max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.58x (1.32x .. 1.90x) over sglang_flashinfer_prefill
+#   18. 2470 < total_seq_len <= 6903 and num_seqs > 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, triton_prefill_fused.c16v32
+#   19. 6903 < total_seq_len <= 11585 and mean_seq_len > 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
+#   20. total_seq_len > 6903 and mean_seq_len <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.92x (1.88x .. 1.96x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   21. total_seq_len > 6903 and mean_seq_len <= 724 and 362 < max_seq_len <= 1783: flashinfer_pool_inplace, 4 workloads, 1.26x (1.16x .. 1.31x) over sglang_flashinfer_prefill
+#   22. total_seq_len > 6903 and mean_seq_len > 724 and 362 < max_seq_len <= 1783: sglang_flashinfer_prefill (baseline), 1 workloads
+#   23. total_seq_len > 11585 and mean_seq_len > 90 and max_seq_len <= 362: flashinfer_pool_inplace, 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (11.05, 12.22, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (138, None), 'total_seq_len': (None, 849)}, 'workloads': 3, 'speedup': (1.13, 1.64, 3.09), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 280), 'mean_seq_len': (90, 138), 'total_seq_len': (None, 16748)}, 'workloads': 5, 'speedup': (1.04, 1.19, 1.51), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (280, None), 'mean_seq_len': (90, 138), 'total_seq_len': (None, 16748)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (None, 45), 'num_seqs': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (45, 90), 'num_seqs': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1347, None), 'mean_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (1.57, 1.65, 1.74), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 900), 'mean_seq_len': (None, 90)}, 'workloads': 8, 'speedup': (1.06, 1.79, 2.48), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (5, None)}, 'workloads': 20, 'speedup': (1.05, 2.11, 4.09), 'fallbacks': ()},
-    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1347, None), 'mean_seq_len': (22, 90)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (900, 1347), 'mean_seq_len': (None, 90), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 7, 'speedup': (2.73, 3.48, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 15, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (138, None), 'total_seq_len': (849, 16748)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, None), 'total_seq_len': (16748, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (11.05, 12.22, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (None, 391)}, 'workloads': 1, 'speedup': (3.09, 3.09, 3.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, None), 'total_seq_len': (None, 4847)}, 'workloads': 3, 'speedup': (1.14, 1.23, 1.3), 'fallbacks': ()},
+    {'region': 4, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'total_seq_len': (None, 11585)}, 'workloads': 9, 'speedup': (1.04, 1.11, 1.19), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (1.57, 1.65, 1.74), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 450), 'mean_seq_len': (None, 35)}, 'workloads': 4, 'speedup': (1.93, 2.2, 2.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (5, None)}, 'workloads': 20, 'speedup': (1.05, 2.11, 4.09), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (11, 35)}, 'workloads': 3, 'speedup': (1.32, 1.42, 1.49), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (22, 35)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (35, 90)}, 'workloads': 3, 'speedup': (1.33, 1.43, 1.5), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 7, 'speedup': (2.73, 3.48, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.11, 1.32, 1.69), 'fallbacks': ()},
+    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, 605), 'total_seq_len': (4847, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 17, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (605, None), 'total_seq_len': (4847, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 21), 'total_seq_len': (11585, 23573)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (21, None), 'total_seq_len': (11585, 23573)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, 605), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 47), 'total_seq_len': (23573, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (47, None), 'total_seq_len': (23573, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 256), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 256), 'mean_seq_len': (5, 90), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 562), 'num_seqs': (None, 82), 'total_seq_len': (None, 1801)}, 'workloads': 7, 'speedup': (1.99, 2.92, 4.98), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (562, 1783), 'num_seqs': (None, 82), 'total_seq_len': (None, 1801)}, 'workloads': 6, 'speedup': (1.51, 2.18, 2.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1783, 2036), 'mean_seq_len': (22, None), 'total_seq_len': (None, 2498)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (22, None), 'total_seq_len': (None, 2498)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 256), 'mean_seq_len': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.2, 2.52, 6.75), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (979, 1783), 'num_seqs': (82, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (2.09, 2.09, 2.09), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 10)}, 'workloads': 14, 'speedup': (3.08, 5.74, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 979), 'mean_seq_len': (None, 90), 'num_seqs': (82, None)}, 'workloads': 2, 'speedup': (2.59, 2.6, 2.6), 'fallbacks': ()},
-    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 979), 'mean_seq_len': (90, None), 'num_seqs': (82, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (45, 81)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (10, None), 'total_seq_len': (81, None)}, 'workloads': 15, 'speedup': (1.32, 2.85, 6.45), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 256), 'mean_seq_len': (None, 90), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.96, 2.15, 2.37), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 1783), 'num_seqs': (None, 82), 'total_seq_len': (1801, 6856)}, 'workloads': 5, 'speedup': (1.19, 1.62, 3.95), 'fallbacks': ()},
-    {'region': 18, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (22, None), 'total_seq_len': (2498, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 19, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 1783), 'num_seqs': (None, 82), 'total_seq_len': (6856, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 256), 'mean_seq_len': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (979, 1783), 'num_seqs': (82, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 562), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 28, 'speedup': (1.36, 2.87, 6.75), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (562, 907), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 6, 'speedup': (1.51, 2.36, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (907, 1783), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 2, 'speedup': (1.3, 1.76, 2.37), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 6903)}, 'workloads': 14, 'speedup': (3.08, 5.74, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1783, 5418), 'mean_seq_len': (605, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.57, 1.77, 2.15), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1783, 1888), 'mean_seq_len': (None, 605), 'num_seqs': (None, 70)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1888, None), 'mean_seq_len': (None, 605), 'num_seqs': (None, 70)}, 'workloads': 2, 'speedup': (1.26, 1.55, 1.9), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (5418, 11579), 'mean_seq_len': (605, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (605, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5418, 11579), 'mean_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ()},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1783, 5418), 'mean_seq_len': (605, None), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (None, 605), 'num_seqs': (70, None)}, 'workloads': 3, 'speedup': (1.56, 1.6, 1.64), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (None, 2), 'total_seq_len': (362, 6903)}, 'workloads': 1, 'speedup': (2.96, 2.96, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (2, 10), 'total_seq_len': (362, 6903)}, 'workloads': 3, 'speedup': (2.09, 2.35, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 16, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (10, None), 'num_seqs': (None, 90), 'total_seq_len': (2470, 6903)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (10, None), 'total_seq_len': (2470, 6903)}, 'workloads': 2, 'speedup': (1.32, 1.58, 1.9), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (10, None), 'num_seqs': (90, None), 'total_seq_len': (2470, 6903)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (90, None), 'total_seq_len': (6903, 11585)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 90), 'total_seq_len': (6903, None)}, 'workloads': 2, 'speedup': (1.88, 1.92, 1.96), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 21, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (None, 724), 'total_seq_len': (6903, None)}, 'workloads': 4, 'speedup': (1.16, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 22, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (724, None), 'total_seq_len': (6903, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -233,37 +266,58 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 2 workloads, 12.22x (11.05x .. 13.51x) over sglang_flashinfer_prefill
     if total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 1.64x (1.13x .. 3.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 849 and mean_seq_len > 138 and max_seq_len > 127:
-        return 'triton_prefill_fused.c16v64'
-    # region 3: 5 workloads, 1.19x (1.04x .. 1.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 16748 and 90 < mean_seq_len <= 138 and 127 < max_seq_len <= 280:
-        return 'triton_prefill_fused.c16v64'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 3.09x (3.09x .. 3.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 3 workloads, 1.23x (1.14x .. 1.30x) over sglang_flashinfer_prefill
+    if total_seq_len <= 4847 and mean_seq_len > 424 and 127 < max_seq_len <= 1365:
+        return 'flashinfer_pool_inplace'
+    # region 4: 9 workloads, 1.11x (1.04x .. 1.19x) over sglang_flashinfer_prefill
+    if total_seq_len <= 11585 and mean_seq_len > 424 and max_seq_len > 1365:
+        return 'flashinfer_pool_inplace'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 181 and mean_seq_len <= 45 and 900 < max_seq_len <= 1347:
-        return 'triton_prefill_fused.c16v64'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if mean_seq_len <= 2 and 40 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 22 and max_seq_len > 1347:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 8 workloads, 1.79x (1.06x .. 2.48x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 90 and 127 < max_seq_len <= 900:
-        return 'triton_prefill_fused.c16v64'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 11 and max_seq_len > 897:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 1 workloads, 2.40x (2.40x .. 2.40x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 22 and 450 < max_seq_len <= 897:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 4 workloads, 2.20x (1.93x .. 2.48x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 35 and 127 < max_seq_len <= 450:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
     if 2 < mean_seq_len <= 5 and 40 < max_seq_len <= 127:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill
     if mean_seq_len > 5 and max_seq_len <= 127:
-        return 'triton_prefill_fused.c16v64'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 181 and mean_seq_len <= 90 and 900 < max_seq_len <= 1347:
-        return 'triton_prefill_fused.c16v64'
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 3 workloads, 1.42x (1.32x .. 1.49x) over sglang_flashinfer_prefill
+    if 11 < mean_seq_len <= 35 and max_seq_len > 897:
+        return 'flashinfer_pool_inplace'
+    # region 12: 1 workloads, 1.46x (1.46x .. 1.46x) over sglang_flashinfer_prefill
+    if 22 < mean_seq_len <= 35 and 450 < max_seq_len <= 897:
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
+    # region 13: 3 workloads, 1.43x (1.33x .. 1.50x) over sglang_flashinfer_prefill
+    if 35 < mean_seq_len <= 90 and max_seq_len > 127:
+        return 'flashinfer_pool_inplace'
     # region 14: 7 workloads, 3.48x (2.73x .. 3.90x) over sglang_flashinfer_prefill
     if total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 21 workloads, 1.32x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+    if total_seq_len > 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127:
+        return 'flashinfer_pool_inplace'
+    # region 19: 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
+    if 11585 < total_seq_len <= 23573 and num_seqs > 21 and mean_seq_len > 424 and max_seq_len > 1365:
+        return 'flashinfer_pool_inplace'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365:
+        return 'flashinfer_pool_inplace'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23573 and num_seqs > 47 and mean_seq_len > 424 and max_seq_len > 1365:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 
 
@@ -271,51 +325,63 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and mean_seq_len > 10 and max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and mean_seq_len <= 5 and 127 < max_seq_len <= 256:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and 5 < mean_seq_len <= 90 and 127 < max_seq_len <= 256:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 7 workloads, 2.92x (1.99x .. 4.98x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1801 and num_seqs <= 82 and 256 < max_seq_len <= 562:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 6 workloads, 2.18x (1.51x .. 2.62x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1801 and num_seqs <= 82 and 562 < max_seq_len <= 1783:
+    if total_seq_len <= 362 and mean_seq_len <= 10 and 104 < max_seq_len <= 1783:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 28 workloads, 2.87x (1.36x .. 6.75x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 562:
+        return 'triton_prefill_fused.c16v64'
+    # region 3: 6 workloads, 2.36x (1.51x .. 4.01x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2470 and mean_seq_len > 10 and 562 < max_seq_len <= 907:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2498 and mean_seq_len > 22 and 1783 < max_seq_len <= 2036:
-        return 'triton_prefill_chunked.v64'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2498 and mean_seq_len > 22 and max_seq_len > 2036:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 8 workloads, 2.52x (1.20x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 11585 and mean_seq_len > 90 and 127 < max_seq_len <= 256:
-        return 'triton_prefill_fused.c16v64'
-    # region 9: 1 workloads, 2.09x (2.09x .. 2.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs > 82 and 979 < max_seq_len <= 1783:
-        return 'triton_prefill_fused.c16v64'
-    # region 10: 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 10 and max_seq_len <= 127:
+    # region 4: 2 workloads, 1.76x (1.30x .. 2.37x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2470 and mean_seq_len > 10 and 907 < max_seq_len <= 1783:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 6903 and mean_seq_len <= 10 and max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 22 and max_seq_len > 1783:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 2 workloads, 2.60x (2.59x .. 2.60x) over sglang_flashinfer_prefill
-    if num_seqs > 82 and mean_seq_len <= 90 and 256 < max_seq_len <= 979:
+    # region 6: 4 workloads, 1.77x (1.57x .. 2.15x) over sglang_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418:
+        return 'flashinfer_pool_inplace'
+    # region 7: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
+    if num_seqs <= 70 and mean_seq_len <= 605 and 1783 < max_seq_len <= 1888:
+        return 'triton_prefill_chunked.v64'
+    # region 8: 2 workloads, 1.55x (1.26x .. 1.90x) over sglang_flashinfer_prefill
+    if num_seqs <= 70 and mean_seq_len <= 605 and max_seq_len > 1888:
+        return 'flashinfer_pool_inplace'
+    # region 10: 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
+    if mean_seq_len > 605 and max_seq_len > 11579:
+        return 'flashinfer_pool_inplace'
+    # region 11: 1 workloads, 1.27x (1.27x .. 1.27x) over sglang_flashinfer_prefill
+    if mean_seq_len > 1448 and 5418 < max_seq_len <= 11579:
+        return 'flashinfer_pool_inplace'
+    # region 13: 3 workloads, 1.60x (1.56x .. 1.64x) over sglang_flashinfer_prefill
+    if num_seqs > 70 and mean_seq_len <= 605 and max_seq_len > 1783:
+        return 'flashinfer_pool_inplace'
+    # region 14: 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill
+    if 362 < total_seq_len <= 6903 and mean_seq_len <= 2 and 104 < max_seq_len <= 1783:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 3 workloads, 2.35x (2.09x .. 2.60x) over sglang_flashinfer_prefill
+    if 362 < total_seq_len <= 6903 and 2 < mean_seq_len <= 10 and 104 < max_seq_len <= 1783:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 16: 1 workloads, 1.58x (1.58x .. 1.58x) over sglang_flashinfer_prefill
+    if 2470 < total_seq_len <= 6903 and num_seqs <= 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783:
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
+    # region 17: 2 workloads, 1.58x (1.32x .. 1.90x) over sglang_flashinfer_prefill
+    if 2470 < total_seq_len <= 6903 and mean_seq_len > 10 and max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < total_seq_len <= 81 and mean_seq_len > 10 and max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c16'
-    # region 15: 15 workloads, 2.85x (1.32x .. 6.45x) over sglang_flashinfer_prefill
-    if total_seq_len > 81 and mean_seq_len > 10 and max_seq_len <= 127:
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 2470 < total_seq_len <= 6903 and num_seqs > 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
+    if 6903 < total_seq_len <= 11585 and mean_seq_len > 90 and max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 16: 2 workloads, 2.15x (1.96x .. 2.37x) over sglang_flashinfer_prefill
-    if total_seq_len > 724 and mean_seq_len <= 90 and 127 < max_seq_len <= 256:
-        return 'triton_prefill_fused.c16v64'
-    # region 17: 5 workloads, 1.62x (1.19x .. 3.95x) over sglang_flashinfer_prefill
-    if 1801 < total_seq_len <= 6856 and num_seqs <= 82 and 256 < max_seq_len <= 1783:
-        return 'triton_prefill_fused.c16v64'
+    # region 20: 2 workloads, 1.92x (1.88x .. 1.96x) over sglang_flashinfer_prefill
+    if total_seq_len > 6903 and mean_seq_len <= 90 and max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 4 workloads, 1.26x (1.16x .. 1.31x) over sglang_flashinfer_prefill
+    if total_seq_len > 6903 and mean_seq_len <= 724 and 362 < max_seq_len <= 1783:
+        return 'flashinfer_pool_inplace'
+    # region 23: 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
+    if total_seq_len > 11585 and mean_seq_len > 90 and max_seq_len <= 362:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'

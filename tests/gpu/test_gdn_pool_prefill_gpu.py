@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
 VARIANTS = ["cuda_prefill_pool_rows.k1c8", "cuda_prefill_pool_rows.k2c16", "cuda_prefill_pool_rows.k8c8",
-            "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill"]
+            "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
 
@@ -85,6 +85,23 @@ def test_hostile_slots_touch_nothing_outside_the_pool(name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("hq,hv", [(2, 4), (16, 32)])  # FlashInfer splits 2 sequences x 4 heads across SMs
+@pytest.mark.parametrize("padding", ["between", "all"])
+def test_padding_sequences_anywhere(name, hq, hv, padding):
+    """Padding between live sequences and at the end (the in-place FlashInfer variant joins their tokens
+    to the live sequence before them), or no live sequence at all."""
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, 300, 7, 9, seed=11)
+    live = [0, 3, 4] if padding == "between" else []
+    for n in range(7):
+        if n not in live:
+            args[IDX][n] = -1
+    want = reference(hq, hv, args)
+    got = v.fn(*args)
+    check(got, want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("bad", ["first", "decreasing", "last"])
 def test_malformed_cu_seqlens_is_a_no_op(name, bad):
     hq, hv = 4, 8
@@ -103,7 +120,7 @@ def test_malformed_cu_seqlens_is_a_no_op(name, bad):
     assert torch.equal(pool, before)
 
 
-@pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill"])
+@pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace"])
 @pytest.mark.parametrize("hq,hv", HEADS)
 def test_in_a_graph(hq, hv, name):
     v = runnable(hq, hv, name)
