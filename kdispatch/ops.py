@@ -23,6 +23,7 @@ import torch
 
 from kdispatch import definitions, workloads
 from kdispatch.custom_ops import traceable
+from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 from kdispatch.definitions.gdn.names import (PACKED_HEADS, packed_name, pool_prefill_name, verify_name,
                                             verify_steps_name)
 from kdispatch.dispatch import Dispatcher
@@ -32,11 +33,12 @@ _PACKED = {hv: packed_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _POOL_PREFILL = {hv: pool_prefill_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _VERIFY = {hv: verify_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
 _VERIFY_STEPS = {hv: verify_steps_name(hq, hv) for hq, hv in PACKED_HEADS.values()}
+_GATHERED_PREFILL = {hv: gathered_prefill_name(hq, hv) for hq, hv in GATHERED_HEADS.values()}
 
 DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer", "dsa_sparse_attention",
                                                    "gdn_decode", "gdn_prefill", *_PACKED.values(),
-                                                   *_POOL_PREFILL.values(), *_VERIFY.values(),
-                                                   *_VERIFY_STEPS.values()))}
+                                                   *_POOL_PREFILL.values(), *_GATHERED_PREFILL.values(),
+                                                   *_VERIFY.values(), *_VERIFY_STEPS.values()))}
 # what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
 _CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
@@ -44,6 +46,7 @@ _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definiti
               for short in ("gdn_decode", "gdn_prefill")}
 _PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
 _POOL_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _POOL_PREFILL.items()}
+_GATHERED_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _GATHERED_PREFILL.items()}
 _VERIFY_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY.items()}
 _VERIFY_STEPS_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _VERIFY_STEPS.items()}
 
@@ -263,6 +266,38 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
     if out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     args = (q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
+            1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+    return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
+
+
+def gdn_prefill_gathered(q, k, v, g, beta, initial_state, cu_seqlens, out=None, scale=None, *, max_seq_len=None):
+    """Gated DeltaNet (Qwen3-Next-80B) prefill as vLLM's GDN layer calls it: the engine gathered each
+    sequence's state out of its pool before the call and scatters the final states back after it
+    (definitions gdn_prefill_gathered_*, one per TP degree: 32, 16, 8 or 4 value heads, half as many
+    q/k heads). Its baseline is FlashInfer as vLLM calls it; `gdn_prefill_pool` serves an engine
+    that hands over the pool itself.
+
+    Args:
+        q, k: bfloat16 [T, HQ, 128], L2-normalised by the caller (not normalised here).
+        v: bfloat16 [T, HV, 128].
+        g: float32 [T, HV], log decay (the state is multiplied by exp(g)).   beta: float32 [T, HV].
+        initial_state: float32 [N, HV, 128, 128] (k-last), each sequence's state before the batch
+            (zeros for a fresh one); the final states are written over it in place.
+        cu_seqlens: int32 [N + 1], boundaries; checked on the device without a host sync: any
+            malformed values zero the output and leave the states untouched (KDISPATCH_CHECK=1:
+            ValueError naming the first bad entry).
+        out: bfloat16 [T, HV, 128] to write the output into, or None to allocate it.
+        scale: float, output scale; None means 1/sqrt(128); 0 raises ValueError.
+        max_seq_len: int, the longest sequence's token count as the engine knows it on the host, or
+            None; routing only, as in `gdn_prefill_pool`.
+
+    Returns:
+        (output bfloat16 [T, HV, 128], initial_state holding the final states).
+    """
+    call = _by_value_heads(_GATHERED_PREFILL_CALL, "gdn_prefill_gathered", v)
+    if out is None:
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+    args = (q, k, v, g, beta, initial_state, cu_seqlens, out,
             1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
     return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 

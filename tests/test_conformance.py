@@ -27,6 +27,8 @@ SMALL = {
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_prefill_pool_qk{hq}_v{hv}": [{"total_seq_len": 11, "num_seqs": 9, "num_slots": 12}]
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_prefill_gathered_qk{hq}_v{hv}": [{"total_seq_len": 11, "num_seqs": 9}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_verify_qk{hq}_v{hv}": [{"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12,
                                      "num_cache_rows": 10}] for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_verify_steps_qk{hq}_v{hv}": [{"num_seqs": 9, "num_steps": 2, "total_seq_len": 18, "num_slots": 19}]

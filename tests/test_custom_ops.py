@@ -49,6 +49,7 @@ def test_schemas_mark_in_place_inputs_and_return_the_rest():
 def test_fake_outputs_have_the_definitions_shapes(op):
     d = definitions.get(op)
     axes = {"moe_fp8": {"seq_len": 5}}.get(op) or SMALL.get(op) or (
+        {"total_seq_len": 7, "num_seqs": 3} if "prefill_gathered" in op else
         {"total_seq_len": 7, "num_seqs": 3, "num_slots": 5} if "prefill" in op else
         {"num_seqs": 3, "num_steps": 2, "total_seq_len": 6, "num_slots": 7} if "verify_steps" in op else
         {"num_seqs": 3, "cache_steps": 2, "total_seq_len": 6, "num_slots": 5, "num_cache_rows": 4} if "verify" in op

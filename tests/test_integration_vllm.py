@@ -224,8 +224,7 @@ def vllm_prefill_call(seqs=4, total=40, dtype=torch.float32):
     """vLLM's prefill arguments at TP 4 (q/k [1, T, 4, 128] L2-normalised by its post-conv prep, v
     [1, T, 8, 128], g/beta [1, T, 8] fp32, the states gathered per sequence and zeroed where a
     sequence has none, int32 boundaries; fla's call adds a flat output buffer longer than the
-    output), and the reference's argument tuple for the same call (its pool: the gathered states,
-    one slot per sequence)."""
+    output), and the gdn_prefill_gathered reference's argument tuple for the same call."""
     w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": seqs + 1}, "inputs": {},
          "uuid": f"vllm-prefill-{total}"}
     q, k, v, g, beta, pool, idx, _, cu, out, scale = materialize("gdn_prefill_pool_qk4_v8", w, seed=5)
@@ -234,8 +233,7 @@ def vllm_prefill_call(seqs=4, total=40, dtype=torch.float32):
     gathered[1] = 0  # a sequence with no initial state, zeroed by vLLM
     kw = dict(q=q[None], k=k[None], v=v[None], g=g[None], beta=beta[None], initial_state=gathered,
               output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
-    ref = [q, k, v, g, beta, gathered.float().clone(), torch.arange(seqs, dtype=torch.int32),
-           torch.ones(seqs, dtype=torch.bool), cu, out, None]
+    ref = [q, k, v, g, beta, gathered.float().clone(), cu, out, None]
     return kw, ref
 
 
@@ -248,7 +246,7 @@ def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_her
     plugin.register()
     assert getattr(module, kernel) in (plugin.fi_chunk_call, plugin.fla_chunk_call)
     kw, ref = vllm_prefill_call(dtype=dtype)
-    want_out, want_states = registry.get("gdn_prefill_pool_qk4_v8", "reference").fn(*ref)
+    want_out, want_states = registry.get("gdn_prefill_gathered_qk4_v8", "reference").fn(*ref)
     buffer = None
     if kernel == plugin.FLA_PREFILL:
         buffer = kw["core_attn_out"] = torch.full((50, 8, 128), float("nan"), dtype=torch.bfloat16)
@@ -315,7 +313,7 @@ def test_prefill_is_routed_with_the_batchs_longest_query(monkeypatch, fake_vllm,
     monkeypatch.setenv(plugin.SWITCH, "1")
     monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     plugin.register()
-    d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_pool_qk4_v8", "flashinfer_prefill_gather")
+    d, asked = routed_to_baseline(monkeypatch, "gdn_prefill_gathered_qk4_v8", "vllm_flashinfer_prefill")
     monkeypatch.setattr(pool_prefill, "not_covered", lambda *a, **k: pytest.fail("the call was prepared for kdispatch"))
     kw, _ = vllm_prefill_call(seqs=4, total=40)
     for prefills, want in ((4, 30), (2, None)):

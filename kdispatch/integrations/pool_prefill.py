@@ -1,9 +1,11 @@
-"""The engines' GDN prefill call over a state pool (SGLang's `extend`: q/k/v [1, T, H, 128] split
-out of one projection, gates activated by the engine, int32 slots and boundaries) served by
-`kdispatch.ops.gdn_prefill_pool`, for the engine plugins.
+"""The engines' GDN prefill calls served by kdispatch, for the engine plugins: SGLang's `extend` over
+its state pool (q/k/v [1, T, H, 128] split out of one projection, gates activated by the engine,
+int32 slots and boundaries: `kdispatch.ops.gdn_prefill_pool`) and vLLM's prefill call on the states
+it gathered (`kdispatch.ops.gdn_prefill_gathered`).
 
 `not_covered(...)` says why kdispatch's definitions do not cover a call (None: they do); `serve(...)`
-runs a covered call, writing the output into `out` and the final states into the pool in place.
+/ `serve_gathered(...)` run a covered call, writing the output into `out` and the final states into
+the pool (the gathered states) in place.
 """
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ import torch
 from kdispatch.integrations import serving
 from kdispatch.integrations.packed_decode import DIM, HEADS
 
-_all_true: dict = {}  # device -> a bool buffer of ones, sliced per call (has_initial_state)
-_identity: dict = {}  # device -> int32 0, 1, 2, ..., sliced per call (one slot per sequence)
 _batch: dict = {"lengths": None}  # (sequences, longest sequence) of the batch the engine runs, from its metadata
 
 
-def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.float32,)) -> str | None:
-    """Why the definitions do not cover the call (None: they do); `pool_dtypes` the pool dtypes the
-    caller accepts (one it converts to fp32 itself)."""
+def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.float32,),
+                kind: str = "prefill_pool") -> str | None:
+    """Why the `kind` definitions ("prefill_pool", "prefill_gathered": the states one slot per
+    sequence) do not cover the call (None: they do); `pool_dtypes` the pool dtypes the caller
+    accepts (one it converts to fp32 itself)."""
     hv = v.shape[-2] if v.dim() >= 2 else None
     if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
         return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
@@ -33,14 +35,16 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.fl
         return f"{slots.shape[0]} slots for {cu_seqlens.shape[0] - 1} sequences"
     if any(x.stride(-1) != 1 for x in (q, k, v, pool)) or not (g.is_contiguous() and beta.is_contiguous()):
         return "an input whose last dimension is strided, or strided gates"
-    return serving.not_served(serving.gdn_short("prefill_pool", hv), v.device)
+    return serving.not_served(serving.gdn_short(kind, hv), v.device)
 
 
-def axes(total_seq_len: int, num_seqs: int, pool, max_seq_len: int | None = None) -> dict:
-    """The gdn_prefill_pool definitions' variable axes of a call, and its longest sequence where the
-    engine told it (for `serving.gives_back`)."""
-    out = {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
-           "num_slots": pool.shape[0]}
+def axes(total_seq_len: int, num_seqs: int, pool=None, max_seq_len: int | None = None) -> dict:
+    """The prefill definitions' variable axes of a call (the pool's slots for gdn_prefill_pool; no
+    pool: gdn_prefill_gathered), and its longest sequence where the engine told it (for
+    `serving.gives_back`)."""
+    out = {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1}
+    if pool is not None:
+        out["num_slots"] = pool.shape[0]
     return out if max_seq_len is None else {**out, "max_seq_len": max_seq_len}
 
 
@@ -56,25 +60,15 @@ def batch_longest(num_seqs: int) -> int | None:
     return lengths[1] if lengths is not None and lengths[0] == num_seqs else None
 
 
-def all_true(n: int, device) -> torch.Tensor:
-    """[n] bool ones (SGLang starts every sequence from its slot: new slots are zeroed on allocation)."""
-    buf = _all_true.get(device)
-    if buf is None or buf.shape[0] < n:
-        buf = _all_true[device] = torch.ones(max(n, 256), dtype=torch.bool, device=device)
-    return buf[:n]
-
-
-def identity_slots(n: int, device) -> torch.Tensor:
-    """[n] int32 0 .. n-1: slots for states gathered one per sequence (vLLM's prefill)."""
-    buf = _identity.get(device)
-    if buf is None or buf.shape[0] < n:
-        buf = _identity[device] = torch.arange(max(n, 256), dtype=torch.int32, device=device)
-    return buf[:n]
-
-
 def serve(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale=None,
           max_seq_len: int | None = None) -> None:
     import kdispatch.ops
 
     kdispatch.ops.gdn_prefill_pool(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale,
                                    max_seq_len=max_seq_len)
+
+
+def serve_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale=None, max_seq_len: int | None = None) -> None:
+    import kdispatch.ops
+
+    kdispatch.ops.gdn_prefill_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale, max_seq_len=max_seq_len)

@@ -34,6 +34,7 @@ import os
 
 import torch
 
+from kdispatch.definitions.gdn.gathered import all_true
 from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_SGLANG"
@@ -135,7 +136,7 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
 
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
-        pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, pool_prefill.all_true(n, slots.device),
+        pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, all_true(n, slots.device),
                            query_start_loc, out[0], max_seq_len=longest)
         return out, None, None
 

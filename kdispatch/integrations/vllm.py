@@ -2,8 +2,8 @@
 kdispatch's routed ops.
 
 Turn it on: install kdispatch in vLLM's environment and set `KDISPATCH_VLLM=1` (decode and
-verification), and `KDISPATCH_VLLM_PREFILL=1` for the prefill swaps too (off by default: slower than
-vLLM's own prefill on some shapes, see PREFILL_SWITCH). vLLM calls every `vllm.general_plugins`
+verification), and `KDISPATCH_VLLM_PREFILL=1` for the prefill swaps too (off by default until their
+definitions' routers are tuned, see PREFILL_SWITCH). vLLM calls every `vllm.general_plugins`
 entry point in each worker before it builds the model (kdispatch's is `register` below, declared in
 setup.py); with KDISPATCH_VLLM unset the plugin does nothing.
 
@@ -23,14 +23,14 @@ vLLM's function:
   torch reference, so today these calls stay vLLM's, as do its 1-D-slot decode calls and the rest.
 - `fi_chunk_gated_delta_rule` (its prefill with FlashInfer, the default on sm_90) and
   `fla_chunk_gated_delta_rule` (with `--gdn-prefill-backend triton`) -> `fi_chunk_call` /
-  `fla_chunk_call`, serving the `gdn_prefill_pool` definitions: vLLM hands them the states it
-  gathered for the prefill's sequences (`ssm_state[indices]`, a copy, zeroed where a sequence has
-  no initial state) and scatters the returned final states back; kdispatch runs them as a pool of
-  one slot per sequence, updated in place and returned as the final states (a pool of bf16 states,
-  Qwen3-Next's default, is converted to fp32 first, as vLLM's FlashInfer path does). vLLM's q/k are
-  L2-normalised already; the definition normalises again, which leaves unit vectors unchanged to
-  within bf16 rounding. Calls with FlashInfer state checkpoints (prefix caching's "align" mode)
-  stay vLLM's. They are routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
+  `fla_chunk_call`, serving the `gdn_prefill_gathered` definitions (vLLM's convention, their
+  baseline FlashInfer as vLLM calls it): vLLM hands them the states it gathered for the prefill's
+  sequences (`ssm_state[indices]`, a copy, zeroed where a sequence has no initial state) and
+  scatters the returned final states back; kdispatch writes the final states over the gathered ones
+  and returns them (bf16 states, Qwen3-Next's default, are converted to fp32 first, as vLLM's
+  FlashInfer path does). vLLM's q/k are L2-normalised already, as the definitions want. Calls with
+  FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, and so does every call
+  where those definitions have no router for the GPU yet (`serving.not_served`). They are routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
   `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
   `common_attn_metadata.max_query_len` (host-side, no sync) for the prefill calls with as many
   sequences. That is the longest prefill exactly, unless a speculative-decode request of the same
@@ -52,15 +52,17 @@ import os
 
 import torch
 
+from kdispatch.definitions.gdn.gathered import identity_slots
 from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
-# The prefill swaps, opt-in on top of SWITCH: the gdn_prefill_pool routers are fitted against
-# SGLang's prefill (gather, FlashInfer, scatter), and vLLM gathers and scatters around the swapped
-# call either way, so where kdispatch's kernels won only by skipping the gather they lose to vLLM's
-# bare FlashInfer call (H100, 2026-11-27, benchmarks/vllm_kernels.py: 8 of 20 shapes 0.78-0.95x in
-# graphs, e.g. 8 value heads x 1 x 2,048 tokens 114 us against 90); mean 1.24x.
+# The prefill swaps, opt-in on top of SWITCH until the gdn_prefill_gathered routers are tuned (they
+# were added after the swaps served the gdn_prefill_pool routers, which are fitted against SGLang's
+# prefill: gather, FlashInfer, scatter; vLLM gathers and scatters around the swapped call either way,
+# so kernels that won only by skipping the gather lost to vLLM's bare FlashInfer call: H100,
+# 2026-11-27, benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x).
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
+PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
 VERIFY_KERNEL = "fused_sigmoid_gating_delta_rule_update"
 FI_PREFILL = "fi_chunk_gated_delta_rule"
@@ -227,23 +229,22 @@ def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu
     n = initial_state.shape[0] if initial_state.dim() == 4 else -1
     if n != cu_seqlens.shape[0] - 1:
         return f"initial states {tuple(initial_state.shape)} for {cu_seqlens.shape[0] - 1} sequences"
-    short = serving.gdn_short("prefill_pool", v.shape[2])
-    if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, initial_state, longest)):
+    short = serving.gdn_short(PREFILL_KIND, v.shape[2])
+    if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest)):
         return f"{short}: routed to the baseline for this shape"
-    return pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], initial_state,
-                                    pool_prefill.identity_slots(n, q.device), cu_seqlens, PREFILL_POOL_DTYPES)
+    return pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], initial_state, identity_slots(n, q.device),
+                                    cu_seqlens, PREFILL_POOL_DTYPES, kind=PREFILL_KIND)
 
 
 def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest):
-    """The gathered states as a pool of one slot per sequence: (o [1, T, HV, V], final states fp32)."""
+    """The gathered states' prefill (gdn_prefill_gathered): (o [1, T, HV, V], final states fp32)."""
     states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
-    n, (total, heads, width) = states.shape[0], v.shape[1:]
+    total, heads, width = v.shape[1:]
     if core_attn_out is None:
         out = torch.empty(total, heads, width, dtype=torch.bfloat16, device=v.device)
     else:  # its leading elements, as fla fills it
         out = core_attn_out.reshape(-1)[:total * heads * width].view(total, heads, width)
-    pool_prefill.serve(q[0], k[0], v[0], g[0], beta[0], states, pool_prefill.identity_slots(n, v.device),
-                       pool_prefill.all_true(n, v.device), cu_seqlens, out, scale, max_seq_len=longest)
+    pool_prefill.serve_gathered(q[0], k[0], v[0], g[0], beta[0], states, cu_seqlens, out, scale, max_seq_len=longest)
     return out[None], states
 
 
@@ -252,7 +253,7 @@ def _prefill_or_engine(why, v, serve, engine):
     if why is not None:
         serving.passed(PREFILL_STATS, why)
         return engine()
-    return serving.attempt(PREFILL_STATS, serving.gdn_short("prefill_pool", v.shape[2]), v.device, serve, engine)
+    return serving.attempt(PREFILL_STATS, serving.gdn_short(PREFILL_KIND, v.shape[2]), v.device, serve, engine)
 
 
 def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, use_qk_l2norm_in_kernel=True,

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kdispatch import definitions
+from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 
 CHUNK = 64
@@ -99,6 +100,24 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
 
 
 @torch.no_grad()
+def gdn_prefill_gathered(q, k, v, g, beta, initial_state, cu_seqlens, out, scale):
+    """kdispatch.references.gdn_prefill_gathered.run, 64 tokens a step."""
+    total, hq, dk = q.shape
+    num_seqs, hv, dv, _ = initial_state.shape
+    if scale is None or float(scale) == 0.0:
+        scale = 1.0 / math.sqrt(dk)
+    device = q.device
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    starts, lengths = cu[:-1], cu[1:] - cu[:-1]
+    if num_seqs == 0 or total == 0 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
+        return torch.zeros(total, hv, dv, dtype=torch.bfloat16, device=device), initial_state.float().clone()
+    group = hv // hq
+    o, S = _chunked(q.double().repeat_interleave(group, dim=1), k.double().repeat_interleave(group, dim=1),
+                    v.double(), g.double(), beta.double(), initial_state.double(), starts, lengths, float(scale))
+    return o.to(torch.bfloat16), S.float()
+
+
+@torch.no_grad()
 def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
     """kdispatch.references.gdn_prefill.run, 64 tokens a step."""
     total, num_q_heads, head_k = q.shape
@@ -127,4 +146,5 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
 ORACLES = {
     definitions.get("gdn_prefill").name: gdn_prefill,
     **{pool_prefill_name(hq, hv): gdn_prefill_pool for hq, hv in PACKED_HEADS.values()},
+    **{gathered_prefill_name(hq, hv): gdn_prefill_gathered for hq, hv in GATHERED_HEADS.values()},
 }

@@ -8,11 +8,13 @@ The state is updated in place and returned as `new_state` (serving engines keep 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from kdispatch.checks import Tol, first_bad
+from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name, verify_steps_name
 from kdispatch.spec import Coverage, Derived, Estimate, Floor, Hint, Rotation, Spec, log_steps
 
@@ -248,19 +250,26 @@ def _raw_gates(total: int, hv: int, given: dict, ctx) -> dict:
     return {**out, **_gate_params(hv, ctx)}
 
 
-def build_prefill_pool(axes, given, ctx) -> dict:
-    """Raw q/k (the op normalises them), the engine's activated gates (log decay from the model's
-    A_log/dt_bias ranges, beta = sigmoid of N(0, 1)), a pool whose slots three in four sequences
-    continue (`has_initial_state`), int32 boundaries at random cut points."""
-    total, n, slots = axes["total_seq_len"], axes["num_seqs"], axes["num_slots"]
-    hv, d = axes["num_v_heads"], axes["head_size"]
-    out = _raw_qkv(total, axes, given, ctx)
+def _activated_gates(total: int, hv: int, given: dict, ctx) -> dict:
+    """g (log decay from the model's A_log / dt_bias ranges) and beta = sigmoid of N(0, 1), fp32
+    [T, HV], as the engines activate them before their prefill call."""
+    out = {}
     params = _gate_params(hv, ctx)
     if "g" not in given:
         a = torch.randn(total, hv, generator=ctx.rng("a"))
         out["g"] = -torch.exp(params["A_log"]) * torch.nn.functional.softplus(a + params["dt_bias"])
     if "beta" not in given:
         out["beta"] = torch.sigmoid(torch.randn(total, hv, generator=ctx.rng("b")))
+    return out
+
+
+def build_prefill_pool(axes, given, ctx) -> dict:
+    """Raw q/k (the op normalises them), the engine's activated gates (log decay from the model's
+    A_log/dt_bias ranges, beta = sigmoid of N(0, 1)), a pool whose slots three in four sequences
+    continue (`has_initial_state`), int32 boundaries at random cut points."""
+    total, n, slots = axes["total_seq_len"], axes["num_seqs"], axes["num_slots"]
+    hv, d = axes["num_v_heads"], axes["head_size"]
+    out = {**_raw_qkv(total, axes, given, ctx), **_activated_gates(total, hv, given, ctx)}
     if "state_pool" not in given:
         out["state_pool"] = _state(slots, hv, d, ctx.rng("state"))
     if "state_indices" not in given:
@@ -374,6 +383,63 @@ def _pool_prefill_axes(axes: dict) -> dict | None:
 def pool_prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
     """prefill_mix with the engines' int32 boundaries."""
     return {name: t.to(torch.int32) for name, t in prefill_mix(axes, mix, g).items()}
+
+
+# ---- vLLM's prefill: the states gathered one per sequence by the engine -------------------------
+
+def build_prefill_gathered(axes, given, ctx) -> dict:
+    """q/k L2-normalised (vLLM normalises them before the call), the engine's activated gates, one
+    state per sequence, a quarter of them zeros (fresh sequences, which vLLM zeroes after its
+    gather), int32 boundaries at random cut points."""
+    total, n, hv, d = axes["total_seq_len"], axes["num_seqs"], axes["num_v_heads"], axes["head_size"]
+    out = {name: _unit(x.float()).to(torch.bfloat16) if name != "v" else x
+           for name, x in _raw_qkv(total, axes, given, ctx).items()}
+    out.update(_activated_gates(total, hv, given, ctx))
+    if "initial_state" not in given:
+        states = _state(n, hv, d, ctx.rng("state"))
+        states[torch.rand(n, generator=ctx.rng("has_initial_state")) >= 0.75] = 0.0
+        out["initial_state"] = states
+    if "cu_seqlens" not in given:
+        out["cu_seqlens"] = _pool_cu_seqlens(axes, given, ctx)
+    if "out" not in given:  # never read: NaN, so an unwritten row cannot pass the check
+        out["out"] = torch.full((total, hv, d), float("nan"), dtype=torch.bfloat16)
+    return out
+
+
+def _gathered_bytes(args: dict) -> int:
+    return args["initial_state"].numel() * args["initial_state"].element_size()
+
+
+GATHERED_ROTATION = Rotation("initial_state", lambda args, i, n: args["initial_state"].clone(), _gathered_bytes)
+
+
+def floor_gathered_prefill(args: dict, axes: dict) -> Floor:
+    """The states read + written once, q/k/v and the gates read, the output written."""
+    moved = sum(args[n].numel() * args[n].element_size() for n in ("q", "k", "v", "g", "beta", "out"))
+    return Floor(2 * _gathered_bytes(args) + moved)
+
+
+def longest_gathered(axes: dict, given: dict, ctx) -> int:
+    """Tokens of the batch's longest sequence."""
+    cu = _pool_cu_seqlens(axes, given, ctx).to(torch.int64)
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+
+
+def _gathered_prefill_spec(hq: int, hv: int) -> Spec:
+    pool = _pool_prefill_spec(hq, hv)  # the same kernels, shapes and hint as the pool convention
+    return Spec(
+        short=f"gdn_prefill_gathered_qk{hq}_v{hv}", family="gdn", build=build_prefill_gathered,
+        reference="kdispatch.references.gdn_prefill_gathered",
+        fit=pool.fit, main=pool.main, derived=pool.derived,
+        hints={"max_seq_len": Hint("tokens of the longest sequence", longest_gathered)},
+        in_place={"output": "out", "final_state": "initial_state"},
+        rotation=GATHERED_ROTATION, floor=floor_gathered_prefill, check_values=check_prefill_values,
+        model_scalars=pool.model_scalars,
+        tolerances={"output": pool.tolerances["output"], "final_state": pool.tolerances["new_state_pool"]},
+        reference_graph_safe=False,
+        coverage=dataclasses.replace(pool.coverage,  # no pool: no slot count to fill in
+                                     complete=lambda a: a if a["num_seqs"] <= a["total_seq_len"] else None),
+        estimate=pool.estimate)
 
 
 # ---- the engines' speculative verification (SGLang's contract) -------------------------------------
@@ -584,6 +650,7 @@ SPECS = {
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{pool_prefill_name(hq, hv): _pool_prefill_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
+    **{gathered_prefill_name(hq, hv): _gathered_prefill_spec(hq, hv) for hq, hv in GATHERED_HEADS.values()},
     **{verify_name(hq, hv): _verify_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{verify_steps_name(hq, hv): _verify_steps_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
 }

@@ -1,0 +1,74 @@
+"""vLLM's prefill convention on the GPU (gdn_prefill_gathered_*): vLLM's FlashInfer call (the baseline,
+guarded) and the pool kernels serving it through identity slots, against the reference; a malformed
+cu_seqlens (zero output, states unchanged); inside a CUDA graph. Skipped without CUDA."""
+import pytest
+import torch
+
+from engine_pool import args_for as _args_for
+from engine_pool import runnable as _runnable
+from kdispatch import registry
+from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+HEADS = list(GATHERED_HEADS.values())
+VARIANTS = ["vllm_flashinfer_prefill", "triton_prefill_fused.c16v64", "triton_prefill_chunked.v64",
+            "cuda_prefill_pool_rows.k2c8"]
+OUT, STATES, CU = 7, 5, 6
+
+
+def args_for(hq, hv, total, seqs, seed=0):
+    return _args_for(gathered_prefill_name(hq, hv), {"total_seq_len": total, "num_seqs": seqs}, seed)
+
+
+def reference(hq, hv, args):
+    return registry.get(gathered_prefill_name(hq, hv), "reference").fn(
+        *[x.clone() if torch.is_tensor(x) else x for x in args])
+
+
+def check(got, want, states=None):
+    (out, final), (want_out, want_final) = got, want
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=5e-2, atol=5e-2)  # the spec's tolerance
+    torch.testing.assert_close(final if states is None else states, want_final, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("hq,hv", HEADS)
+@pytest.mark.parametrize("total,seqs", [(1, 1), (37, 3), (700, 40), (4096, 2)])
+def test_against_the_reference(hq, hv, total, seqs, name):
+    v = _runnable(gathered_prefill_name(hq, hv), name)
+    args = args_for(hq, hv, total, seqs, seed=total)
+    if seqs >= 3:  # an empty sequence keeps its state
+        args[CU][2] = args[CU][1]
+    want = reference(hq, hv, args)
+    got = v.fn(*args)
+    assert got[0] is args[OUT] and got[1] is args[STATES], "output and final states in place"
+    check(got, want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_malformed_cu_seqlens_is_a_no_op(name):
+    v = _runnable(gathered_prefill_name(4, 8), name)
+    args = args_for(4, 8, 120, 6, seed=5)
+    args[CU][3] = args[CU][2] - 1
+    before = args[STATES].clone()
+    out, states = v.fn(*args)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(states, before)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_in_a_graph(name):
+    hq, hv = 16, 32
+    v = _runnable(gathered_prefill_name(hq, hv), name)
+    args = args_for(hq, hv, 512, 9)
+    want = reference(hq, hv, args)
+    work = [x.clone() if torch.is_tensor(x) else x for x in args]
+    v.fn(*[x.clone() if torch.is_tensor(x) else x for x in args])  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = v.fn(*work)
+    for i in (OUT, STATES):
+        work[i].copy_(args[i])
+    g.replay()
+    check(got, want, states=work[STATES])
