@@ -116,3 +116,26 @@ def test_missing_dotted_requirements_do_not_raise(capsys):
     out = capsys.readouterr().out
     assert "needs_missing" in out and "missing package nopkg_kd.sub" in out
     assert "kernels/triton/gdn/decode_splitv.py" in out
+
+
+def test_a_library_variants_code_change_is_found_under_the_versions_its_rows_recorded():
+    """On a machine without the GPU's libraries (here), a library variant's stored hash is compared
+    with its current files under the library versions its rows recorded; rows that recorded none
+    are not judged."""
+    import io
+    import types
+
+    from kdispatch.tuner import flows
+
+    v = registry.get("gdn_prefill_gathered_qk4_v8", "vllm_flashinfer_prefill")
+    versions = {"flashinfer": "9.9.9", "cuda": "1.7.0"}
+
+    def table(stored_hash, metrics):
+        return types.SimpleNamespace(definition=v.definition, env={"device": "a GPU this machine is not"},
+                                     hashes={v.name: stored_hash}, rows={(v.name, "u1"): types.SimpleNamespace(metrics=metrics)})
+
+    out = io.StringIO()
+    assert flows._warn_stale(table(provenance.digest(v.name, v.files, versions), {"library_versions": versions}), out) == []
+    assert flows._warn_stale(table("0" * 16, {"library_versions": versions}), out) == [v.name]
+    assert "provenance changed" in out.getvalue()
+    assert flows._warn_stale(table("0" * 16, {}), io.StringIO()) == []

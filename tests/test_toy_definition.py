@@ -149,6 +149,42 @@ def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, m
     assert "[check] warning: toy_scale toy_fast: provenance changed" in said.getvalue()
 
 
+def test_a_library_variants_rows_let_another_machine_find_its_code_changed(tmp_path, toy):
+    """A library-backed variant's hash includes the library versions where it ran; its rows record
+    them, so a check here (where those libraries may differ) still finds a change of its code."""
+    import io
+
+    (tmp_path / "src" / "toy_library.py").write_text(textwrap.dedent('''
+        from kdispatch.registry import variant
+
+
+        @variant("toy_scale", "toy_library", backend="library", archs=("*",), requires=("torch",))
+        def toy_library(x, alpha):
+            return x * alpha
+    '''))
+    importlib.import_module("toy_library")
+    try:
+        traces = tmp_path / "traces" / "workloads" / "toy"
+        traces.mkdir(parents=True)
+        lines = [{"definition": NAME, "workload": {"uuid": "toy-3", "axes": {"num_rows": 3}, "inputs": {}},
+                  "solution": None, "evaluation": None}]
+        (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        store = tmp_path / "store" / "cpu.sqlite"
+        flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
+                   out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
+        row = next(r for r in Store.open(store).results(NAME) if r.variant == "toy_library")
+        assert row.metrics["library_versions"] == {"torch": torch.__version__}
+        check = Store.open(store)
+        done = flows.compile_all(check, tmp_path / "routers", "cpu", ["toy_scale"], stream=io.StringIO())
+        assert "stale_variants" not in flows.check_routers(done, check, io.StringIO())[NAME]
+        source = tmp_path / "src" / "toy_library.py"
+        source.write_text(source.read_text() + "# changed\n")  # its code, measured under other libraries
+        assert flows.check_routers(done, check, io.StringIO())[NAME]["stale_variants"] == ["toy_library"]
+    finally:
+        registry.unregister(NAME, "toy_library")
+        sys.modules.pop("toy_library", None)
+
+
 def test_tune_fits_the_routers_with_the_workloads_call_time_hints(tmp_path, toy, monkeypatch):
     """`kdispatch tune` compiles the routers as `kdispatch route` does: a definition with call-time
     hints gets its hinted fit from the tuned workloads' hint values (without them a re-tune would

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdispatch import definitions as defs
-from kdispatch import registry
+from kdispatch import provenance, registry
 
 from . import codegen, features
 from . import fit as fitting
@@ -227,8 +227,9 @@ def _without_unmeasured(table, stream, step: str = "route"):
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:
     """Warns of each variant whose measurements in `table` predate its current code; returns their
-    names. Library-backed variants are judged only on the kind of machine that measured them: their
-    hashes hold the library versions installed there (a development machine's differ)."""
+    names. A library-backed variant's hash holds the library versions installed where it ran: on
+    another kind of machine (a development one) its code is compared under the versions its rows
+    recorded, and not at all where they recorded none (measured before rows did)."""
     stale = []
     here = _device_name()
     for name, h in sorted(table.hashes.items()):
@@ -236,12 +237,17 @@ def _warn_stale(table, stream, step: str = "route") -> list[str]:
             v = registry.get(table.definition, name)
         except KeyError:
             continue
+        current = v.provenance
         if v.backend == "library" and here != table.env.get("device"):
-            continue
-        if v.provenance != h:
+            versions = next((r.metrics["library_versions"] for (n, _), r in table.rows.items()
+                             if n == name and "library_versions" in (r.metrics or {})), None)
+            if versions is None:
+                continue
+            current = provenance.digest(v.name, v.files, versions)
+        if current != h:
             stale.append(name)
             stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: provenance changed since "
-                         f"it was measured ({h} -> {v.provenance}); re-run `kdispatch tune`\n")
+                         f"it was measured ({h} -> {current}); re-run `kdispatch tune`\n")
     return stale
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from kdispatch import definitions as defs
-from kdispatch import registry
+from kdispatch import provenance, registry
 from kdispatch.checks import RUNTIME_ERROR, Verdict
 
 from . import gate
@@ -123,6 +123,10 @@ def run_job(job: Job, emit: Callable) -> None:
                 emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"cannot load: {exc}"[:500])))
                 continue
             extra = {}
+            if name not in ("routed", ROUTED_HINTED) and registry.get(definition, name).backend == "library":
+                # with the code's files, what its hash covers: a machine without these libraries can
+                # still tell whether the code changed since (tuner/flows.py `_warn_stale`)
+                extra["library_versions"] = provenance.library_versions(registry.get(definition, name).requires)
             if name in ("routed", ROUTED_HINTED):
                 from kdispatch import arch as _arch
 
