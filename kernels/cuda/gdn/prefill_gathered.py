@@ -16,7 +16,7 @@ def gdn_prefill_gathered_rows(q, k, v, g, beta, initial_state, cu_seqlens, out, 
                                                      all_true(n, q.device), cu_seqlens, out, scale, cfg=cfg)
 
 
-_ROWS = {c: prefill_thread_rows.LAUNCH_CONFIGS[c] for c in ("k1c8", "k2c8", "k4c8", "k8c8")}
+_ROWS = {c: prefill_thread_rows.LAUNCH_CONFIGS[c] for c in ("k2c8", "k4c8", "k8c8", "k16c8")}
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "cuda_prefill_pool_rows", backend="cuda", archs=("sm90",),
             requires=("cuda.core",), configs=_ROWS,
