@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from engine_pool import args_for as _args_for
+from engine_pool import check_prefill as check
+from engine_pool import reference as _reference
 from engine_pool import runnable as _runnable
-from kdispatch import registry
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -22,15 +23,7 @@ def args_for(hq, hv, total, seqs, seed=0):
 
 
 def reference(hq, hv, args):
-    return registry.get(gathered_prefill_name(hq, hv), "reference").fn(
-        *[x.clone() if torch.is_tensor(x) else x for x in args])
-
-
-def check(got, want, states=None):
-    (out, final), (want_out, want_final) = got, want
-    assert not torch.isnan(out).any()
-    torch.testing.assert_close(out.float(), want_out.float(), rtol=5e-2, atol=5e-2)  # the spec's tolerance
-    torch.testing.assert_close(final if states is None else states, want_final, rtol=5e-2, atol=5e-2)
+    return _reference(gathered_prefill_name(hq, hv), args)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -6,10 +6,11 @@ cu_seqlens (zero output, pool unchanged), and inside a CUDA graph. Skipped witho
 import pytest
 import torch
 
+from engine_pool import check_prefill as check
 from engine_pool import paged, untouched_margins
+from engine_pool import reference as _reference
 from engine_pool import args_for as _args_for
 from engine_pool import runnable as _runnable
-from kdispatch import registry
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -30,15 +31,7 @@ def runnable(hq, hv, name):
 
 
 def reference(hq, hv, args):
-    return registry.get(pool_prefill_name(hq, hv), "reference").fn(
-        *[x.clone() if torch.is_tensor(x) else x for x in args])
-
-
-def check(got, want, pool=None):
-    (out, new_pool), (want_out, want_pool) = got, want
-    assert not torch.isnan(out).any()
-    torch.testing.assert_close(out.float(), want_out.float(), rtol=5e-2, atol=5e-2)  # the spec's tolerance
-    torch.testing.assert_close(new_pool if pool is None else pool, want_pool, rtol=5e-2, atol=5e-2)
+    return _reference(pool_prefill_name(hq, hv), args)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -134,4 +127,4 @@ def test_in_a_graph(hq, hv, name):
     for i in (OUT, POOL):
         work[i].copy_(args[i])
     g.replay()
-    check(got, want, pool=work[POOL])
+    check(got, want, states=work[POOL])
