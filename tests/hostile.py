@@ -17,10 +17,12 @@ from kdispatch import definitions
 HEADS = ((16, 32), (8, 16), (4, 8), (2, 4))  # the engine-convention definitions' (q/k, v) heads
 PACKED = tuple(f"gdn_decode_packed_qk{hq}_v{hv}" for hq, hv in HEADS)
 POOL_PREFILL = tuple(f"gdn_prefill_pool_qk{hq}_v{hv}" for hq, hv in HEADS)
+GATHERED_PREFILL = tuple(f"gdn_prefill_gathered_qk{hq}_v{hv}" for hq, hv in HEADS)  # boundaries only
 VERIFY = tuple(f"gdn_verify_qk{hq}_v{hv}" for hq, hv in HEADS)
 VERIFY_STEPS = tuple(f"gdn_verify_steps_qk{hq}_v{hv}" for hq, hv in HEADS)
-INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL, *VERIFY, *VERIFY_STEPS)
-WITH_CU = ("gdn_prefill", *POOL_PREFILL, *VERIFY, *VERIFY_STEPS)  # one malformed cu_seqlens kind per seed
+INDEXED = ("dsa_topk_indexer", "dsa_sparse_attention", "gdn_prefill", *PACKED, *POOL_PREFILL, *GATHERED_PREFILL,
+           *VERIFY, *VERIFY_STEPS)
+WITH_CU = ("gdn_prefill", *POOL_PREFILL, *GATHERED_PREFILL, *VERIFY, *VERIFY_STEPS)  # one malformed cu_seqlens kind per seed
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MALFORMED_CU = ("valid", "start", "decreasing", "short_end", "long_end", "negative", "huge")
 
@@ -70,7 +72,7 @@ def hostile(short: str, args, seed: int) -> list:
     elif d.short == "dsa_sparse_attention":
         tokens = a["ckv_cache"].shape[0] * a["ckv_cache"].shape[1]
         a["sparse_indices"] = _corrupt(a["sparse_indices"], tokens, g, 0.3)
-    elif d.short == "gdn_prefill":
+    elif d.short == "gdn_prefill" or d.short in GATHERED_PREFILL:
         a["cu_seqlens"] = malformed_cu(a["cu_seqlens"], a["q"].shape[0], MALFORMED_CU[seed % len(MALFORMED_CU)])
     elif d.short in PACKED:  # every corrupted slot is outside the pool: a padding row
         a["state_indices"] = _corrupt(a["state_indices"], a["state_pool"].shape[0], g, 0.3)

@@ -13,7 +13,8 @@ import torch
 
 import kdispatch
 from conftest import interpreted_skip
-from hostile import INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, WITH_CU, hostile
+from hostile import (GATHERED_PREFILL, INDEXED, MALFORMED_CU, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, WITH_CU,
+                     hostile)
 from kdispatch import registry
 from kdispatch.dispatch import CHECK_VAR
 from kdispatch.tuner import gate
@@ -27,6 +28,7 @@ SHAPES = {
     "gdn_prefill": [{"total_seq_len": 5, "num_seqs": 3}],  # interpreted Triton: ~2 s a token a call
     **{short: [{"batch_size": 9, "num_slots": 12}] for short in PACKED},
     **{short: [{"total_seq_len": 13, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
+    **{short: [{"total_seq_len": 13, "num_seqs": 9}] for short in GATHERED_PREFILL},
     **{short: [{"num_seqs": 9, "cache_steps": 2, "total_seq_len": 18, "num_slots": 12, "num_cache_rows": 10}]
        for short in VERIFY},
     **{short: [{"num_seqs": 9, "num_steps": 2, "total_seq_len": 18, "num_slots": 19}] for short in VERIFY_STEPS},

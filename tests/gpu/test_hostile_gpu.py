@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import runnable_variant, variant_cases
-from hostile import INDEXED, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, hostile, sparse_attention_shapes
+from hostile import (GATHERED_PREFILL, INDEXED, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEPS, hostile,
+                     sparse_attention_shapes)
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
 
@@ -19,6 +20,7 @@ SHAPES = {
     "gdn_prefill": [{"total_seq_len": 40, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 5}],
     **{short: [{"batch_size": 1, "num_slots": 2}, {"batch_size": 40, "num_slots": 50}] for short in PACKED},
     **{short: [{"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
+    **{short: [{"total_seq_len": 300, "num_seqs": 9}] for short in GATHERED_PREFILL},
     **{short: [{"num_seqs": 40, "cache_steps": 4, "total_seq_len": 160, "num_slots": 50, "num_cache_rows": 45}]
        for short in VERIFY},
     **{short: [{"num_seqs": 40, "num_steps": 4, "total_seq_len": 160, "num_slots": 170}] for short in VERIFY_STEPS},
