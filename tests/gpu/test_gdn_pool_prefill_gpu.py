@@ -82,13 +82,16 @@ def test_hostile_slots_touch_nothing_outside_the_pool(name):
 @pytest.mark.parametrize("padding", ["between", "all"])
 def test_padding_sequences_anywhere(name, hq, hv, padding):
     """Padding between live sequences and at the end (the in-place FlashInfer variant joins their tokens
-    to the live sequence before them), or no live sequence at all."""
+    to the live sequence before them and hands FlashInfer empty sequences in slot 0, which must stay
+    untouched by them: a live sequence owns it here), or no live sequence at all."""
     v = runnable(hq, hv, name)
     args = args_for(hq, hv, 300, 7, 9, seed=11)
     live = [0, 3, 4] if padding == "between" else []
     for n in range(7):
         if n not in live:
             args[IDX][n] = -1
+    if live:  # a live sequence in slot 0, the slot the in-place FlashInfer variant gives empty sequences
+        args[IDX][3] = 0
     want = reference(hq, hv, args)
     got = v.fn(*args)
     check(got, want)
