@@ -1,15 +1,16 @@
 """GDN prefill and speculative verification in the engines' convention (gdn_prefill_pool_*,
-gdn_verify_* (SGLang's), gdn_verify_steps_* (vLLM's); one definition per TP degree): the routed op
-and every variant against the definition's baseline (SGLang's FlashInfer prefill between its state
-gather and scatter; SGLang's Triton verify kernel; for vLLM's verification, the reference until
-vLLM's kernel is staged), side by side in one run.
+gdn_prefill_gathered_* (vLLM's prefill call), gdn_verify_* (SGLang's), gdn_verify_steps_* (vLLM's); one
+definition per TP degree): the routed op and every variant against the definition's baseline
+(SGLang's FlashInfer prefill between its state gather and scatter; FlashInfer as vLLM calls it;
+SGLang's Triton verify kernel; for vLLM's verification, the reference until vLLM's kernel is
+staged), side by side in one run.
 
 Per TP head count and shape: the correctness gate (kdispatch.tuner.gate, against the reference)
 and CUDA-graph and eager time per call (kdispatch.tuner.timing: the state pool rotated past the L2),
 with the HBM floor beside it. Prints a table, then per head count the routed op's speedup over the
 baseline (mean, min; prefill also where sequences average <= 256 tokens), graph and eager. Writes JSON.
 
-    python benchmarks/gdn_engine.py prefill|verify|verify_steps [--json out.json] [--heads 32 16 8 4]
+    python benchmarks/gdn_engine.py prefill|gathered|verify|verify_steps [--json out.json] [--heads 32 16 8 4]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 
 import kdispatch
 from kdispatch import registry
+from kdispatch.definitions.gdn.gathered import gathered_prefill_name
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name, verify_name, verify_steps_name
 from kdispatch.workloads import materialize
 
@@ -37,6 +39,8 @@ VERIFY = [(n, s) for n in (1, 4, 16, 64, 256) for s in (2, 4, 8)]  # (requests, 
 def shapes(family: str) -> list[dict]:
     if family == "prefill":
         return [{"total_seq_len": t, "num_seqs": n, "num_slots": n + 1} for n, t in PREFILL]
+    if family == "gathered":
+        return [{"total_seq_len": t, "num_seqs": n} for n, t in PREFILL]
     if family == "verify_steps":
         return [{"num_seqs": n, "num_steps": s, "total_seq_len": n * s, "num_slots": n * s + 1} for n, s in VERIFY]
     return [{"num_seqs": n, "cache_steps": s, "total_seq_len": n * s, "num_slots": n + 1, "num_cache_rows": n}
@@ -45,13 +49,14 @@ def shapes(family: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("family", choices=("prefill", "verify", "verify_steps"))
+    ap.add_argument("family", choices=("prefill", "gathered", "verify", "verify_steps"))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--heads", type=int, nargs="+", default=[hv for _, hv in PACKED_HEADS.values()])
     opts = ap.parse_args()
-    name_of = {"prefill": pool_prefill_name, "verify": verify_name, "verify_steps": verify_steps_name}[opts.family]
-    op = {"prefill": kdispatch.ops.gdn_prefill_pool, "verify": kdispatch.ops.gdn_verify,
-          "verify_steps": kdispatch.ops.gdn_verify_steps}[opts.family]
+    name_of = {"prefill": pool_prefill_name, "gathered": gathered_prefill_name, "verify": verify_name,
+               "verify_steps": verify_steps_name}[opts.family]
+    op = {"prefill": kdispatch.ops.gdn_prefill_pool, "gathered": kdispatch.ops.gdn_prefill_gathered,
+          "verify": kdispatch.ops.gdn_verify, "verify_steps": kdispatch.ops.gdn_verify_steps}[opts.family]
     here = kdispatch.arch.local_arch()
     rows = []
     for hq, hv in PACKED_HEADS.values():
@@ -83,7 +88,7 @@ def main() -> None:
         for mode in ("graph_us", "eager_us"):
             ratios = [r[r["baseline"]][mode] / r["routed"][mode] for r in mine]
             s[mode.split("_")[0]] = {"mean_speedup": statistics.fmean(ratios), "min_speedup": min(ratios)}
-            if opts.family == "prefill":
+            if opts.family in ("prefill", "gathered"):
                 short = [r[r["baseline"]][mode] / r["routed"][mode] for r in mine
                          if r["total_seq_len"] <= 256 * r["num_seqs"]]
                 s[mode.split("_")[0]]["min_speedup_mean_len_le_256"] = min(short) if short else None

@@ -17,8 +17,9 @@
 #   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
 #   bash benchmarks/retune.sh layer            SGLang's GDN kernel classes with and without the plugin
 #                                              (benchmarks/sglang_layer.py; after the engines-deps bundle's setup)
-#   bash benchmarks/retune.sh engine-bench     pool prefill and both verify contracts: every variant and the routed
-#                                              op against the engine's default path (benchmarks/gdn_engine.py)
+#   bash benchmarks/retune.sh engine-bench     pool and gathered (vLLM) prefill and both verify contracts: every
+#                                              variant and the routed op against the engine's default path
+#                                              (benchmarks/gdn_engine.py)
 #   bash benchmarks/retune.sh moe              MoE on the contest workloads against the baseline and the floor, with
 #                                              each candidate's host time (benchmarks/moe.py), then the per-kernel
 #                                              profile at decode sizes with host times (benchmarks/moe_profile.py)
@@ -89,7 +90,7 @@ case "$step" in
     timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
     tail -25 "$OUT/sanitize.txt" ;;
   engine-bench)
-    for family in prefill verify verify_steps; do
+    for family in prefill gathered verify verify_steps; do
       timeout 180 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-engine-$family-H100.json \
         2>&1 | tail -25
     done
