@@ -30,7 +30,7 @@ def _close(out, new_state, want_out, want_state):
 
 def _check_pool(call, lens):
     """One pool-convention batch of these 6 sequence lengths (sequence 3 on a padding slot, fresh and
-    continued states) through `call(q, k, v, g, beta, pool, slots, init, cu_seqlens, out)`, which
+    continued states, sequence 2 continued whatever its length) through `call(q, k, v, g, beta, pool, slots, init, cu_seqlens, out)`, which
     returns the output, against the reference."""
     g = torch.Generator().manual_seed(7)
     hq, hv, n = 2, 4, len(lens)
@@ -42,7 +42,7 @@ def _check_pool(call, lens):
     beta = torch.rand(T, hv, generator=g)
     pool = torch.randn(n + 2, hv, 128, 128, generator=g) * 0.1
     slots = torch.tensor([1, 2, 3, -1, 5, 6], dtype=torch.int32)  # sequence 3: padding
-    init = torch.tensor([True, True, False, True, False, True])
+    init = torch.tensor([True, True, True, True, False, True])  # the empty sequence 2 keeps its state
     args = [t.to(DEV) for t in (q, k, v, gate, beta, pool, slots, init, cu)]
     out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
     want_out, want_pool = ref_pool.run(*args, out.clone(), None)

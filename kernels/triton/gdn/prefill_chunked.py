@@ -311,7 +311,8 @@ def _scan_kernel(
         else:
             S = tl.zeros([128, BV], dtype=tl.float32)
         c = tl.arange(0, 64)
-        for blk in range(bos // 64, (eos + 63) // 64):
+        # an empty sequence walks no block: its state is stored as read, not decayed by a neighbour's gates
+        for blk in range(bos // 64, tl.where(eos > bos, (eos + 63) // 64, bos // 64)):
             rows = blk * 64 + c
             m = (rows >= bos) & (rows < eos)
             r64 = rows.to(tl.int64)
