@@ -215,8 +215,9 @@ def test_a_region_ends_where_its_time_ratio_crosses_the_baseline():
 
 def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
     """Prefill coverage measures a shape in three length mixes: A winning one shape's three workloads
-    gets no region of its own (they could be one shape's luck); a decode variant winning one batch
-    size's three workloads does."""
+    gets no region of its own (they could be one shape's luck), for graph calls (two shapes in every
+    mix a region) nor eager ones (one more workload than the mixes); a decode variant winning one
+    batch size's three workloads does."""
     shapes = [(64, 1), (128, 2), (256, 4), (512, 8), (1024, 16), (2048, 32), (4096, 64)]
     wl = [(f"p{t}-{n}-{k}", {"total_seq_len": t, "num_seqs": n, "len_cu_seqlens": n + 1})
           for t, n in shapes for k in range(3)]
@@ -226,8 +227,8 @@ def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
         return {"flashinfer": base, "A": base * (0.5 if axes["total_seq_len"] == 256 else 2.0)}.get(name)
 
     pol = fitting.fit(fitting.load_table(build_store(PREFILL, wl, lat), PREFILL, "sm90"), with_heldout=False)
-    assert pol.params.min_leaf == 4
-    assert all(r.variant == "flashinfer" for r in pol.regions)
+    assert (pol.params.min_leaf, pol.eager.params.min_leaf) == (6, 4)
+    assert all(r.variant == "flashinfer" for r in pol.regions + pol.eager.regions)
     dwl = [(f"d{b}-{k}", {"batch_size": b}) for b in (1, 2, 4, 8, 16, 32, 64) for k in range(3)]
 
     def dlat(name, axes):

@@ -53,9 +53,9 @@ every threshold between two adjacent distinct feature values of the node's workl
 the total cost of its two children, each child valued at the better of staying one region or its own
 best split (one level of lookahead, so a variant winning only in a middle interval is found); the
 best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps
-at least `min_leaf` workloads (3: two let one length mix decide a region; one more than a shape's
-length mixes where the coverage measures several, so that a region spans more than one shape:
-`_leaf_params`), and depth <= `max_depth` (4, so at most 16 regions). Sibling
+at least `min_leaf` workloads (3: two let one length mix decide a region; where the coverage
+measures each shape in several length mixes, two shapes in every mix for graph calls and one more
+than the mixes for eager ones: `_leaf_params`), and depth <= `max_depth` (4, so at most 16 regions). Sibling
 leaves with the same choice are merged, then adjacent boxes with the same choice. Ties between
 splits go to the earlier feature and the lower threshold, so the result is deterministic. Thresholds
 sit midway between the two tuned values they separate on a log scale, t = isqrt(a b) (`_midway`):
@@ -407,7 +407,8 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     """The policy for calls in `mode`; the graph policy carries the eager one as `.eager`."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    params = _leaf_params(params or FitParams(), table.definition)
+    given = params or FitParams()
+    params = _leaf_params(given, table, mode)
     regions, m = _regions(table, params, mode)
     if any((r.metrics or {}).get("guarded") for r in table.rows.values() if r.baseline):
         regions = _ops_regions(table, params, mode, regions)
@@ -420,23 +421,31 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
                  mode=mode, fit_names=tuple(m.fit), estimated=len(m.X) - n)
     if with_heldout:
-        pol.heldout = heldout_regret(table, params, mode)
+        pol.heldout = heldout_regret(table, given, mode)
     if mode == "graph":
-        pol.eager = fit(table, params, with_heldout, "eager")
+        pol.eager = fit(table, given, with_heldout, "eager")
     return pol
 
 
-def _leaf_params(params: FitParams, definition: str) -> FitParams:
-    """`params` with min_leaf above the number of length mixes the definition's coverage measures a
-    shape in (prefill: random, skewed, equal). Three workloads can be one shape in its three mixes,
-    and a region of one shape is placed by splits midway to shapes far away in every feature: with
-    3, pool prefill's 5-fold regret was 26.6% / 11.0% / 16.8% / 10.9% mean at 4 / 8 / 16 / 32 value
-    heads, with 4 21.6% / 9.5% / 16.4% / 11.8% and fewer shapes slower than the baseline (13 -> 9;
-    H100 measurements of 2026-11-26). Definitions without mixes keep min_leaf: at 4 their 5-fold
-    regret held or grew."""
-    cov = defs.get(definition).spec.coverage
-    mixes = len(cov.mixes) if cov is not None else 1
-    return params if mixes < 2 or params.min_leaf > mixes else replace(params, min_leaf=float(mixes + 1))
+def _leaf_params(params: FitParams, table: Table, mode: str = "graph") -> FitParams:
+    """`params` with min_leaf raised where the definition's coverage measures each shape in several
+    length mixes (prefill: random, skewed, equal). Eager calls, and fits on the call-time hints (the
+    longest sequence tells the mixes apart): one more than the mixes, so that a region spans more
+    than one shape (a region of one shape is placed by splits midway to shapes far away in every
+    feature: with 3, pool prefill's 5-fold regret was 26.6% / 11.0% / 16.8% / 10.9% mean at 4 / 8 /
+    16 / 32 value heads, with 4 21.6% / 9.5% / 16.4% / 11.8%; H100, 2026-11-26). Graph calls
+    without hints: two shapes in every mix, since there the variants' times are close and which
+    wins turns on the mix, which those features cannot see (eager host time mostly does not): pool
+    prefill's 5-fold shapes slower than the baseline went 5 / 4 / 12 / 8 -> 3 / 3 / 6 / 6 at 32 /
+    16 / 8 / 4 value heads, the speedup over it 1.42 / 1.36 / 1.18 / 1.27x -> 1.52 / 1.38 / 1.24 /
+    1.38x; with 6 for eager calls too, 8 value heads' eager speedup fell 1.95 -> 1.58x (H100 rows of
+    2026-11-27; the contest prefill's held). Definitions without mixes keep min_leaf: at 4 their
+    5-fold regret held or grew."""
+    spec = defs.get(table.definition).spec
+    mixes = len(spec.coverage.mixes) if spec.coverage is not None else 1
+    hinted = any(h in table.fit_names for h in spec.hints)
+    floor = 2 * mixes if mode == "graph" and not hinted else mixes + 1
+    return params if mixes < 2 or params.min_leaf >= floor else replace(params, min_leaf=float(floor))
 
 
 def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False) -> tuple[list[Region], _Matrix]:
