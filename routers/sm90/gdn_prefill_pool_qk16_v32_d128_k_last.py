@@ -43,19 +43,18 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 14.73% mean, 154.74% max;
-#             1.422x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 12.57% mean, 154.74% max;
+#             1.515x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 29.93% mean, 315.50% max;
 #             1.569x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 32 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 849 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
-#   3. total_seq_len <= 849 and mean_seq_len > 90: flashinfer_pool_inplace, 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 849 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   2. total_seq_len <= 849 and mean_seq_len > 90: flashinfer_pool_inplace, 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+#   3. mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 3.86x (1.90x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   4. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, triton_prefill_chunked.v64
-#   5. total_seq_len > 32 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.05x (1.54x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   6. 849 < total_seq_len <= 3428 and mean_seq_len > 362: flashinfer_pool_inplace, 4 workloads, 1.20x (1.14x .. 1.30x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 849 and 28 < mean_seq_len <= 362: flashinfer_pool_inplace, 28 workloads, 1.33x (1.17x .. 1.50x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 3428 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 14 workloads
+#   5. 849 < total_seq_len <= 3428 and mean_seq_len > 202: flashinfer_pool_inplace, 10 workloads, 1.27x (1.14x .. 1.48x) over sglang_flashinfer_prefill
+#   6. total_seq_len > 849 and 28 < mean_seq_len <= 202: flashinfer_pool_inplace, 22 workloads, 1.34x (1.17x .. 1.50x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 3428 and mean_seq_len > 202: sglang_flashinfer_prefill (baseline), 14 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -70,14 +69,13 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (2.57, 6.28, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'total_seq_len': (None, 849)}, 'workloads': 7, 'speedup': (1.06, 1.92, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 849)}, 'workloads': 6, 'speedup': (1.11, 1.37, 1.69), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'total_seq_len': (None, 849)}, 'workloads': 7, 'speedup': (1.06, 1.92, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 849)}, 'workloads': 6, 'speedup': (1.11, 1.37, 1.69), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5)}, 'workloads': 11, 'speedup': (1.9, 3.86, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 14, 'speedup': (1.38, 2.19, 2.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (32, None)}, 'workloads': 7, 'speedup': (1.54, 3.05, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (849, 3428)}, 'workloads': 4, 'speedup': (1.14, 1.2, 1.3), 'fallbacks': ()},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 362), 'total_seq_len': (849, None)}, 'workloads': 28, 'speedup': (1.17, 1.33, 1.5), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (849, 3428)}, 'workloads': 10, 'speedup': (1.14, 1.27, 1.48), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 202), 'total_seq_len': (849, None)}, 'workloads': 22, 'speedup': (1.17, 1.34, 1.5), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -99,26 +97,23 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.28x (2.57x .. 13.51x) over sglang_flashinfer_prefill
-    if total_seq_len <= 32 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    # region 1: 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill
     if total_seq_len <= 849 and 28 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
+    # region 2: 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
     if total_seq_len <= 849 and mean_seq_len > 90:
         return 'flashinfer_pool_inplace'
+    # region 3: 11 workloads, 3.86x (1.90x .. 13.51x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill
     if 5 < mean_seq_len <= 28:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 7 workloads, 3.05x (1.54x .. 3.90x) over sglang_flashinfer_prefill
-    if total_seq_len > 32 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 1.20x (1.14x .. 1.30x) over sglang_flashinfer_prefill
-    if 849 < total_seq_len <= 3428 and mean_seq_len > 362:
+    # region 5: 10 workloads, 1.27x (1.14x .. 1.48x) over sglang_flashinfer_prefill
+    if 849 < total_seq_len <= 3428 and mean_seq_len > 202:
         return 'flashinfer_pool_inplace'
-    # region 7: 28 workloads, 1.33x (1.17x .. 1.50x) over sglang_flashinfer_prefill
-    if total_seq_len > 849 and 28 < mean_seq_len <= 362:
+    # region 6: 22 workloads, 1.34x (1.17x .. 1.50x) over sglang_flashinfer_prefill
+    if total_seq_len > 849 and 28 < mean_seq_len <= 202:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 

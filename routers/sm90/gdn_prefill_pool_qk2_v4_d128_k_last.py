@@ -43,20 +43,18 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 42.33% mean, 499.61% max;
-#             1.272x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 38.32% mean, 425.02% max;
+#             1.381x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 42.37% mean, 349.15% max;
 #             2.565x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 203 and num_seqs <= 10 and mean_seq_len > 5: triton_prefill_fused.c16v32, 4 workloads, 4.94x (2.62x .. 6.89x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   2. total_seq_len <= 528 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   3. total_seq_len <= 915 and num_seqs > 10 and mean_seq_len > 5: triton_prefill_fused.c16v32, 7 workloads, 2.90x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   4. 203 < total_seq_len <= 3130 and num_seqs <= 10 and mean_seq_len > 5: triton_prefill_chunked.v16, 21 workloads, 2.45x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   5. 528 < total_seq_len <= 3130 and mean_seq_len <= 5: triton_prefill_fused.c16v64, 4 workloads, 1.89x (1.07x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   6. 915 < total_seq_len <= 3130 and num_seqs > 10 and mean_seq_len > 5: triton_prefill_chunked.v64, 17 workloads, 1.85x (1.15x .. 3.70x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   7. total_seq_len > 3130 and num_seqs <= 43: flashinfer_pool_inplace, 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 3130 and 43 < num_seqs <= 160: sglang_flashinfer_prefill (baseline), 4 workloads
-#   9. total_seq_len > 3130 and num_seqs > 167: triton_prefill_fused.c16v64, 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 528 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 528 and 4 < mean_seq_len <= 45: triton_prefill_fused.c16v32, 9 workloads, 3.52x (1.05x .. 7.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   3. total_seq_len <= 528 and mean_seq_len > 45: triton_prefill_chunked.v16, 9 workloads, 2.52x (2.07x .. 2.89x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   4. 528 < total_seq_len <= 3130 and num_seqs <= 9: triton_prefill_chunked.v16, 13 workloads, 2.37x (1.44x .. 4.06x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   5. 528 < total_seq_len <= 3130 and num_seqs > 9: triton_prefill_chunked.v64, 22 workloads, 1.86x (1.15x .. 3.70x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   6. total_seq_len > 3130 and num_seqs <= 43: flashinfer_pool_inplace, 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 3130 and num_seqs > 43: sglang_flashinfer_prefill (baseline), 8 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 160 and num_seqs <= 8: cuda_prefill_pool_rows.k16c8, 5 workloads, 16.62x (12.84x .. 20.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 528 and 8 < num_seqs <= 102: cuda_prefill_pool_rows.k8c8, 8 workloads, 7.80x (2.36x .. 20.15x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -73,15 +71,13 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 203)}, 'workloads': 4, 'speedup': (2.62, 4.94, 6.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 528)}, 'workloads': 7, 'speedup': (1.39, 4.47, 12.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (10, None), 'total_seq_len': (None, 915)}, 'workloads': 7, 'speedup': (1.05, 2.9, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 10), 'total_seq_len': (203, 3130)}, 'workloads': 21, 'speedup': (1.44, 2.45, 4.06), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (528, 3130)}, 'workloads': 4, 'speedup': (1.07, 1.89, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (10, None), 'total_seq_len': (915, 3130)}, 'workloads': 17, 'speedup': (1.15, 1.85, 3.7), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 43), 'total_seq_len': (3130, None)}, 'workloads': 16, 'speedup': (1.09, 1.21, 1.46), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (43, 160), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (167, None), 'total_seq_len': (3130, None)}, 'workloads': 4, 'speedup': (1.12, 2.24, 6.03), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 528)}, 'workloads': 7, 'speedup': (1.39, 4.47, 12.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 45), 'total_seq_len': (None, 528)}, 'workloads': 9, 'speedup': (1.05, 3.52, 7.95), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (None, 528)}, 'workloads': 9, 'speedup': (2.07, 2.52, 2.89), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (528, 3130)}, 'workloads': 13, 'speedup': (1.44, 2.37, 4.06), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (9, None), 'total_seq_len': (528, 3130)}, 'workloads': 22, 'speedup': (1.15, 1.86, 3.7), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 43), 'total_seq_len': (3130, None)}, 'workloads': 16, 'speedup': (1.09, 1.21, 1.46), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (43, None), 'total_seq_len': (3130, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -105,30 +101,24 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.94x (2.62x .. 6.89x) over sglang_flashinfer_prefill
-    if total_seq_len <= 203 and num_seqs <= 10 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill
-    if total_seq_len <= 528 and mean_seq_len <= 5:
+    # region 1: 7 workloads, 4.47x (1.39x .. 12.81x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and mean_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 7 workloads, 2.90x (1.05x .. 7.95x) over sglang_flashinfer_prefill
-    if total_seq_len <= 915 and num_seqs > 10 and mean_seq_len > 5:
+    # region 2: 9 workloads, 3.52x (1.05x .. 7.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and 4 < mean_seq_len <= 45:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 21 workloads, 2.45x (1.44x .. 4.06x) over sglang_flashinfer_prefill
-    if 203 < total_seq_len <= 3130 and num_seqs <= 10 and mean_seq_len > 5:
+    # region 3: 9 workloads, 2.52x (2.07x .. 2.89x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and mean_seq_len > 45:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 13 workloads, 2.37x (1.44x .. 4.06x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 3130 and num_seqs <= 9:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 4 workloads, 1.89x (1.07x .. 2.60x) over sglang_flashinfer_prefill
-    if 528 < total_seq_len <= 3130 and mean_seq_len <= 5:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 17 workloads, 1.85x (1.15x .. 3.70x) over sglang_flashinfer_prefill
-    if 915 < total_seq_len <= 3130 and num_seqs > 10 and mean_seq_len > 5:
+    # region 5: 22 workloads, 1.86x (1.15x .. 3.70x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 3130 and num_seqs > 9:
         return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
-    # region 7: 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
+    # region 6: 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
     if total_seq_len > 3130 and num_seqs <= 43:
         return 'flashinfer_pool_inplace'
-    # region 9: 4 workloads, 2.24x (1.12x .. 6.03x) over sglang_flashinfer_prefill
-    if total_seq_len > 3130 and num_seqs > 167:
-        return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 

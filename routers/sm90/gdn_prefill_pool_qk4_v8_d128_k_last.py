@@ -43,24 +43,20 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 30.16% mean, 268.16% max;
-#             1.183x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 27.31% mean, 171.85% max;
+#             1.238x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 32.69% mean, 138.29% max;
 #             1.954x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 208 and num_seqs <= 11: triton_prefill_fused.c16v32, 6 workloads, 7.33x (4.72x .. 9.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   2. total_seq_len <= 540 and num_seqs > 11 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.99x (2.32x .. 3.57x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   3. total_seq_len <= 1706 and num_seqs > 11 and 4 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 4 workloads, 2.10x (1.11x .. 2.65x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   4. total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len > 11: flashinfer_pool_inplace, 9 workloads, 1.52x (1.33x .. 1.77x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 208 < total_seq_len <= 1706 and num_seqs <= 6: triton_prefill_chunked.v16, 9 workloads, 2.45x (1.44x .. 2.92x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   6. 208 < total_seq_len <= 1706 and 6 < num_seqs <= 11: triton_prefill_chunked.v64, 6 workloads, 3.10x (2.30x .. 3.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   7. 540 < total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len <= 4: triton_prefill_fused.c16v64, 4 workloads, 2.04x (1.45x .. 2.65x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   8. 1706 < total_seq_len <= 2248 and num_seqs <= 14: triton_prefill_chunked.v16, 6 workloads, 1.56x (1.16x .. 1.88x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   9. 1706 < total_seq_len <= 3717 and 14 < num_seqs <= 72: flashinfer_pool_inplace, 6 workloads, 1.33x (1.19x .. 1.52x) over sglang_flashinfer_prefill
-#   10. 1706 < total_seq_len <= 3717 and num_seqs > 72: triton_prefill_fused.c16v32, 4 workloads, 1.58x (1.04x .. 1.85x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_chunked.v64
-#   11. total_seq_len > 2248 and num_seqs <= 14: flashinfer_pool_inplace, 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
-#   12. total_seq_len > 3717 and num_seqs > 14 and mean_seq_len <= 110: flashinfer_pool_inplace, 4 workloads, 1.22x (1.13x .. 1.27x) over sglang_flashinfer_prefill
-#   13. total_seq_len > 3717 and num_seqs > 14 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 9 workloads
+#   2. total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 12 workloads, 2.25x (1.11x .. 2.79x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   3. total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len > 11: flashinfer_pool_inplace, 9 workloads, 1.52x (1.33x .. 1.77x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 208 < total_seq_len <= 1706 and num_seqs <= 6: triton_prefill_chunked.v16, 9 workloads, 2.45x (1.44x .. 2.92x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   5. 208 < total_seq_len <= 1706 and 6 < num_seqs <= 11: triton_prefill_chunked.v64, 6 workloads, 3.10x (2.30x .. 3.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   6. 1706 < total_seq_len <= 2248 and num_seqs <= 14: triton_prefill_chunked.v16, 6 workloads, 1.56x (1.16x .. 1.88x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   7. 1706 < total_seq_len <= 7435 and num_seqs > 14: flashinfer_pool_inplace, 11 workloads, 1.35x (1.13x .. 1.56x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 2248 and num_seqs <= 14: flashinfer_pool_inplace, 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
+#   9. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 12 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 581 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.23x (1.57x .. 17.35x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 581 and 22 < mean_seq_len <= 49: cuda_prefill_pool_rows.k8c16, 6 workloads, 6.29x (1.63x .. 12.83x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -76,18 +72,14 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (None, 208)}, 'workloads': 6, 'speedup': (4.72, 7.33, 9.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (11, None), 'total_seq_len': (None, 540)}, 'workloads': 4, 'speedup': (2.32, 2.99, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (4, 11), 'num_seqs': (11, None), 'total_seq_len': (None, 1706)}, 'workloads': 4, 'speedup': (1.11, 2.1, 2.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, None), 'total_seq_len': (None, 1706)}, 'workloads': 9, 'speedup': (1.33, 1.52, 1.77), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (208, 1706)}, 'workloads': 9, 'speedup': (1.44, 2.45, 2.92), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (6, 11), 'total_seq_len': (208, 1706)}, 'workloads': 6, 'speedup': (2.3, 3.1, 3.63), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (11, None), 'total_seq_len': (540, 1706)}, 'workloads': 4, 'speedup': (1.45, 2.04, 2.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (1706, 2248)}, 'workloads': 6, 'speedup': (1.16, 1.56, 1.88), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (14, 72), 'total_seq_len': (1706, 3717)}, 'workloads': 6, 'speedup': (1.19, 1.33, 1.52), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (72, None), 'total_seq_len': (1706, 3717)}, 'workloads': 4, 'speedup': (1.04, 1.58, 1.85), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (2248, None)}, 'workloads': 13, 'speedup': (1.05, 1.14, 1.29), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 110), 'num_seqs': (14, None), 'total_seq_len': (3717, None)}, 'workloads': 4, 'speedup': (1.13, 1.22, 1.27), 'fallbacks': ()},
-    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'num_seqs': (14, None), 'total_seq_len': (3717, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (11, None), 'total_seq_len': (None, 1706)}, 'workloads': 12, 'speedup': (1.11, 2.25, 2.79), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, None), 'total_seq_len': (None, 1706)}, 'workloads': 9, 'speedup': (1.33, 1.52, 1.77), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (208, 1706)}, 'workloads': 9, 'speedup': (1.44, 2.45, 2.92), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (6, 11), 'total_seq_len': (208, 1706)}, 'workloads': 6, 'speedup': (2.3, 3.1, 3.63), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (1706, 2248)}, 'workloads': 6, 'speedup': (1.16, 1.56, 1.88), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (1706, 7435)}, 'workloads': 11, 'speedup': (1.13, 1.35, 1.56), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (2248, None)}, 'workloads': 13, 'speedup': (1.05, 1.14, 1.29), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -112,38 +104,26 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 1: 6 workloads, 7.33x (4.72x .. 9.83x) over sglang_flashinfer_prefill
     if total_seq_len <= 208 and num_seqs <= 11:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 4 workloads, 2.99x (2.32x .. 3.57x) over sglang_flashinfer_prefill
-    if total_seq_len <= 540 and num_seqs > 11 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 4 workloads, 2.10x (1.11x .. 2.65x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1706 and num_seqs > 11 and 4 < mean_seq_len <= 11:
+    # region 2: 12 workloads, 2.25x (1.11x .. 2.79x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len <= 11:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 9 workloads, 1.52x (1.33x .. 1.77x) over sglang_flashinfer_prefill
+    # region 3: 9 workloads, 1.52x (1.33x .. 1.77x) over sglang_flashinfer_prefill
     if total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len > 11:
         return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
-    # region 5: 9 workloads, 2.45x (1.44x .. 2.92x) over sglang_flashinfer_prefill
+    # region 4: 9 workloads, 2.45x (1.44x .. 2.92x) over sglang_flashinfer_prefill
     if 208 < total_seq_len <= 1706 and num_seqs <= 6:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 6 workloads, 3.10x (2.30x .. 3.63x) over sglang_flashinfer_prefill
+    # region 5: 6 workloads, 3.10x (2.30x .. 3.63x) over sglang_flashinfer_prefill
     if 208 < total_seq_len <= 1706 and 6 < num_seqs <= 11:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
-    # region 7: 4 workloads, 2.04x (1.45x .. 2.65x) over sglang_flashinfer_prefill
-    if 540 < total_seq_len <= 1706 and num_seqs > 11 and mean_seq_len <= 4:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 6 workloads, 1.56x (1.16x .. 1.88x) over sglang_flashinfer_prefill
+    # region 6: 6 workloads, 1.56x (1.16x .. 1.88x) over sglang_flashinfer_prefill
     if 1706 < total_seq_len <= 2248 and num_seqs <= 14:
         return ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 9: 6 workloads, 1.33x (1.19x .. 1.52x) over sglang_flashinfer_prefill
-    if 1706 < total_seq_len <= 3717 and 14 < num_seqs <= 72:
+    # region 7: 11 workloads, 1.35x (1.13x .. 1.56x) over sglang_flashinfer_prefill
+    if 1706 < total_seq_len <= 7435 and num_seqs > 14:
         return 'flashinfer_pool_inplace'
-    # region 10: 4 workloads, 1.58x (1.04x .. 1.85x) over sglang_flashinfer_prefill
-    if 1706 < total_seq_len <= 3717 and num_seqs > 72:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
+    # region 8: 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
     if total_seq_len > 2248 and num_seqs <= 14:
-        return 'flashinfer_pool_inplace'
-    # region 12: 4 workloads, 1.22x (1.13x .. 1.27x) over sglang_flashinfer_prefill
-    if total_seq_len > 3717 and num_seqs > 14 and mean_seq_len <= 110:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 

@@ -43,21 +43,19 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 21.41% mean, 191.28% max;
-#             1.363x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.41% mean, 191.28% max;
+#             1.379x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 15.77% mean, 129.12% max;
 #             2.142x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 175 and mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 7.63x (3.85x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 406 and mean_seq_len > 13: triton_prefill_fused.c16v32, 4 workloads, 3.88x (1.69x .. 6.85x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   3. total_seq_len <= 766 and 7 < mean_seq_len <= 13: triton_prefill_fused.c16v64, 4 workloads, 2.03x (1.61x .. 2.61x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   4. 175 < total_seq_len <= 766 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.23x (2.21x .. 3.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   5. 406 < total_seq_len <= 766 and num_seqs <= 5 and mean_seq_len > 13: triton_prefill_chunked.v64, 4 workloads, 2.67x (1.95x .. 3.15x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace
-#   6. 406 < total_seq_len <= 766 and num_seqs > 5 and mean_seq_len > 13: flashinfer_pool_inplace, 6 workloads, 1.52x (1.44x .. 1.66x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   7. 766 < total_seq_len <= 6247 and num_seqs <= 235: flashinfer_pool_inplace, 30 workloads, 1.32x (1.05x .. 1.60x) over sglang_flashinfer_prefill
-#   8. 766 < total_seq_len <= 6247 and num_seqs > 235: triton_prefill_fused.c16v64, 6 workloads, 2.23x (1.29x .. 2.56x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   9. total_seq_len > 6247 and mean_seq_len <= 148: flashinfer_pool_inplace, 8 workloads, 1.25x (1.11x .. 1.42x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 6247 and mean_seq_len > 148: sglang_flashinfer_prefill (baseline), 12 workloads
+#   1. total_seq_len <= 766 and num_seqs <= 5 and mean_seq_len > 21: triton_prefill_fused.c16v32, 6 workloads, 2.78x (1.62x .. 4.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 766 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.71x (2.26x .. 13.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   3. total_seq_len <= 766 and 3 < mean_seq_len <= 21: triton_prefill_fused.c16v64, 6 workloads, 3.21x (1.61x .. 9.21x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   4. total_seq_len <= 766 and num_seqs > 5 and mean_seq_len > 21: flashinfer_pool_inplace, 7 workloads, 1.55x (1.44x .. 1.71x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. 766 < total_seq_len <= 6247 and num_seqs <= 235: flashinfer_pool_inplace, 30 workloads, 1.32x (1.05x .. 1.60x) over sglang_flashinfer_prefill
+#   6. 766 < total_seq_len <= 6247 and num_seqs > 235: triton_prefill_fused.c16v64, 6 workloads, 2.23x (1.29x .. 2.56x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   7. total_seq_len > 6247 and mean_seq_len <= 148: flashinfer_pool_inplace, 8 workloads, 1.25x (1.11x .. 1.42x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 6247 and mean_seq_len > 148: sglang_flashinfer_prefill (baseline), 12 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 2872 and num_seqs <= 5 and mean_seq_len > 38: triton_prefill_fused.c16v32, 13 workloads, 4.25x (1.59x .. 18.10x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 2872 and num_seqs <= 6 and mean_seq_len <= 38: cuda_prefill_pool_rows.k16c8, 5 workloads, 21.27x (15.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -71,16 +69,14 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 175)}, 'workloads': 5, 'speedup': (3.85, 7.63, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, None), 'total_seq_len': (None, 406)}, 'workloads': 4, 'speedup': (1.69, 3.88, 6.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, 13), 'total_seq_len': (None, 766)}, 'workloads': 4, 'speedup': (1.61, 2.03, 2.61), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (175, 766)}, 'workloads': 4, 'speedup': (2.21, 3.23, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (13, None), 'num_seqs': (None, 5), 'total_seq_len': (406, 766)}, 'workloads': 4, 'speedup': (1.95, 2.67, 3.15), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (13, None), 'num_seqs': (5, None), 'total_seq_len': (406, 766)}, 'workloads': 6, 'speedup': (1.44, 1.52, 1.66), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 235), 'total_seq_len': (766, 6247)}, 'workloads': 30, 'speedup': (1.05, 1.32, 1.6), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (235, None), 'total_seq_len': (766, 6247)}, 'workloads': 6, 'speedup': (1.29, 2.23, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 148), 'total_seq_len': (6247, None)}, 'workloads': 8, 'speedup': (1.11, 1.25, 1.42), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (148, None), 'total_seq_len': (6247, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 766)}, 'workloads': 6, 'speedup': (1.62, 2.78, 4.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 766)}, 'workloads': 8, 'speedup': (2.26, 4.71, 13.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 21), 'total_seq_len': (None, 766)}, 'workloads': 6, 'speedup': (1.61, 3.21, 9.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (5, None), 'total_seq_len': (None, 766)}, 'workloads': 7, 'speedup': (1.44, 1.55, 1.71), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 235), 'total_seq_len': (766, 6247)}, 'workloads': 30, 'speedup': (1.05, 1.32, 1.6), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (235, None), 'total_seq_len': (766, 6247)}, 'workloads': 6, 'speedup': (1.29, 2.23, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 148), 'total_seq_len': (6247, None)}, 'workloads': 8, 'speedup': (1.11, 1.25, 1.42), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (148, None), 'total_seq_len': (6247, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -101,31 +97,25 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.63x (3.85x .. 13.04x) over sglang_flashinfer_prefill
-    if total_seq_len <= 175 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 4 workloads, 3.88x (1.69x .. 6.85x) over sglang_flashinfer_prefill
-    if total_seq_len <= 406 and mean_seq_len > 13:
+    # region 1: 6 workloads, 2.78x (1.62x .. 4.46x) over sglang_flashinfer_prefill
+    if total_seq_len <= 766 and num_seqs <= 5 and mean_seq_len > 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 4 workloads, 2.03x (1.61x .. 2.61x) over sglang_flashinfer_prefill
-    if total_seq_len <= 766 and 7 < mean_seq_len <= 13:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 4 workloads, 3.23x (2.21x .. 3.74x) over sglang_flashinfer_prefill
-    if 175 < total_seq_len <= 766 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 4 workloads, 2.67x (1.95x .. 3.15x) over sglang_flashinfer_prefill
-    if 406 < total_seq_len <= 766 and num_seqs <= 5 and mean_seq_len > 13:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 6 workloads, 1.52x (1.44x .. 1.66x) over sglang_flashinfer_prefill
-    if 406 < total_seq_len <= 766 and num_seqs > 5 and mean_seq_len > 13:
+    # region 2: 8 workloads, 4.71x (2.26x .. 13.04x) over sglang_flashinfer_prefill
+    if total_seq_len <= 766 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 6 workloads, 3.21x (1.61x .. 9.21x) over sglang_flashinfer_prefill
+    if total_seq_len <= 766 and 3 < mean_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 7 workloads, 1.55x (1.44x .. 1.71x) over sglang_flashinfer_prefill
+    if total_seq_len <= 766 and num_seqs > 5 and mean_seq_len > 21:
         return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
-    # region 7: 30 workloads, 1.32x (1.05x .. 1.60x) over sglang_flashinfer_prefill
+    # region 5: 30 workloads, 1.32x (1.05x .. 1.60x) over sglang_flashinfer_prefill
     if 766 < total_seq_len <= 6247 and num_seqs <= 235:
         return 'flashinfer_pool_inplace'
-    # region 8: 6 workloads, 2.23x (1.29x .. 2.56x) over sglang_flashinfer_prefill
+    # region 6: 6 workloads, 2.23x (1.29x .. 2.56x) over sglang_flashinfer_prefill
     if 766 < total_seq_len <= 6247 and num_seqs > 235:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 8 workloads, 1.25x (1.11x .. 1.42x) over sglang_flashinfer_prefill
+    # region 7: 8 workloads, 1.25x (1.11x .. 1.42x) over sglang_flashinfer_prefill
     if total_seq_len > 6247 and mean_seq_len <= 148:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'

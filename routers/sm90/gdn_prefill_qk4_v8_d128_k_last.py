@@ -46,24 +46,23 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.56% mean, 121.66% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.25% mean, 121.66% max;
 #             1.354x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 9.76% mean, 148.33% max;
 #             3.123x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 13 and 3 < mean_seq_len <= 93: cuda_prefill_thread_rows.k16c16, 4 workloads, 7.37x (6.40x .. 8.51x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 32 and mean_seq_len <= 1: triton_prefill_recurrent, 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 32 and 1 < mean_seq_len <= 3: cuda_prefill_thread_rows.k16c8, 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 221 and mean_seq_len > 138: triton_prefill_fused.c16v32, 4 workloads, 1.73x (1.62x .. 2.06x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. total_seq_len <= 485 and 93 < mean_seq_len <= 138: triton_prefill_fused.c16v32, 21 workloads, 2.22x (1.42x .. 3.39x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. 13 < total_seq_len <= 32 and 3 < mean_seq_len <= 93: triton_prefill_fused.c16v32, 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   7. total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93: triton_prefill_fused.c16v32, 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   8. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 93: flashinfer (baseline), 29 workloads
-#   9. 221 < total_seq_len <= 485 and mean_seq_len > 138: triton_prefill_chunked.v16, 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer; then triton_prefill_chunked.v64
-#   10. 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer; then triton_prefill_chunked.v64
-#   11. 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
-#   12. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 93: flashinfer (baseline), 6 workloads
-#   13. total_seq_len > 1651 and num_seqs > 1 and mean_seq_len > 93: flashinfer (baseline), 50 workloads
+#   1. total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c16, 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer; then cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 32 and 13 < mean_seq_len <= 93: triton_prefill_fused.c16v32, 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   3. total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c8, 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 251 and mean_seq_len > 93: triton_prefill_fused.c16v32, 17 workloads, 2.18x (1.62x .. 2.98x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93: triton_prefill_fused.c16v32, 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   6. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 93: flashinfer (baseline), 29 workloads
+#   7. 251 < total_seq_len <= 485 and 93 < mean_seq_len <= 147: triton_prefill_fused.c16v32, 8 workloads, 2.04x (1.42x .. 3.39x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   8. 251 < total_seq_len <= 485 and mean_seq_len > 147: triton_prefill_chunked.v16, 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer; then triton_prefill_chunked.v64
+#   9. 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer; then triton_prefill_chunked.v64
+#   10. 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
+#   11. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 93: flashinfer (baseline), 6 workloads
+#   12. total_seq_len > 1651 and num_seqs > 1 and mean_seq_len > 93: flashinfer (baseline), 50 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 37 and mean_seq_len <= 2: cuda_prefill_thread_rows.k8c8, 7 workloads, 13.56x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent
 #   2. total_seq_len <= 37 and 2 < mean_seq_len <= 5: cuda_prefill_thread_rows.k16c16, 4 workloads, 17.82x (13.92x .. 22.75x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_recurrent, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -81,19 +80,18 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (3, 93), 'total_seq_len': (None, 13)}, 'workloads': 4, 'speedup': (6.4, 7.37, 8.51), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_recurrent', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 32)}, 'workloads': 4, 'speedup': (1.52, 6.8, 13.08), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (1, 3), 'total_seq_len': (None, 32)}, 'workloads': 5, 'speedup': (1.61, 6.55, 10.01), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (None, 221)}, 'workloads': 4, 'speedup': (1.62, 1.73, 2.06), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, 138), 'total_seq_len': (None, 485)}, 'workloads': 21, 'speedup': (1.42, 2.22, 3.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, 93), 'total_seq_len': (13, 32)}, 'workloads': 15, 'speedup': (4.77, 5.52, 6.52), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (None, 8), 'total_seq_len': (32, None)}, 'workloads': 68, 'speedup': (1.35, 3.33, 7.19), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (138, None), 'total_seq_len': (221, 485)}, 'workloads': 12, 'speedup': (1.41, 1.54, 1.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (485, 1028)}, 'workloads': 7, 'speedup': (1.35, 1.39, 1.45), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (485, 1604)}, 'workloads': 27, 'speedup': (1.1, 1.77, 2.2), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (1651, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (None, 3), 'total_seq_len': (None, 32)}, 'workloads': 6, 'speedup': (6.4, 8.16, 10.73), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, 93), 'total_seq_len': (None, 32)}, 'workloads': 15, 'speedup': (4.77, 5.52, 6.52), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (3, None), 'total_seq_len': (None, 32)}, 'workloads': 7, 'speedup': (1.6, 5.78, 10.45), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, None), 'total_seq_len': (None, 251)}, 'workloads': 17, 'speedup': (1.62, 2.18, 2.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (None, 8), 'total_seq_len': (32, None)}, 'workloads': 68, 'speedup': (1.35, 3.33, 7.19), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, 147), 'total_seq_len': (251, 485)}, 'workloads': 8, 'speedup': (1.42, 2.04, 3.39), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (147, None), 'total_seq_len': (251, 485)}, 'workloads': 12, 'speedup': (1.41, 1.54, 1.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (485, 1028)}, 'workloads': 7, 'speedup': (1.35, 1.39, 1.45), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (485, 1604)}, 'workloads': 27, 'speedup': (1.1, 1.77, 2.2), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (1651, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -118,34 +116,31 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 7.37x (6.40x .. 8.51x) over flashinfer
-    if total_seq_len <= 13 and 3 < mean_seq_len <= 93:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 2: 4 workloads, 6.80x (1.52x .. 13.08x) over flashinfer
-    if total_seq_len <= 32 and mean_seq_len <= 1:
-        return ('triton_prefill_recurrent', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_recurrent'
-    # region 3: 5 workloads, 6.55x (1.61x .. 10.01x) over flashinfer
-    if total_seq_len <= 32 and 1 < mean_seq_len <= 3:
-        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 4: 4 workloads, 1.73x (1.62x .. 2.06x) over flashinfer
-    if total_seq_len <= 221 and mean_seq_len > 138:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 21 workloads, 2.22x (1.42x .. 3.39x) over flashinfer
-    if total_seq_len <= 485 and 93 < mean_seq_len <= 138:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer
-    if 13 < total_seq_len <= 32 and 3 < mean_seq_len <= 93:
+    # region 1: 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer
+    if total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 2: 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer
+    if total_seq_len <= 32 and 13 < mean_seq_len <= 93:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer
+    # region 3: 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer
+    if total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13:
+        return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
+    # region 4: 17 workloads, 2.18x (1.62x .. 2.98x) over flashinfer
+    if total_seq_len <= 251 and mean_seq_len > 93:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer
     if total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer
-    if 221 < total_seq_len <= 485 and mean_seq_len > 138:
+    # region 7: 8 workloads, 2.04x (1.42x .. 3.39x) over flashinfer
+    if 251 < total_seq_len <= 485 and 93 < mean_seq_len <= 147:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer
+    if 251 < total_seq_len <= 485 and mean_seq_len > 147:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 10: 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer
+    # region 9: 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer
     if 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 11: 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
+    # region 10: 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
     if 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93:
         return 'triton_prefill_chunked.v16'
     return 'flashinfer'
