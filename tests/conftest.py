@@ -149,3 +149,23 @@ def routed_to_baseline(monkeypatch, short: str, baseline: str):
     monkeypatch.setattr(d, "choose", lambda arch, axes, mode="graph", strided=False: asked.append(axes) or engine)
     d.reset()
     return d, asked
+
+
+def with_an_empty_sequence(short: str, args: list) -> list:
+    """A prefill's arguments (any convention with `cu_seqlens`) with its last sequence that owns a
+    state made empty, its tokens joined to the sequence before it, and its state continued (pool:
+    has_initial_state set): the final state must be the initial one, untouched wherever the empty
+    sequence starts (a chunked kernel's 64-token block bookkeeping once decayed it by its
+    neighbour's gates)."""
+    from kdispatch import definitions
+
+    names = list(definitions.get(short).inputs)
+    cu = args[names.index("cu_seqlens")]
+    live = range(1, cu.shape[0] - 1)
+    if "state_indices" in names:  # pool convention: a sequence on a real slot (not padding)
+        slots, pool = args[names.index("state_indices")], args[names.index("state_pool")]
+        live = [n for n in live if 0 <= int(slots[n]) < pool.shape[0]]
+        args[names.index("has_initial_state")][live[-1]] = True
+    n = live[-1]
+    cu[n] = cu[n + 1]
+    return args

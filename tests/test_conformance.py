@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INTERPRETED, interpreted_skip, kernel_module
+from conftest import INTERPRETED, interpreted_skip, kernel_module, with_an_empty_sequence
 from kdispatch import definitions, registry
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
@@ -91,3 +91,22 @@ def test_variant_passes_the_gate(short, name, i, trials):
         kernel_module(v.fn.__module__)  # says so if its kernels were compiled instead of interpreted
     verdict = gate.run_gate(short, v.fn, trials(short, i))
     assert verdict.passed, f"{short} {name} {axes}: {verdict.status} {verdict.reason}"
+
+
+# The prefill conventions with an empty sequence that continues a state (a shape every convention
+# allows; the trace sets have none): one head count each here, tests/gpu/ runs them all.
+EMPTY_SEQUENCE = {"gdn_prefill": {"total_seq_len": 3, "num_seqs": 3},
+                  "gdn_prefill_pool_qk2_v4": {"total_seq_len": 11, "num_seqs": 4, "num_slots": 6},
+                  "gdn_prefill_gathered_qk2_v4": {"total_seq_len": 11, "num_seqs": 4}}
+
+
+@pytest.mark.parametrize("short,name", [(s, v.name) for s in EMPTY_SEQUENCE for v in registry.variants(s)])
+def test_prefill_keeps_an_empty_sequence_state(short, name):
+    v, axes = registry.get(short, name), EMPTY_SEQUENCE[short]
+    why = runs_here(v) or v.declines(axes)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    w = {"uuid": f"conf-empty-{short}", "axes": axes, "inputs": {}}
+    args = with_an_empty_sequence(short, list(materialize(short, w)))
+    verdict = gate.run_gate(short, v.fn, [(args, gate.reference(short, args))])
+    assert verdict.passed, f"{short} {name}: {verdict.status} {verdict.reason}"

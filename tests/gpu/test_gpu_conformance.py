@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import runnable_variant, variant_cases
+from conftest import runnable_variant, variant_cases, with_an_empty_sequence
 from kdispatch import registry
 from kdispatch.tuner import gate
 from kdispatch.workloads import materialize
@@ -20,6 +20,8 @@ SHAPES = {
     **{f"gdn_decode_packed_qk{hq}_v{hv}": [{"batch_size": 1, "num_slots": 2}, {"batch_size": 37, "num_slots": 50}]
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_prefill_pool_qk{hq}_v{hv}": [{"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}]
+       for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
+    **{f"gdn_prefill_gathered_qk{hq}_v{hv}": [{"total_seq_len": 300, "num_seqs": 9}]
        for hq, hv in ((16, 32), (8, 16), (4, 8), (2, 4))},
     **{f"gdn_verify_qk{hq}_v{hv}": [{"num_seqs": 1, "cache_steps": 2, "total_seq_len": 2, "num_slots": 2,
                                      "num_cache_rows": 1},
@@ -44,4 +46,18 @@ def test_variant_passes_the_gate_on_the_gpu(short, name, axes):
         args = list(materialize(short, gate.trial_workload(w, t), device="cuda"))
         trials.append((args, gate.reference(short, args)))
     verdict = gate.run_gate(short, v.fn, trials)
+    assert verdict.passed, f"{short} {name} {axes}: {verdict.status} {verdict.reason}"
+
+
+# Every prefill convention with an empty sequence that continues a state, starting mid-block (the
+# trace sets have none): tests/test_conformance.py does the CPU-runnable ones.
+EMPTY_SEQUENCE = {short: SHAPES[short][-1:] for short in SHAPES if short.startswith("gdn_prefill")}
+
+
+@pytest.mark.parametrize("short,name,axes", variant_cases(EMPTY_SEQUENCE))
+def test_prefill_keeps_an_empty_sequence_state_on_the_gpu(short, name, axes):
+    v = runnable_variant(short, name, axes)
+    w = {"uuid": f"gpu-conformance-empty-{short}", "axes": axes, "inputs": {}}
+    args = with_an_empty_sequence(short, list(materialize(short, w, device="cuda")))
+    verdict = gate.run_gate(short, v.fn, [(args, gate.reference(short, args))])
     assert verdict.passed, f"{short} {name} {axes}: {verdict.status} {verdict.reason}"
