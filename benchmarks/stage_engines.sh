@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/stage_engines.sh                       # here, once
 #   run: carry [".kd-wheels/engines"], command bash .kd-wheels/engines/gpu-setup.sh   (first)
+#   run: carry [".kd-wheels/engines-mla"], command bash .kd-wheels/engines-mla/gpu-setup.sh   (FlashMLA)
 #   then benchmarks/rebundle.sh's b1 .. bN (shared/device's bundles re-packed to fit beside the tree),
 #   then engines-deps and engines-vllm (below), each its own call, in the same hold of the machine
 # gpu-setup.sh unpacks it under /tmp/kd-engines; benchmarks/gpu_env.sh puts /tmp/kd-engines on
@@ -53,8 +54,16 @@ except Exception as exc:
     print("flash_mla NOT usable:", type(exc).__name__, exc)
 CHECK
 SETUP
-du -sh "$out"
-echo "staged: carry .kd-wheels/engines and run bash .kd-wheels/engines/gpu-setup.sh on the GPU host"
+# FlashMLA travels in a call of its own (.kd-wheels/engines-mla, the same setup script, right after the
+# engines bundle's): with the tree's results twins (40 MB on 2026-11-27) the two wheels together no
+# longer fit one transfer
+mla=.kd-wheels/engines-mla
+rm -rf "$mla"
+mkdir -p "$mla"
+mv "$out"/sgl_flash_mla-*.whl "$mla"/
+cp "$out/gpu-setup.sh" "$mla/"
+du -sh "$out" "$mla"
+echo "staged: carry .kd-wheels/engines, then .kd-wheels/engines-mla, each running its gpu-setup.sh on the GPU host"
 
 # SGLang's own import-time needs, for importing its GDN kernel classes for real (benchmarks/sglang_layer.py;
 # the baselines load its kernels bare and need none of these), as Python 3.12 wheels in a bundle of their
