@@ -41,6 +41,7 @@ cat > "$out/gpu-setup.sh" <<'SETUP'
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p /tmp/kd-engines
+shopt -s nullglob  # a bundle holds wheels, slimmed zips or both
 for w in "$here"/*.whl "$here"/*.zip; do python -m zipfile -e "$w" /tmp/kd-engines; done
 python - <<'CHECK'
 import importlib.util, sys
