@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T06:59:56Z
+# measured    up to 2026-11-27T10:40:11Z
 # workloads   84 (workload-set digest 814780a533a1642f)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -20,10 +20,10 @@
 #   cuda_prefill_pool_rows.k8c16   12d2eba987b2b6b2  79/79  0.52x
 #   cuda_prefill_pool_rows.k8c8    871e89e87928e8bc  79/79  0.54x
 #   flashinfer_pool_inplace        b00f6e686113c26a  84/84  1.34x
-#   triton_prefill_chunked.v16     2316fe86c0685f03  84/84  0.69x
-#   triton_prefill_chunked.v64     a1257c0d0bf13065  84/84  0.81x
-#   triton_prefill_fused.c16v32    390308607b5503dc  84/84  0.97x
-#   triton_prefill_fused.c16v64    6af7eed16bb7eb54  84/84  1.21x
+#   triton_prefill_chunked.v16     ea060f186fe1287b  84/84  0.69x
+#   triton_prefill_chunked.v64     6d00e89064f7cc16  84/84  0.81x
+#   triton_prefill_fused.c16v32    fb6428ddba622888  84/84  0.98x
+#   triton_prefill_fused.c16v64    d797613afc23d91f  84/84  1.21x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8   cfg=(16, 8, 8)
@@ -43,52 +43,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 12.57% mean, 154.74% max;
-#             1.515x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 29.93% mean, 315.50% max;
-#             1.569x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 12.56% mean, 158.84% max;
+#             1.517x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 27.76% mean, 237.20% max;
+#             1.535x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 849 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   1. total_seq_len <= 849 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 7 workloads, 1.93x (1.06x .. 4.15x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   2. total_seq_len <= 849 and mean_seq_len > 90: flashinfer_pool_inplace, 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
 #   3. mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 3.86x (1.90x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   4. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   4. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 14 workloads, 2.19x (1.41x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   5. 849 < total_seq_len <= 3428 and mean_seq_len > 202: flashinfer_pool_inplace, 10 workloads, 1.27x (1.14x .. 1.48x) over sglang_flashinfer_prefill
 #   6. total_seq_len > 849 and 28 < mean_seq_len <= 202: flashinfer_pool_inplace, 22 workloads, 1.34x (1.17x .. 1.50x) over sglang_flashinfer_prefill
 #   7. total_seq_len > 3428 and mean_seq_len > 202: sglang_flashinfer_prefill (baseline), 14 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. 1781 < total_seq_len <= 3281 and 21 < num_seqs <= 95: triton_prefill_chunked.v64, 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-#   4. 1781 < total_seq_len <= 4211 and num_seqs > 95: triton_prefill_fused.c16v64, 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362: flashinfer_pool_inplace, 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   1. total_seq_len <= 236 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 12.73x (3.97x .. 19.92x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   2. total_seq_len <= 236 and num_seqs > 6: cuda_prefill_pool_rows.k2c8, 4 workloads, 5.67x (3.57x .. 6.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   3. 236 < total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.99x (1.67x .. 3.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   4. 236 < total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 26 workloads, 2.53x (1.13x .. 4.84x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   5. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362: flashinfer_pool_inplace, 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill
 #   6. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 4 workloads
-#   7. total_seq_len > 4211 and 21 < num_seqs <= 82: sglang_flashinfer_prefill (baseline), 6 workloads
-#   8. total_seq_len > 4211 and num_seqs > 82: flashinfer_pool_inplace, 5 workloads, 1.34x (1.16x .. 1.64x) over sglang_flashinfer_prefill
-#   9. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990: flashinfer_pool_inplace, 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990: sglang_flashinfer_prefill (baseline), 7 workloads
+#   7. total_seq_len > 1781 and 21 < num_seqs <= 70 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 9 workloads
+#   8. total_seq_len > 1781 and num_seqs > 21 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 5 workloads, 2.05x (1.70x .. 2.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 1781 and num_seqs > 70 and mean_seq_len > 28: flashinfer_pool_inplace, 6 workloads, 1.38x (1.16x .. 1.64x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990: flashinfer_pool_inplace, 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
+#   11. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990: sglang_flashinfer_prefill (baseline), 7 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'total_seq_len': (None, 849)}, 'workloads': 7, 'speedup': (1.06, 1.92, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'total_seq_len': (None, 849)}, 'workloads': 7, 'speedup': (1.06, 1.93, 4.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
     {'region': 2, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 849)}, 'workloads': 6, 'speedup': (1.11, 1.37, 1.69), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5)}, 'workloads': 11, 'speedup': (1.9, 3.86, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 14, 'speedup': (1.38, 2.19, 2.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 14, 'speedup': (1.41, 2.19, 2.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (849, 3428)}, 'workloads': 10, 'speedup': (1.14, 1.27, 1.48), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 202), 'total_seq_len': (849, None)}, 'workloads': 22, 'speedup': (1.17, 1.34, 1.5), 'fallbacks': ()},
     {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 1781)}, 'workloads': 15, 'speedup': (1.67, 5.04, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 1781)}, 'workloads': 28, 'speedup': (1.28, 2.95, 6.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (21, 95), 'total_seq_len': (1781, 3281)}, 'workloads': 4, 'speedup': (1.06, 1.17, 1.24), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (95, None), 'total_seq_len': (1781, 4211)}, 'workloads': 5, 'speedup': (1.69, 2.14, 2.9), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 6, 'speedup': (1.47, 2.04, 3.37), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (None, 236)}, 'workloads': 4, 'speedup': (3.97, 12.73, 19.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (None, 236)}, 'workloads': 4, 'speedup': (3.57, 5.67, 6.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (236, 1781)}, 'workloads': 9, 'speedup': (1.67, 2.99, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (236, 1781)}, 'workloads': 26, 'speedup': (1.13, 2.53, 4.84), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 6, 'speedup': (1.47, 2.04, 3.37), 'fallbacks': ()},
     {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (21, 82), 'total_seq_len': (4211, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (82, None), 'total_seq_len': (4211, None)}, 'workloads': 5, 'speedup': (1.16, 1.34, 1.64), 'fallbacks': ()},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 990), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 4, 'speedup': (1.27, 1.55, 1.9), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (990, None), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, 70), 'total_seq_len': (1781, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (21, None), 'total_seq_len': (1781, None)}, 'workloads': 5, 'speedup': (1.7, 2.05, 2.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (70, None), 'total_seq_len': (1781, None)}, 'workloads': 6, 'speedup': (1.16, 1.38, 1.64), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 990), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 4, 'speedup': (1.27, 1.55, 1.9), 'fallbacks': ()},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (990, None), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -97,7 +99,7 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 1.92x (1.06x .. 4.09x) over sglang_flashinfer_prefill
+    # region 1: 7 workloads, 1.93x (1.06x .. 4.15x) over sglang_flashinfer_prefill
     if total_seq_len <= 849 and 28 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 2: 6 workloads, 1.37x (1.11x .. 1.69x) over sglang_flashinfer_prefill
@@ -106,9 +108,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 3: 11 workloads, 3.86x (1.90x .. 13.51x) over sglang_flashinfer_prefill
     if mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 14 workloads, 2.19x (1.38x .. 2.73x) over sglang_flashinfer_prefill
+    # region 4: 14 workloads, 2.19x (1.41x .. 2.75x) over sglang_flashinfer_prefill
     if 5 < mean_seq_len <= 28:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 5: 10 workloads, 1.27x (1.14x .. 1.48x) over sglang_flashinfer_prefill
     if 849 < total_seq_len <= 3428 and mean_seq_len > 202:
         return 'flashinfer_pool_inplace'
@@ -121,25 +123,28 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 15 workloads, 5.04x (1.67x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and mean_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 28 workloads, 2.95x (1.28x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and mean_seq_len > 10:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 4 workloads, 1.17x (1.06x .. 1.24x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 3281 and 21 < num_seqs <= 95:
-        return 'triton_prefill_chunked.v64'
-    # region 4: 5 workloads, 2.14x (1.69x .. 2.90x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 4211 and num_seqs > 95:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 1: 4 workloads, 12.73x (3.97x .. 19.92x) over sglang_flashinfer_prefill
+    if total_seq_len <= 236 and num_seqs <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 5.67x (3.57x .. 6.93x) over sglang_flashinfer_prefill
+    if total_seq_len <= 236 and num_seqs > 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 9 workloads, 2.99x (1.67x .. 3.93x) over sglang_flashinfer_prefill
+    if 236 < total_seq_len <= 1781 and mean_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 26 workloads, 2.53x (1.13x .. 4.84x) over sglang_flashinfer_prefill
+    if 236 < total_seq_len <= 1781 and mean_seq_len > 10:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 5: 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill
     if 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362:
-        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
-    # region 8: 5 workloads, 1.34x (1.16x .. 1.64x) over sglang_flashinfer_prefill
-    if total_seq_len > 4211 and num_seqs > 82:
         return 'flashinfer_pool_inplace'
-    # region 9: 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
+    # region 8: 5 workloads, 2.05x (1.70x .. 2.57x) over sglang_flashinfer_prefill
+    if total_seq_len > 1781 and num_seqs > 21 and mean_seq_len <= 28:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 6 workloads, 1.38x (1.16x .. 1.64x) over sglang_flashinfer_prefill
+    if total_seq_len > 1781 and num_seqs > 70 and mean_seq_len > 28:
+        return 'flashinfer_pool_inplace'
+    # region 10: 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
     if total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
@@ -150,23 +155,23 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.20% mean, 37.39% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.15% mean, 38.08% max;
 #             1.618x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.36% mean, 167.32% max;
-#             1.932x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.24% mean, 76.05% max;
+#             1.896x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k4c8, 2 workloads, 12.22x (11.05x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: triton_prefill_fused.c16v64, 1 workloads, 3.09x (3.09x .. 3.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: triton_prefill_fused.c16v64, 1 workloads, 3.14x (3.14x .. 3.14x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   3. total_seq_len <= 4847 and mean_seq_len > 424 and 127 < max_seq_len <= 1365: flashinfer_pool_inplace, 3 workloads, 1.23x (1.14x .. 1.30x) over sglang_flashinfer_prefill
 #   4. total_seq_len <= 11585 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 9 workloads, 1.11x (1.04x .. 1.19x) over sglang_flashinfer_prefill
 #   5. mean_seq_len <= 2 and 40 < max_seq_len <= 127: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
-#   6. mean_seq_len <= 11 and max_seq_len > 897: triton_prefill_fused.c16v64, 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. mean_seq_len <= 22 and 450 < max_seq_len <= 897: triton_prefill_fused.c16v64, 1 workloads, 2.40x (2.40x .. 2.40x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   8. mean_seq_len <= 35 and 127 < max_seq_len <= 450: triton_prefill_fused.c16v64, 4 workloads, 2.20x (1.93x .. 2.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   6. mean_seq_len <= 11 and max_seq_len > 897: triton_prefill_fused.c16v64, 2 workloads, 1.64x (1.55x .. 1.74x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. mean_seq_len <= 22 and 450 < max_seq_len <= 897: triton_prefill_fused.c16v64, 1 workloads, 2.36x (2.36x .. 2.36x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. mean_seq_len <= 35 and 127 < max_seq_len <= 450: triton_prefill_fused.c16v64, 4 workloads, 2.20x (1.94x .. 2.48x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   9. 2 < mean_seq_len <= 5 and 40 < max_seq_len <= 127: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   10. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   10. mean_seq_len > 5 and max_seq_len <= 127: triton_prefill_fused.c16v64, 20 workloads, 2.12x (1.05x .. 4.15x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   11. 11 < mean_seq_len <= 35 and max_seq_len > 897: flashinfer_pool_inplace, 3 workloads, 1.42x (1.32x .. 1.49x) over sglang_flashinfer_prefill
-#   12. 22 < mean_seq_len <= 35 and 450 < max_seq_len <= 897: flashinfer_pool_inplace, 1 workloads, 1.46x (1.46x .. 1.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   12. 22 < mean_seq_len <= 35 and 450 < max_seq_len <= 897: flashinfer_pool_inplace, 1 workloads, 1.46x (1.46x .. 1.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   13. 35 < mean_seq_len <= 90 and max_seq_len > 127: flashinfer_pool_inplace, 3 workloads, 1.43x (1.33x .. 1.50x) over sglang_flashinfer_prefill
 #   14. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
 #   15. total_seq_len > 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: flashinfer_pool_inplace, 21 workloads, 1.32x (1.11x .. 1.69x) over sglang_flashinfer_prefill
@@ -178,43 +183,52 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   21. total_seq_len > 23573 and num_seqs <= 47 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 2 workloads
 #   22. total_seq_len > 23573 and num_seqs > 47 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 362 and mean_seq_len <= 10 and 104 < max_seq_len <= 1783: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 562: triton_prefill_fused.c16v64, 28 workloads, 2.87x (1.36x .. 6.75x) over sglang_flashinfer_prefill
-#   3. total_seq_len <= 2470 and mean_seq_len > 10 and 562 < max_seq_len <= 907: triton_prefill_fused.c16v32, 6 workloads, 2.36x (1.51x .. 4.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   4. total_seq_len <= 2470 and mean_seq_len > 10 and 907 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 2 workloads, 1.76x (1.30x .. 2.37x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   5. total_seq_len <= 6903 and mean_seq_len <= 10 and max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. num_seqs <= 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418: flashinfer_pool_inplace, 4 workloads, 1.77x (1.57x .. 2.15x) over sglang_flashinfer_prefill
-#   7. num_seqs <= 70 and mean_seq_len <= 605 and 1783 < max_seq_len <= 1888: triton_prefill_chunked.v64, 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-#   8. num_seqs <= 70 and mean_seq_len <= 605 and max_seq_len > 1888: flashinfer_pool_inplace, 2 workloads, 1.55x (1.26x .. 1.90x) over sglang_flashinfer_prefill
-#   9. 605 < mean_seq_len <= 1448 and 5418 < max_seq_len <= 11579: sglang_flashinfer_prefill (baseline), 1 workloads
-#   10. mean_seq_len > 605 and max_seq_len > 11579: flashinfer_pool_inplace, 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
-#   11. mean_seq_len > 1448 and 5418 < max_seq_len <= 11579: flashinfer_pool_inplace, 1 workloads, 1.27x (1.27x .. 1.27x) over sglang_flashinfer_prefill
-#   12. num_seqs > 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418: sglang_flashinfer_prefill (baseline), 2 workloads
-#   13. num_seqs > 70 and mean_seq_len <= 605 and max_seq_len > 1783: flashinfer_pool_inplace, 3 workloads, 1.60x (1.56x .. 1.64x) over sglang_flashinfer_prefill
-#   14. 362 < total_seq_len <= 6903 and mean_seq_len <= 2 and 104 < max_seq_len <= 1783: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
-#   15. 362 < total_seq_len <= 6903 and 2 < mean_seq_len <= 10 and 104 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 3 workloads, 2.35x (2.09x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   16. 2470 < total_seq_len <= 6903 and num_seqs <= 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783: flashinfer_pool_inplace, 1 workloads, 1.58x (1.58x .. 1.58x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   17. 2470 < total_seq_len <= 6903 and mean_seq_len > 10 and max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.58x (1.32x .. 1.90x) over sglang_flashinfer_prefill
-#   18. 2470 < total_seq_len <= 6903 and num_seqs > 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, triton_prefill_fused.c16v32
-#   19. 6903 < total_seq_len <= 11585 and mean_seq_len > 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
-#   20. total_seq_len > 6903 and mean_seq_len <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.92x (1.88x .. 1.96x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   21. total_seq_len > 6903 and mean_seq_len <= 724 and 362 < max_seq_len <= 1783: flashinfer_pool_inplace, 4 workloads, 1.26x (1.16x .. 1.31x) over sglang_flashinfer_prefill
-#   22. total_seq_len > 6903 and mean_seq_len > 724 and 362 < max_seq_len <= 1783: sglang_flashinfer_prefill (baseline), 1 workloads
-#   23. total_seq_len > 11585 and mean_seq_len > 90 and max_seq_len <= 362: flashinfer_pool_inplace, 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 2 and 13 < max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   2. total_seq_len <= 90 and 2 < num_seqs <= 6 and 13 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and max_seq_len > 79: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.68x (4.68x .. 4.68x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8
+#   4. total_seq_len <= 2025 and num_seqs <= 6 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 3 workloads, 18.78x (17.49x .. 19.92x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   5. total_seq_len <= 2025 and num_seqs > 6 and max_seq_len <= 79: cuda_prefill_pool_rows.k2c8, 17 workloads, 3.63x (1.70x .. 6.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   6. 90 < total_seq_len <= 2025 and num_seqs <= 6 and 13 < max_seq_len <= 79: cuda_prefill_pool_rows.k2c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 277 and num_seqs <= 22 and 79 < max_seq_len <= 175: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8
+#   8. 181 < total_seq_len <= 277 and num_seqs <= 22 and max_seq_len > 175: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   9. 181 < total_seq_len <= 277 and num_seqs > 22 and max_seq_len > 79: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   10. 277 < total_seq_len <= 2025 and num_seqs <= 22 and 897 < max_seq_len <= 1018: flashinfer_pool_inplace, 3 workloads, 2.13x (1.27x .. 3.21x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   11. 277 < total_seq_len <= 2025 and num_seqs <= 22 and max_seq_len > 1018: triton_prefill_fused.c16v64, 1 workloads, 2.55x (2.55x .. 2.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   12. 277 < total_seq_len <= 2025 and mean_seq_len <= 2 and 79 < max_seq_len <= 450: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16
+#   13. 277 < total_seq_len <= 2025 and 450 < max_seq_len <= 897: triton_prefill_fused.c16v64, 5 workloads, 2.41x (2.04x .. 3.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   14. 277 < total_seq_len <= 2025 and mean_seq_len > 2 and 79 < max_seq_len <= 450: triton_prefill_fused.c16v64, 11 workloads, 2.73x (2.01x .. 4.84x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   15. 277 < total_seq_len <= 2025 and num_seqs > 22 and max_seq_len > 897: triton_prefill_fused.c16v32, 2 workloads, 1.81x (1.71x .. 1.92x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c16
+#   16. 2025 < total_seq_len <= 3493 and num_seqs <= 45 and 62 < max_seq_len <= 204: flashinfer_pool_inplace, 1 workloads, 1.54x (1.54x .. 1.54x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   17. 2025 < total_seq_len <= 3493 and num_seqs <= 181 and max_seq_len <= 62: triton_prefill_fused.c16v64, 2 workloads, 1.91x (1.88x .. 1.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   18. 2025 < total_seq_len <= 3493 and num_seqs > 45 and 62 < max_seq_len <= 204: triton_prefill_fused.c16v64, 1 workloads, 1.93x (1.93x .. 1.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, flashinfer_pool_inplace, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   19. 2025 < total_seq_len <= 3493 and num_seqs > 181 and max_seq_len <= 62: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.16x (3.08x .. 3.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16
+#   20. total_seq_len > 2025 and num_seqs <= 2 and max_seq_len > 204: flashinfer_pool_inplace, 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
+#   21. total_seq_len > 2025 and 2 < num_seqs <= 5 and 204 < max_seq_len <= 1914: sglang_flashinfer_prefill (baseline), 3 workloads
+#   22. total_seq_len > 2025 and 2 < num_seqs <= 5 and max_seq_len > 1914: flashinfer_pool_inplace, 3 workloads, 1.62x (1.27x .. 2.15x) over sglang_flashinfer_prefill
+#   23. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and 204 < max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
+#   24. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and max_seq_len > 724: flashinfer_pool_inplace, 3 workloads, 1.44x (1.17x .. 1.64x) over sglang_flashinfer_prefill
+#   25. total_seq_len > 2025 and num_seqs > 5 and 35 < mean_seq_len <= 605 and max_seq_len > 204: flashinfer_pool_inplace, 12 workloads, 1.66x (1.16x .. 3.37x) over sglang_flashinfer_prefill
+#   26. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 204 < max_seq_len <= 1448: sglang_flashinfer_prefill (baseline), 2 workloads
+#   27. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 1448 < max_seq_len <= 2755: flashinfer_pool_inplace, 3 workloads, 1.46x (1.08x .. 1.82x) over sglang_flashinfer_prefill
+#   28. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 2755 < max_seq_len <= 7660: sglang_flashinfer_prefill (baseline), 2 workloads
+#   29. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and max_seq_len > 7660: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   30. 3493 < total_seq_len <= 11585 and 124 < max_seq_len <= 204: triton_prefill_fused.c16v64, 2 workloads, 1.45x (1.13x .. 1.86x) over sglang_flashinfer_prefill
+#   31. total_seq_len > 3493 and max_seq_len <= 124: triton_prefill_fused.c16v64, 2 workloads, 1.46x (1.21x .. 1.74x) over sglang_flashinfer_prefill
+#   32. total_seq_len > 11585 and 124 < max_seq_len <= 204: flashinfer_pool_inplace, 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (11.05, 12.22, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (None, 391)}, 'workloads': 1, 'speedup': (3.09, 3.09, 3.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (None, 391)}, 'workloads': 1, 'speedup': (3.14, 3.14, 3.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, None), 'total_seq_len': (None, 4847)}, 'workloads': 3, 'speedup': (1.14, 1.23, 1.3), 'fallbacks': ()},
     {'region': 4, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'total_seq_len': (None, 11585)}, 'workloads': 9, 'speedup': (1.04, 1.11, 1.19), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (1.57, 1.65, 1.74), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 450), 'mean_seq_len': (None, 35)}, 'workloads': 4, 'speedup': (1.93, 2.2, 2.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (1.55, 1.64, 1.74), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (2.36, 2.36, 2.36), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 450), 'mean_seq_len': (None, 35)}, 'workloads': 4, 'speedup': (1.94, 2.2, 2.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 127), 'mean_seq_len': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (5, None)}, 'workloads': 20, 'speedup': (1.05, 2.11, 4.09), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (5, None)}, 'workloads': 20, 'speedup': (1.05, 2.12, 4.15), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (11, 35)}, 'workloads': 3, 'speedup': (1.32, 1.42, 1.49), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (22, 35)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (450, 897), 'mean_seq_len': (22, 35)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (35, 90)}, 'workloads': 3, 'speedup': (1.33, 1.43, 1.5), 'fallbacks': ()},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 7, 'speedup': (2.73, 3.48, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
     {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.11, 1.32, 1.69), 'fallbacks': ()},
@@ -228,29 +242,38 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 562), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 28, 'speedup': (1.36, 2.87, 6.75), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (562, 907), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 6, 'speedup': (1.51, 2.36, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (907, 1783), 'mean_seq_len': (10, None), 'total_seq_len': (None, 2470)}, 'workloads': 2, 'speedup': (1.3, 1.76, 2.37), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (None, 10), 'total_seq_len': (None, 6903)}, 'workloads': 14, 'speedup': (3.08, 5.74, 20.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1783, 5418), 'mean_seq_len': (605, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.57, 1.77, 2.15), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1783, 1888), 'mean_seq_len': (None, 605), 'num_seqs': (None, 70)}, 'workloads': 4, 'speedup': (1.07, 1.42, 1.96), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1888, None), 'mean_seq_len': (None, 605), 'num_seqs': (None, 70)}, 'workloads': 2, 'speedup': (1.26, 1.55, 1.9), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (5418, 11579), 'mean_seq_len': (605, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (605, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5418, 11579), 'mean_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ()},
-    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1783, 5418), 'mean_seq_len': (605, None), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1783, None), 'mean_seq_len': (None, 605), 'num_seqs': (70, None)}, 'workloads': 3, 'speedup': (1.56, 1.6, 1.64), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (None, 2), 'total_seq_len': (362, 6903)}, 'workloads': 1, 'speedup': (2.96, 2.96, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 1783), 'mean_seq_len': (2, 10), 'total_seq_len': (362, 6903)}, 'workloads': 3, 'speedup': (2.09, 2.35, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 16, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (10, None), 'num_seqs': (None, 90), 'total_seq_len': (2470, 6903)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (10, None), 'total_seq_len': (2470, 6903)}, 'workloads': 2, 'speedup': (1.32, 1.58, 1.9), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (10, None), 'num_seqs': (90, None), 'total_seq_len': (2470, 6903)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (90, None), 'total_seq_len': (6903, 11585)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 90), 'total_seq_len': (6903, None)}, 'workloads': 2, 'speedup': (1.88, 1.92, 1.96), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 21, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (None, 724), 'total_seq_len': (6903, None)}, 'workloads': 4, 'speedup': (1.16, 1.26, 1.31), 'fallbacks': ()},
-    {'region': 22, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (362, 1783), 'mean_seq_len': (724, None), 'total_seq_len': (6903, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 79), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (13, 79), 'num_seqs': (2, 6), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (79, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.68, 4.68, 4.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (None, 6), 'total_seq_len': (None, 2025)}, 'workloads': 3, 'speedup': (17.49, 18.78, 19.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 79), 'num_seqs': (6, None), 'total_seq_len': (None, 2025)}, 'workloads': 17, 'speedup': (1.7, 3.63, 6.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c16', 'bounds': {'max_seq_len': (13, 79), 'num_seqs': (None, 6), 'total_seq_len': (90, 2025)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (79, 175), 'num_seqs': (None, 22), 'total_seq_len': (181, 277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (175, None), 'num_seqs': (None, 22), 'total_seq_len': (181, 277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (79, None), 'num_seqs': (22, None), 'total_seq_len': (181, 277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (897, 1018), 'num_seqs': (None, 22), 'total_seq_len': (277, 2025)}, 'workloads': 3, 'speedup': (1.27, 2.13, 3.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (1018, None), 'num_seqs': (None, 22), 'total_seq_len': (277, 2025)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (79, 450), 'mean_seq_len': (None, 2), 'total_seq_len': (277, 2025)}, 'workloads': 1, 'speedup': (2.96, 2.96, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (450, 897), 'total_seq_len': (277, 2025)}, 'workloads': 5, 'speedup': (2.04, 2.41, 3.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (79, 450), 'mean_seq_len': (2, None), 'total_seq_len': (277, 2025)}, 'workloads': 11, 'speedup': (2.01, 2.73, 4.84), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (897, None), 'num_seqs': (22, None), 'total_seq_len': (277, 2025)}, 'workloads': 2, 'speedup': (1.71, 1.81, 1.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16')},
+    {'region': 16, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (62, 204), 'num_seqs': (None, 45), 'total_seq_len': (2025, 3493)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 62), 'num_seqs': (None, 181), 'total_seq_len': (2025, 3493)}, 'workloads': 2, 'speedup': (1.88, 1.91, 1.93), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (62, 204), 'num_seqs': (45, None), 'total_seq_len': (2025, 3493)}, 'workloads': 1, 'speedup': (1.93, 1.93, 1.93), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 62), 'num_seqs': (181, None), 'total_seq_len': (2025, 3493)}, 'workloads': 2, 'speedup': (3.08, 3.16, 3.24), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16')},
+    {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (204, None), 'num_seqs': (None, 2), 'total_seq_len': (2025, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1914), 'num_seqs': (2, 5), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1914, None), 'num_seqs': (2, 5), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.27, 1.62, 2.15), 'fallbacks': ()},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (204, 724), 'mean_seq_len': (None, 35), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 24, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 35), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.17, 1.44, 1.64), 'fallbacks': ()},
+    {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (204, None), 'mean_seq_len': (35, 605), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 12, 'speedup': (1.16, 1.66, 3.37), 'fallbacks': ()},
+    {'region': 26, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1448), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1448, 2755), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.08, 1.46, 1.82), 'fallbacks': ()},
+    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2755, 7660), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7660, None), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (124, 204), 'total_seq_len': (3493, 11585)}, 'workloads': 2, 'speedup': (1.13, 1.45, 1.86), 'fallbacks': ()},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 124), 'total_seq_len': (3493, None)}, 'workloads': 2, 'speedup': (1.21, 1.46, 1.74), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (124, 204), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -262,7 +285,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 1: 2 workloads, 12.22x (11.05x .. 13.51x) over sglang_flashinfer_prefill
     if total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 40:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 3.09x (3.09x .. 3.09x) over sglang_flashinfer_prefill
+    # region 2: 1 workloads, 3.14x (3.14x .. 3.14x) over sglang_flashinfer_prefill
     if total_seq_len <= 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 3: 3 workloads, 1.23x (1.14x .. 1.30x) over sglang_flashinfer_prefill
@@ -274,19 +297,19 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 5: 0 workloads, by estimated times (no measured workload in it)
     if mean_seq_len <= 2 and 40 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 1.65x (1.57x .. 1.74x) over sglang_flashinfer_prefill
+    # region 6: 2 workloads, 1.64x (1.55x .. 1.74x) over sglang_flashinfer_prefill
     if mean_seq_len <= 11 and max_seq_len > 897:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 1 workloads, 2.40x (2.40x .. 2.40x) over sglang_flashinfer_prefill
+    # region 7: 1 workloads, 2.36x (2.36x .. 2.36x) over sglang_flashinfer_prefill
     if mean_seq_len <= 22 and 450 < max_seq_len <= 897:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 4 workloads, 2.20x (1.93x .. 2.48x) over sglang_flashinfer_prefill
+    # region 8: 4 workloads, 2.20x (1.94x .. 2.48x) over sglang_flashinfer_prefill
     if mean_seq_len <= 35 and 127 < max_seq_len <= 450:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 9: 0 workloads, by estimated times (no measured workload in it)
     if 2 < mean_seq_len <= 5 and 40 < max_seq_len <= 127:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 20 workloads, 2.11x (1.05x .. 4.09x) over sglang_flashinfer_prefill
+    # region 10: 20 workloads, 2.12x (1.05x .. 4.15x) over sglang_flashinfer_prefill
     if mean_seq_len > 5 and max_seq_len <= 127:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 11: 3 workloads, 1.42x (1.32x .. 1.49x) over sglang_flashinfer_prefill
@@ -294,7 +317,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
         return 'flashinfer_pool_inplace'
     # region 12: 1 workloads, 1.46x (1.46x .. 1.46x) over sglang_flashinfer_prefill
     if 22 < mean_seq_len <= 35 and 450 < max_seq_len <= 897:
-        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_pool_inplace'
     # region 13: 3 workloads, 1.43x (1.33x .. 1.50x) over sglang_flashinfer_prefill
     if 35 < mean_seq_len <= 90 and max_seq_len > 127:
         return 'flashinfer_pool_inplace'
@@ -320,63 +343,90 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and mean_seq_len <= 10 and 104 < max_seq_len <= 1783:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 28 workloads, 2.87x (1.36x .. 6.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2470 and mean_seq_len > 10 and max_seq_len <= 562:
-        return 'triton_prefill_fused.c16v64'
-    # region 3: 6 workloads, 2.36x (1.51x .. 4.01x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2470 and mean_seq_len > 10 and 562 < max_seq_len <= 907:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 2 workloads, 1.76x (1.30x .. 2.37x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2470 and mean_seq_len > 10 and 907 < max_seq_len <= 1783:
+    if total_seq_len <= 90 and num_seqs <= 2 and 13 < max_seq_len <= 79:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and 2 < num_seqs <= 6 and 13 < max_seq_len <= 79:
+        return ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c16'
+    # region 3: 1 workloads, 4.68x (4.68x .. 4.68x) over sglang_flashinfer_prefill
+    if total_seq_len <= 181 and max_seq_len > 79:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 3 workloads, 18.78x (17.49x .. 19.92x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2025 and num_seqs <= 6 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 17 workloads, 3.63x (1.70x .. 6.93x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2025 and num_seqs > 6 and max_seq_len <= 79:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < total_seq_len <= 2025 and num_seqs <= 6 and 13 < max_seq_len <= 79:
+        return ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c16'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 277 and num_seqs <= 22 and 79 < max_seq_len <= 175:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 277 and num_seqs <= 22 and max_seq_len > 175:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 277 and num_seqs > 22 and max_seq_len > 79:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 3 workloads, 2.13x (1.27x .. 3.21x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and num_seqs <= 22 and 897 < max_seq_len <= 1018:
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
+    # region 11: 1 workloads, 2.55x (2.55x .. 2.55x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and num_seqs <= 22 and max_seq_len > 1018:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 12: 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and mean_seq_len <= 2 and 79 < max_seq_len <= 450:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 5 workloads, 2.41x (2.04x .. 3.46x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and 450 < max_seq_len <= 897:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 11 workloads, 2.73x (2.01x .. 4.84x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and mean_seq_len > 2 and 79 < max_seq_len <= 450:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 14 workloads, 5.74x (3.08x .. 20.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 6903 and mean_seq_len <= 10 and max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 1.77x (1.57x .. 2.15x) over sglang_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len > 605 and 1783 < max_seq_len <= 5418:
+    # region 15: 2 workloads, 1.81x (1.71x .. 1.92x) over sglang_flashinfer_prefill
+    if 277 < total_seq_len <= 2025 and num_seqs > 22 and max_seq_len > 897:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c16') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 1 workloads, 1.54x (1.54x .. 1.54x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 3493 and num_seqs <= 45 and 62 < max_seq_len <= 204:
+        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_pool_inplace'
+    # region 17: 2 workloads, 1.91x (1.88x .. 1.93x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 3493 and num_seqs <= 181 and max_seq_len <= 62:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 1 workloads, 1.93x (1.93x .. 1.93x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 3493 and num_seqs > 45 and 62 < max_seq_len <= 204:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 2 workloads, 3.16x (3.08x .. 3.24x) over sglang_flashinfer_prefill
+    if 2025 < total_seq_len <= 3493 and num_seqs > 181 and max_seq_len <= 62:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
+    if total_seq_len > 2025 and num_seqs <= 2 and max_seq_len > 204:
         return 'flashinfer_pool_inplace'
-    # region 7: 4 workloads, 1.42x (1.07x .. 1.96x) over sglang_flashinfer_prefill
-    if num_seqs <= 70 and mean_seq_len <= 605 and 1783 < max_seq_len <= 1888:
-        return 'triton_prefill_chunked.v64'
-    # region 8: 2 workloads, 1.55x (1.26x .. 1.90x) over sglang_flashinfer_prefill
-    if num_seqs <= 70 and mean_seq_len <= 605 and max_seq_len > 1888:
+    # region 22: 3 workloads, 1.62x (1.27x .. 2.15x) over sglang_flashinfer_prefill
+    if total_seq_len > 2025 and 2 < num_seqs <= 5 and max_seq_len > 1914:
         return 'flashinfer_pool_inplace'
-    # region 10: 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
-    if mean_seq_len > 605 and max_seq_len > 11579:
-        return 'flashinfer_pool_inplace'
-    # region 11: 1 workloads, 1.27x (1.27x .. 1.27x) over sglang_flashinfer_prefill
-    if mean_seq_len > 1448 and 5418 < max_seq_len <= 11579:
-        return 'flashinfer_pool_inplace'
-    # region 13: 3 workloads, 1.60x (1.56x .. 1.64x) over sglang_flashinfer_prefill
-    if num_seqs > 70 and mean_seq_len <= 605 and max_seq_len > 1783:
-        return 'flashinfer_pool_inplace'
-    # region 14: 1 workloads, 2.96x (2.96x .. 2.96x) over sglang_flashinfer_prefill
-    if 362 < total_seq_len <= 6903 and mean_seq_len <= 2 and 104 < max_seq_len <= 1783:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 3 workloads, 2.35x (2.09x .. 2.60x) over sglang_flashinfer_prefill
-    if 362 < total_seq_len <= 6903 and 2 < mean_seq_len <= 10 and 104 < max_seq_len <= 1783:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 1 workloads, 1.58x (1.58x .. 1.58x) over sglang_flashinfer_prefill
-    if 2470 < total_seq_len <= 6903 and num_seqs <= 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783:
-        return ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace'
-    # region 17: 2 workloads, 1.58x (1.32x .. 1.90x) over sglang_flashinfer_prefill
-    if 2470 < total_seq_len <= 6903 and mean_seq_len > 10 and max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 2470 < total_seq_len <= 6903 and num_seqs > 90 and mean_seq_len > 10 and 362 < max_seq_len <= 1783:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
-    if 6903 < total_seq_len <= 11585 and mean_seq_len > 90 and max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 20: 2 workloads, 1.92x (1.88x .. 1.96x) over sglang_flashinfer_prefill
-    if total_seq_len > 6903 and mean_seq_len <= 90 and max_seq_len <= 362:
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and 204 < max_seq_len <= 724:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 4 workloads, 1.26x (1.16x .. 1.31x) over sglang_flashinfer_prefill
-    if total_seq_len > 6903 and mean_seq_len <= 724 and 362 < max_seq_len <= 1783:
+    # region 24: 3 workloads, 1.44x (1.17x .. 1.64x) over sglang_flashinfer_prefill
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and max_seq_len > 724:
         return 'flashinfer_pool_inplace'
-    # region 23: 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
-    if total_seq_len > 11585 and mean_seq_len > 90 and max_seq_len <= 362:
+    # region 25: 12 workloads, 1.66x (1.16x .. 3.37x) over sglang_flashinfer_prefill
+    if total_seq_len > 2025 and num_seqs > 5 and 35 < mean_seq_len <= 605 and max_seq_len > 204:
+        return 'flashinfer_pool_inplace'
+    # region 27: 3 workloads, 1.46x (1.08x .. 1.82x) over sglang_flashinfer_prefill
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 1448 < max_seq_len <= 2755:
+        return 'flashinfer_pool_inplace'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and max_seq_len > 7660:
+        return 'flashinfer_pool_inplace'
+    # region 30: 2 workloads, 1.45x (1.13x .. 1.86x) over sglang_flashinfer_prefill
+    if 3493 < total_seq_len <= 11585 and 124 < max_seq_len <= 204:
+        return 'triton_prefill_fused.c16v64'
+    # region 31: 2 workloads, 1.46x (1.21x .. 1.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 3493 and max_seq_len <= 124:
+        return 'triton_prefill_fused.c16v64'
+    # region 32: 1 workloads, 1.16x (1.16x .. 1.16x) over sglang_flashinfer_prefill
+    if total_seq_len > 11585 and 124 < max_seq_len <= 204:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'

@@ -5,11 +5,11 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T18:25:44Z
-# workloads   252 (workload-set digest 4a825866da81bcf4)
+# measured    up to 2026-11-27T10:54:43Z
+# workloads   251 (workload-set digest 5a328c3403da55a9)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       5f880aff8b2e1e91  252/252  1.00x
+#   flashinfer                       5f880aff8b2e1e91  251/251  1.00x
 #   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  236/236  0.91x
 #   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  236/236  0.80x
 #   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  236/236  0.28x
@@ -19,13 +19,13 @@
 #   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  236/236  0.71x
 #   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  236/236  0.96x
 #   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  236/236  0.82x
-#   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
+#   fla_chunk                        c14e11d82c90d1f6  251/251  0.02x  [251 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_chunked.v16       2316fe86c0685f03  252/252  1.04x
-#   triton_prefill_chunked.v64       a1257c0d0bf13065  252/252  1.03x
-#   triton_prefill_fused.c16v32      390308607b5503dc  252/252  1.35x
-#   triton_prefill_fused.c16v64      6af7eed16bb7eb54  252/252  1.18x
-#   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
+#   triton_prefill_chunked.v16       ea060f186fe1287b  251/251  1.05x
+#   triton_prefill_chunked.v64       6d00e89064f7cc16  251/251  1.04x
+#   triton_prefill_fused.c16v32      fb6428ddba622888  251/251  1.38x
+#   triton_prefill_fused.c16v64      d797613afc23d91f  251/251  1.19x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  251/251  0.50x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
@@ -46,140 +46,124 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.25% mean, 121.66% max;
-#             1.354x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.76% mean, 148.33% max;
-#             3.123x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.75% mean, 116.59% max;
+#             1.361x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.17% mean, 133.04% max;
+#             3.040x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c16, 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer; then cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 32 and 13 < mean_seq_len <= 93: triton_prefill_fused.c16v32, 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 32 and 13 < mean_seq_len <= 144: triton_prefill_fused.c16v32, 15 workloads, 5.54x (4.84x .. 6.53x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c8, 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 251 and mean_seq_len > 93: triton_prefill_fused.c16v32, 17 workloads, 2.18x (1.62x .. 2.98x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   5. total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93: triton_prefill_fused.c16v32, 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   6. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 93: flashinfer (baseline), 29 workloads
-#   7. 251 < total_seq_len <= 485 and 93 < mean_seq_len <= 147: triton_prefill_fused.c16v32, 8 workloads, 2.04x (1.42x .. 3.39x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   8. 251 < total_seq_len <= 485 and mean_seq_len > 147: triton_prefill_chunked.v16, 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer; then triton_prefill_chunked.v64
-#   9. 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer; then triton_prefill_chunked.v64
-#   10. 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93: triton_prefill_chunked.v16, 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
-#   11. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 93: flashinfer (baseline), 6 workloads
-#   12. total_seq_len > 1651 and num_seqs > 1 and mean_seq_len > 93: flashinfer (baseline), 50 workloads
+#   4. total_seq_len <= 1163 and num_seqs <= 2 and mean_seq_len > 144: triton_prefill_chunked.v16, 32 workloads, 1.55x (1.35x .. 1.95x) over flashinfer; then triton_prefill_chunked.v64
+#   5. total_seq_len <= 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144: triton_prefill_chunked.v16, 12 workloads, 1.65x (1.09x .. 2.01x) over flashinfer
+#   6. num_seqs > 4 and mean_seq_len > 144: flashinfer (baseline), 24 workloads
+#   7. 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_fused.c16v32, 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   8. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 144: flashinfer (baseline), 35 workloads
+#   9. total_seq_len > 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_chunked.v64, 10 workloads, 2.18x (1.65x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
+#   10. total_seq_len > 1163 and num_seqs <= 2 and mean_seq_len > 144: flashinfer (baseline), 14 workloads
+#   11. total_seq_len > 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144: flashinfer (baseline), 10 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 37 and mean_seq_len <= 2: cuda_prefill_thread_rows.k8c8, 7 workloads, 13.56x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent
-#   2. total_seq_len <= 37 and 2 < mean_seq_len <= 5: cuda_prefill_thread_rows.k16c16, 4 workloads, 17.82x (13.92x .. 22.75x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_recurrent, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   3. total_seq_len <= 37 and 5 < mean_seq_len <= 16: cuda_prefill_thread_rows.k8c8, 11 workloads, 18.31x (12.28x .. 23.64x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. total_seq_len <= 37 and mean_seq_len > 16: cuda_prefill_thread_rows.k16c16, 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. 37 < total_seq_len <= 274 and mean_seq_len > 97: cuda_prefill_thread_rows.k8c16, 18 workloads, 6.39x (4.13x .. 11.06x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8
-#   6. 37 < total_seq_len <= 874 and mean_seq_len <= 97: cuda_prefill_thread_rows.k8c16, 91 workloads, 7.41x (1.26x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. 274 < total_seq_len <= 874 and mean_seq_len > 97: triton_prefill_fused.c16v32, 34 workloads, 4.04x (2.37x .. 7.41x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   8. 874 < total_seq_len <= 3147 and mean_seq_len > 602: triton_prefill_chunked.v16, 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer; then triton_prefill_fused.c16v32
-#   9. 874 < total_seq_len <= 3519 and 59 < mean_seq_len <= 602: triton_prefill_fused.c16v32, 15 workloads, 2.73x (1.50x .. 5.81x) over flashinfer; then triton_prefill_fused.c16v64
-#   10. total_seq_len > 874 and num_seqs <= 105 and mean_seq_len <= 59: triton_prefill_fused.c16v32, 5 workloads, 1.60x (1.07x .. 2.96x) over flashinfer
-#   11. total_seq_len > 874 and num_seqs > 105 and mean_seq_len <= 45: triton_prefill_fused.c16v64, 4 workloads, 1.55x (1.34x .. 2.00x) over flashinfer; then triton_prefill_fused.c16v32
-#   12. total_seq_len > 3147 and mean_seq_len > 602: flashinfer (baseline), 17 workloads
-#   13. total_seq_len > 3519 and 59 < mean_seq_len <= 602: flashinfer (baseline), 27 workloads
-# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
+#   1. total_seq_len <= 37 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c8, 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   2. total_seq_len <= 712 and 25 < mean_seq_len <= 220: cuda_prefill_thread_rows.k8c16, 94 workloads, 8.03x (1.91x .. 23.67x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 737 and 220 < mean_seq_len <= 443: cuda_prefill_thread_rows.k8c16, 13 workloads, 3.94x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   4. total_seq_len <= 737 and mean_seq_len > 443: triton_prefill_fused.c16v32, 4 workloads, 2.79x (2.38x .. 3.82x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   5. 37 < total_seq_len <= 548 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c16, 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len > 548 and mean_seq_len <= 11: cuda_prefill_thread_rows.k2c8, 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len > 548 and 11 < mean_seq_len <= 25: flashinfer (baseline), 4 workloads
+#   8. 712 < total_seq_len <= 2162 and 26 < mean_seq_len <= 220: triton_prefill_fused.c16v32, 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v64
+#   9. 737 < total_seq_len <= 1797 and mean_seq_len > 220: triton_prefill_fused.c16v32, 16 workloads, 3.35x (1.82x .. 5.44x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16
+#   10. 1797 < total_seq_len <= 3022 and mean_seq_len > 241: triton_prefill_chunked.v16, 8 workloads, 1.68x (1.29x .. 2.20x) over flashinfer; then triton_prefill_fused.c16v32
+#   11. total_seq_len > 2162 and 25 < mean_seq_len <= 220: flashinfer (baseline), 17 workloads
+#   12. total_seq_len > 3022 and mean_seq_len > 220: flashinfer (baseline), 31 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 15990
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (None, 3), 'total_seq_len': (None, 32)}, 'workloads': 6, 'speedup': (6.4, 8.16, 10.73), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, 93), 'total_seq_len': (None, 32)}, 'workloads': 15, 'speedup': (4.77, 5.52, 6.52), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, 144), 'total_seq_len': (None, 32)}, 'workloads': 15, 'speedup': (4.84, 5.54, 6.53), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (3, None), 'total_seq_len': (None, 32)}, 'workloads': 7, 'speedup': (1.6, 5.78, 10.45), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, None), 'total_seq_len': (None, 251)}, 'workloads': 17, 'speedup': (1.62, 2.18, 2.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (None, 8), 'total_seq_len': (32, None)}, 'workloads': 68, 'speedup': (1.35, 3.33, 7.19), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 93), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (93, 147), 'total_seq_len': (251, 485)}, 'workloads': 8, 'speedup': (1.42, 2.04, 3.39), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (147, None), 'total_seq_len': (251, 485)}, 'workloads': 12, 'speedup': (1.41, 1.54, 1.92), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (485, 1028)}, 'workloads': 7, 'speedup': (1.35, 1.39, 1.45), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (485, 1604)}, 'workloads': 27, 'speedup': (1.1, 1.77, 2.2), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (93, None), 'num_seqs': (1, None), 'total_seq_len': (1651, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1163)}, 'workloads': 32, 'speedup': (1.35, 1.55, 1.95), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 1797)}, 'workloads': 12, 'speedup': (1.09, 1.65, 2.01), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (4, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (32, 465)}, 'workloads': 86, 'speedup': (1.42, 3.07, 7.18), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (465, None)}, 'workloads': 10, 'speedup': (1.65, 2.18, 2.68), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 2), 'total_seq_len': (1163, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, 4), 'total_seq_len': (1797, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 37)}, 'workloads': 7, 'speedup': (4.04, 13.56, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (2, 5), 'total_seq_len': (None, 37)}, 'workloads': 4, 'speedup': (13.92, 17.82, 22.75), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (5, 16), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (12.28, 18.31, 23.64), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (16, None), 'total_seq_len': (None, 37)}, 'workloads': 11, 'speedup': (10.62, 16.88, 23.3), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (97, None), 'total_seq_len': (37, 274)}, 'workloads': 18, 'speedup': (4.13, 6.39, 11.06), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 97), 'total_seq_len': (37, 874)}, 'workloads': 91, 'speedup': (1.26, 7.41, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (97, None), 'total_seq_len': (274, 874)}, 'workloads': 34, 'speedup': (2.37, 4.04, 7.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (874, 3147)}, 'workloads': 8, 'speedup': (1.19, 2.15, 3.25), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (59, 602), 'total_seq_len': (874, 3519)}, 'workloads': 15, 'speedup': (1.5, 2.73, 5.81), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 59), 'num_seqs': (None, 105), 'total_seq_len': (874, None)}, 'workloads': 5, 'speedup': (1.07, 1.6, 2.96), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (105, None), 'total_seq_len': (874, None)}, 'workloads': 4, 'speedup': (1.34, 1.55, 2.0), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (3147, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (59, 602), 'total_seq_len': (3519, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 25), 'total_seq_len': (None, 37)}, 'workloads': 27, 'speedup': (4.04, 16.09, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (None, 712)}, 'workloads': 94, 'speedup': (1.91, 8.03, 23.67), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (220, 443), 'total_seq_len': (None, 737)}, 'workloads': 13, 'speedup': (2.19, 3.94, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (None, 737)}, 'workloads': 4, 'speedup': (2.38, 2.79, 3.82), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 25), 'total_seq_len': (37, 548)}, 'workloads': 21, 'speedup': (1.26, 5.92, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (548, None)}, 'workloads': 5, 'speedup': (2.19, 2.45, 2.93), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (11, 25), 'total_seq_len': (548, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (26, 220), 'total_seq_len': (712, 2162)}, 'workloads': 11, 'speedup': (1.71, 2.99, 6.58), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (737, 1797)}, 'workloads': 16, 'speedup': (1.82, 3.35, 5.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (241, None), 'total_seq_len': (1797, 3022)}, 'workloads': 8, 'speedup': (1.29, 1.68, 2.2), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (2162, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (3022, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 15990)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 15990  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer
     if total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 2: 15 workloads, 5.52x (4.77x .. 6.52x) over flashinfer
-    if total_seq_len <= 32 and 13 < mean_seq_len <= 93:
+    # region 2: 15 workloads, 5.54x (4.84x .. 6.53x) over flashinfer
+    if total_seq_len <= 32 and 13 < mean_seq_len <= 144:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer
     if total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 4: 17 workloads, 2.18x (1.62x .. 2.98x) over flashinfer
-    if total_seq_len <= 251 and mean_seq_len > 93:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 68 workloads, 3.33x (1.35x .. 7.19x) over flashinfer
-    if total_seq_len > 32 and num_seqs <= 8 and mean_seq_len <= 93:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 8 workloads, 2.04x (1.42x .. 3.39x) over flashinfer
-    if 251 < total_seq_len <= 485 and 93 < mean_seq_len <= 147:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 12 workloads, 1.54x (1.41x .. 1.92x) over flashinfer
-    if 251 < total_seq_len <= 485 and mean_seq_len > 147:
+    # region 4: 32 workloads, 1.55x (1.35x .. 1.95x) over flashinfer
+    if total_seq_len <= 1163 and num_seqs <= 2 and mean_seq_len > 144:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 9: 7 workloads, 1.39x (1.35x .. 1.45x) over flashinfer
-    if 485 < total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 93:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 10: 27 workloads, 1.77x (1.10x .. 2.20x) over flashinfer
-    if 485 < total_seq_len <= 1604 and num_seqs > 1 and mean_seq_len > 93:
+    # region 5: 12 workloads, 1.65x (1.09x .. 2.01x) over flashinfer
+    if total_seq_len <= 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144:
         return 'triton_prefill_chunked.v16'
+    # region 7: 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer
+    if 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 10 workloads, 2.18x (1.65x .. 2.68x) over flashinfer
+    if total_seq_len > 465 and num_seqs <= 8 and mean_seq_len <= 144:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
     return 'flashinfer'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 13.56x (4.04x .. 27.49x) over flashinfer
-    if total_seq_len <= 37 and mean_seq_len <= 2:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 2: 4 workloads, 17.82x (13.92x .. 22.75x) over flashinfer
-    if total_seq_len <= 37 and 2 < mean_seq_len <= 5:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 3: 11 workloads, 18.31x (12.28x .. 23.64x) over flashinfer
-    if total_seq_len <= 37 and 5 < mean_seq_len <= 16:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 4: 11 workloads, 16.88x (10.62x .. 23.30x) over flashinfer
-    if total_seq_len <= 37 and mean_seq_len > 16:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 5: 18 workloads, 6.39x (4.13x .. 11.06x) over flashinfer
-    if 37 < total_seq_len <= 274 and mean_seq_len > 97:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 91 workloads, 7.41x (1.26x .. 32.35x) over flashinfer
-    if 37 < total_seq_len <= 874 and mean_seq_len <= 97:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 7: 34 workloads, 4.04x (2.37x .. 7.41x) over flashinfer
-    if 274 < total_seq_len <= 874 and mean_seq_len > 97:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 8 workloads, 2.15x (1.19x .. 3.25x) over flashinfer
-    if 874 < total_seq_len <= 3147 and mean_seq_len > 602:
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 15990  # within the measured ranges: fallbacks apply
+    # region 1: 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer
+    if total_seq_len <= 37 and mean_seq_len <= 25:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 2: 94 workloads, 8.03x (1.91x .. 23.67x) over flashinfer
+    if total_seq_len <= 712 and 25 < mean_seq_len <= 220:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 3: 13 workloads, 3.94x (2.19x .. 8.88x) over flashinfer
+    if total_seq_len <= 737 and 220 < mean_seq_len <= 443:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 4: 4 workloads, 2.79x (2.38x .. 3.82x) over flashinfer
+    if total_seq_len <= 737 and mean_seq_len > 443:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer
+    if 37 < total_seq_len <= 548 and mean_seq_len <= 25:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 6: 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer
+    if total_seq_len > 548 and mean_seq_len <= 11:
+        return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_thread_rows.k2c8'
+    # region 8: 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer
+    if 712 < total_seq_len <= 2162 and 26 < mean_seq_len <= 220:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 16 workloads, 3.35x (1.82x .. 5.44x) over flashinfer
+    if 737 < total_seq_len <= 1797 and mean_seq_len > 220:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 8 workloads, 1.68x (1.29x .. 2.20x) over flashinfer
+    if 1797 < total_seq_len <= 3022 and mean_seq_len > 241:
         return ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
-    # region 9: 15 workloads, 2.73x (1.50x .. 5.81x) over flashinfer
-    if 874 < total_seq_len <= 3519 and 59 < mean_seq_len <= 602:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 5 workloads, 1.60x (1.07x .. 2.96x) over flashinfer
-    if total_seq_len > 874 and num_seqs <= 105 and mean_seq_len <= 59:
-        return 'triton_prefill_fused.c16v32'
-    # region 11: 4 workloads, 1.55x (1.34x .. 2.00x) over flashinfer
-    if total_seq_len > 874 and num_seqs > 105 and mean_seq_len <= 45:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     return 'flashinfer'
