@@ -2,8 +2,8 @@
 kdispatch's routed ops.
 
 Turn it on: install kdispatch in vLLM's environment and set `KDISPATCH_VLLM=1` (decode and
-verification), and `KDISPATCH_VLLM_PREFILL=1` for the prefill swaps too (off by default until their
-definitions' routers are tuned, see PREFILL_SWITCH). vLLM calls every `vllm.general_plugins`
+verification), and `KDISPATCH_VLLM_PREFILL=1` for the prefill swaps too (off by default until the
+routed op is measured against vLLM's own call, see PREFILL_SWITCH). vLLM calls every `vllm.general_plugins`
 entry point in each worker before it builds the model (kdispatch's is `register` below, declared in
 setup.py); with KDISPATCH_VLLM unset the plugin does nothing.
 
@@ -56,11 +56,12 @@ from kdispatch.definitions.gdn.gathered import identity_slots
 from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
-# The prefill swaps, opt-in on top of SWITCH until the gdn_prefill_gathered routers are tuned (they
-# were added after the swaps served the gdn_prefill_pool routers, which are fitted against SGLang's
-# prefill: gather, FlashInfer, scatter; vLLM gathers and scatters around the swapped call either way,
-# so kernels that won only by skipping the gather lost to vLLM's bare FlashInfer call: H100,
-# 2026-11-27, benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x).
+# The prefill swaps, opt-in on top of SWITCH until the gdn_prefill_gathered routers (first fitted
+# 2026-11-27) are measured against vLLM's call with benchmarks/vllm_kernels.py (before those, the
+# swaps served the gdn_prefill_pool routers, fitted against SGLang's prefill: gather, FlashInfer,
+# scatter; vLLM gathers and scatters around the swapped call either way, so kernels that won only
+# by skipping the gather lost to vLLM's bare FlashInfer call: H100, 2026-11-27,
+# benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x).
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
