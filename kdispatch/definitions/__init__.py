@@ -2,7 +2,10 @@
 
 Layout: `<op_type>/<name>.json` is the single source of truth for an operator's axes, inputs,
 outputs and constraints; its `reference` field holds the text of the reference module the spec
-names (kept identical by `python -m kdispatch.definitions sync`, checked by the tests);
+names (kept identical by `python -m kdispatch.definitions sync`, checked by the tests). That text
+must run on its own wherever FlashInfer-Bench runs it, so a reference imports nothing of kdispatch
+and the engine-convention references each spell out the recurrence they share (a common helper
+would break the JSON's reference);
 `<op_type>/spec.py` defines `SPECS = {json file stem: Spec(...)}` for the definitions of that folder.
 
     d = definitions.get("gdn_decode")        # short or full name -> Definition
