@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One bundle of benchmarks/rebundle.sh, run on the GPU machine as .kd-wheels/bK/take.sh: copies the
 # bundle's files to /tmp/kd-parts; once every file of MANIFEST is there, whole or in all its pieces,
-# joins the pieces and runs shared/device's gpu-setup.sh (KD_PARTS and KD_DRY=1: a dry run elsewhere).
+# joins the pieces and runs the bundle's gpu-setup.sh (shared/device's, or the staged folder's; KD_PARTS
+# and KD_DRY=1: a dry run elsewhere). The parts folder is the bundle's PARTS (rebundle.sh), exported to
+# the setup as KD_PARTS.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-parts=${KD_PARTS:-/tmp/kd-parts}
+parts=${KD_PARTS:-$(cat "$here/PARTS" 2>/dev/null || echo /tmp/kd-parts)}
+export KD_PARTS=$parts
 mkdir -p "$parts"
 for f in "$here"/*; do
-  case "$(basename "$f")" in take.sh|MANIFEST|gpu-setup.sh) ;; *) cp -f "$f" "$parts/" ;; esac
+  case "$(basename "$f")" in take.sh|MANIFEST|PARTS|gpu-setup.sh) ;; *) cp -f "$f" "$parts/" ;; esac
 done
 while read -r name pieces; do
   [ -f "$parts/$name" ] && continue

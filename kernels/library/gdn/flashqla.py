@@ -1,0 +1,56 @@
+"""FlashQLA's chunked GDN prefill (TileLang, warp-specialised; flash-qla 0.1.3 on tilelang 0.1.15,
+staged by benchmarks/stage_flashqla.sh): a peer variant of the contest prefill and of the gathered
+(vLLM) prefills, never the baseline. fla-core 0.6 hands its chunked prefill to FlashQLA on Hopper
+when it is installed and given activated gates; here it is called directly.
+
+FlashQLA takes the log decay g and beta activated, states [N, HV, V, K] (`state_v_first`), and
+returns a new output and new final states; so the prefill guard (kernels/cuda/gdn/prefill_guard.py)
+checks cu_seqlens on the device first (and, for the contest's raw gates, activates them in the same
+launch; g = log(alpha)), and its commit copies the final states over the caller's (the in-place
+contract) where the batch was well formed, else keeps them and zeroes the output.
+
+Two configurations: `auto_cp=False` as called here, and `auto_cp=True`, FlashQLA's default, which
+splits long sequences across more CTAs (intra-card context parallelism; its decision reads
+cu_seqlens on the host, so that configuration syncs and is not expected to survive graph capture:
+the tuner then never routes graph calls to it).
+"""
+from __future__ import annotations
+
+import torch
+
+from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
+from kdispatch.kernels.cuda.gdn import prefill_guard
+from kdispatch.registry import variant
+
+_QLA = dict(backend="library", archs=("sm90",), requires=("flash_qla", "tilelang", "cuda.core"),
+            configs={"nocp": dict(auto_cp=False), "cp": dict(auto_cp=True)})
+
+
+def _run(q, k, v, g, beta, state, cu, scale, auto_cp):
+    from flash_qla import chunk_gated_delta_rule
+
+    o, final = chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=scale or None,
+                                      initial_state=state, output_final_state=True, cu_seqlens=cu,
+                                      state_v_first=True, auto_cp=auto_cp)
+    return o[0], final
+
+
+@variant("gdn_prefill", "flashqla_chunk", **_QLA)
+def gdn_prefill_flashqla(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, *, auto_cp):
+    if q.shape[0] == 0 or state.shape[0] == 0:  # FlashQLA needs a token and a sequence
+        return torch.zeros_like(v), state
+    cu, verdict, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=(A_log, a, dt_bias, b))
+    o, final = _run(q, k, v, torch.log(alpha), beta, state, cu, scale, auto_cp)
+    return prefill_guard.commit(state, final, o, verdict)
+
+
+def gdn_prefill_gathered_flashqla(q, k, v, g, beta, initial_state, cu_seqlens, out, scale, *, auto_cp):
+    if q.shape[0] == 0 or initial_state.shape[0] == 0:
+        return out.zero_(), initial_state
+    cu, verdict, _, _ = prefill_guard.guard(cu_seqlens, q.shape[0])
+    o, final = _run(q, k, v, g, beta, initial_state, cu, scale, auto_cp)
+    return prefill_guard.commit(initial_state, final, out.copy_(o), verdict)
+
+
+for _hq, _hv in GATHERED_HEADS.values():
+    variant(gathered_prefill_name(_hq, _hv), "flashqla_chunk", **_QLA)(gdn_prefill_gathered_flashqla)
