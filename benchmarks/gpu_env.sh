@@ -1,9 +1,9 @@
 # Source on the GPU machine (after shared/device's gpu-setup.sh): puts kdispatch on the path even when
 # the offline image cannot `pip install -e .`, by linking the mapped folders into the package.
 . /tmp/kd-site/env.sh
-# FlashQLA (benchmarks/stage_flashqla.sh) ahead of kd-site: its apache-tvm-ffi 0.1.12 must shadow the
-# FlashInfer bundle's 0.1.15.post2, which tilelang cannot load with (FlashInfer takes either)
-if [ -d /tmp/kd-qla ]; then export PYTHONPATH="/tmp/kd-qla:$PYTHONPATH"; fi
+# FlashQLA (benchmarks/stage_flashqla.sh; .ready once its setup ran it) ahead of kd-site: its
+# apache-tvm-ffi 0.1.12 must shadow the FlashInfer bundle's 0.1.15.post2, which tilelang cannot load with
+if [ -f /tmp/kd-qla/.ready ]; then export PYTHONPATH="/tmp/kd-qla:$PYTHONPATH"; fi
 # -P: the check must not find the package through the current folder, which scripts under benchmarks/ do not see
 if ! python -P -c "import kdispatch.kernels, kdispatch.tuner, kdispatch.routers" 2>/dev/null; then
   for d in kernels routers tuner; do [ -e kdispatch/$d ] || ln -s ../$d kdispatch/$d; done
