@@ -49,7 +49,7 @@ beta = torch.rand(1, T, HV, device=dev)
 h0 = torch.randn(N, HV, 128, 128, device=dev)
 cu = torch.tensor([0, 73, T], dtype=torch.int64, device=dev)
 o, ht = chunk_gated_delta_rule(q, k, v, g, beta, scale=128 ** -0.5, initial_state=h0, output_final_state=True,
-                               cu_seqlens=cu, state_v_first=True, auto_cp=False)
+                               cu_seqlens=cu, state_v_first=True)
 assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), 'FlashQLA returned non-finite values'
 print('kd-qla ready: flash_qla', flash_qla.__version__, 'tilelang', tilelang.__version__,
       'tvm_ffi', tvm_ffi.__version__, 'flashinfer', flashinfer.__version__)" && touch /tmp/kd-qla/.ready
