@@ -421,7 +421,10 @@ class Dispatcher:
         if self.disabled:
             return Choice(base, None, [f"{DISABLE_VAR} is set: the baseline serves every shape"], mode=mode)
         if self.forced is not None:
-            chain, source, said, named = (self.forced,), force_var(self.short), None, ()
+            chain, said, named = (self.forced,), None, ()
+
+            def source() -> str:
+                return force_var(self.short)
         else:
             routes = self.router(arch)
             if routes is None:
@@ -429,12 +432,14 @@ class Dispatcher:
             route, features = self._route_fn(routes, axes, mode)
             answer = route(**features)  # a name, or the region's measured variants best first
             chain = (answer,) if isinstance(answer, str) or answer is None else tuple(answer)
-            hinted = route is not None and route in (routes.get(HINTED + "graph"), routes.get(HINTED + "eager"))
-            tag = HINTED if hinted else ""
-            source = (f"router for {arch}" + (f" (calls passing {', '.join(self.hints)})" if hinted else "")
-                      + (" (eager calls)" if route is not routes[tag + "graph"] else ""))
             said = chain[0] if chain else None
             named = tuple(n for n in chain if n is not None)
+
+            def source() -> str:  # only where a step is explained: one-off decisions (prefill) are hot
+                hinted = route is not None and route in (routes.get(HINTED + "graph"), routes.get(HINTED + "eager"))
+                tag = HINTED if hinted else ""
+                return (f"router for {arch}" + (f" (calls passing {', '.join(self.hints)})" if hinted else "")
+                        + (" (eager calls)" if route is not routes[tag + "graph"] else ""))
         steps = []
         copies = None  # strided call: the first runnable choice that needs contiguous inputs
         for wanted in chain:
@@ -444,10 +449,10 @@ class Dispatcher:
                 v = registry.get(self.definition, wanted)
             except KeyError:
                 known = ", ".join(x.name for x in registry.variants(self.definition))
-                steps.append(f"{source}: names unknown variant {wanted!r} (known: {known})")
+                steps.append(f"{source()}: names unknown variant {wanted!r} (known: {known})")
                 continue
             why = v.why_not(arch)
-            if why is None and (wanted, arch, tuple(axes.items())) in self._failed:
+            if why is None and self._failed and (wanted, arch, tuple(axes.items())) in self._failed:
                 why = "raised on this shape earlier"
             if why is None and (declined := v.declines(axes)) is not None:
                 why = f"declines {axes}: {declined}"
@@ -456,7 +461,7 @@ class Dispatcher:
                 why = "takes contiguous inputs only (this call passes strided views)"
             if why is None:
                 return Choice(v, said, steps, named, mode)
-            steps.append(f"{source}: {wanted!r} {why}")
+            steps.append(f"{source()}: {wanted!r} {why}")
         else:
             if steps and copies is None:
                 steps[-1] += f"; serving the baseline {base.name!r}"

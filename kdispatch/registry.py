@@ -221,6 +221,10 @@ def variants(definition: str) -> list[Variant]:
 
 
 def get(definition: str, name: str) -> Variant:
+    try:  # a full name and a registered variant: what dispatch asks on every new shape
+        return _VARIANTS[definition][name]
+    except KeyError:
+        pass
     _table(definition)
     full = definitions.resolve_name(definition)
     try:
