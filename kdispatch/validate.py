@@ -6,16 +6,31 @@ mode KDISPATCH_CHECK=1): value constraints such as `total_seq_len == cu_seqlens[
 otherwise evaluated only for CPU tensors. Constraints over scalar arguments alone (e.g. MoE's
 `local_expert_offset` range) change from call to call without changing the tensor signature:
 `check_scalars` evaluates them, and the dispatcher runs it on every call of such a definition.
+
+A signature that passed is remembered with its variable axes left open (`_Shapeless`): a later call
+that differs only in those axes (an engine's prefill brings a new token count nearly every call) is
+checked by one C++ guard over every tensor (dtype, device, rank, constant sizes, fixed strides) and a
+few lines for the rest (each variable axis equal wherever it appears, contiguity where a variable
+axis moves the strides, the scalars, the constraints): what the full check accepts, for a third of
+its time.
 """
 from __future__ import annotations
 
 import ast
 import math
+import operator
 
 import torch
 
 from kdispatch import definitions
 from kdispatch.workloads import DTYPES
+
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # a torch without dynamo's guards: every call gets the full check
+    _TensorGuards = None
+
+SHAPELESS = 4  # signatures kept with their variable axes open, per definition
 
 # Constraints the contest's own workloads break; the definitions' semantics cover them, so they are
 # documented rather than enforced.
@@ -60,6 +75,9 @@ class Checker:
                         first.setdefault(axis, (axis, i, j))
         self._carriers = [first[a] for a in self.var_axes] if all(a in first for a in self.var_axes) else None
         self._fast = self._compile_fast()
+        self._lean = self._compile_fast(lean=True) if self._fast is not None and _TensorGuards is not None else None
+        self._optional = tuple(i for i in self.tensor_positions if self.inputs[i][1].get("optional"))
+        self._shapeless: list[_Shapeless] = []  # the most recent first
 
     def _fail(self, arg: str, expected: str, given) -> ValueError:
         return ValueError(f"{self.op}: argument {arg!r} expected {expected}, got {given}")
@@ -68,18 +86,39 @@ class Checker:
         """The variable axes of a valid call; ValueError naming the argument otherwise. `sync`: also
         evaluate the constraints that read device memory."""
         if not sync and self._fast is not None:
+            for known in self._shapeless:
+                axes = known.check(args, self._lean)
+                if axes is not None:
+                    return axes
             axes = self._fast(args)
             if axes is not None:
+                self._remember(args)
                 return axes
         return self._check(args, sync)
 
-    def _compile_fast(self):
+    def _remember(self, args) -> None:
+        """Keeps this valid call's signature with its variable axes open (at most SHAPELESS kept)."""
+        if self._lean is None:
+            return
+        try:
+            known = _Shapeless(self, args)
+        except Exception:  # a tensor the guard cannot take: the full check serves such calls
+            return
+        self._shapeless.insert(0, known)
+        del self._shapeless[SHAPELESS:]
+
+    def _compile_fast(self, lean: bool = False):
         """`check` as straight-line code for this definition: the variable axes of a call that passes
         every check below, None for any other (which `_check` then explains; it accepts nothing
         this rejects, and this accepts nothing it rejects). A third of the generic loop's time. None
-        where the definition has something the generator does not know (the generic check serves)."""
+        where the definition has something the generator does not know (the generic check serves).
+        `lean`: only what a `_Shapeless` guard leaves open (variable axes, contiguity where they move
+        the strides, scalars, constraints), for calls that passed that guard."""
         lines, consts = ["def fast(args):", "  try:", f"    if len(args) != {len(self.inputs)}: return None",
                          "    dev = None"], {}
+        required = [i for i in self.tensor_positions if not self.inputs[i][1].get("optional")]
+        if lean and required:  # the guard passed: every tensor is on the device of the call it was made from
+            lines.append(f"    dev = args[{required[0]}].device")
         local = {a: f"a_{i}" for i, a in enumerate(self.var_axes)}
         lines += [f"    {v} = None" for v in local.values()]
         for i, (name, spec) in enumerate(self.inputs):
@@ -96,17 +135,25 @@ class Checker:
                 pad = "      "
             consts[f"D{i}"] = DTYPES[spec["dtype"]]
             shape = spec["shape"]
-            lines += [f"{pad}if not isinstance(x, _Tensor) or x.dtype is not D{i} or x.dim() != {len(shape)}: return None",
-                      f"{pad}s = x.shape"]
+            if not lean:
+                lines.append(f"{pad}if not isinstance(x, _Tensor) or x.dtype is not D{i} or x.dim() != {len(shape)}: "
+                             "return None")
+            if lean and not any(axis in local for axis in shape):
+                continue  # the guard holds its sizes and strides
+            lines.append(f"{pad}s = x.shape")
             for j, axis in enumerate(shape):
                 if axis in self.const:
-                    lines.append(f"{pad}if s[{j}] != {int(self.const[axis])}: return None")
+                    if not lean:
+                        lines.append(f"{pad}if s[{j}] != {int(self.const[axis])}: return None")
                 elif axis in local:
                     v = local[axis]
                     lines += [f"{pad}if {v} is None: {v} = s[{j}]", f"{pad}elif s[{j}] != {v}: return None"]
                 else:
                     return None  # an axis neither constant nor variable
-            lines += [f"{pad}if dev is None: dev = x.device", f"{pad}elif x.device != dev: return None"]
+            if not lean:
+                lines += [f"{pad}if dev is None: dev = x.device", f"{pad}elif x.device != dev: return None"]
+            if lean and not _moving_strides(shape, local):
+                continue  # the guard holds its strides
             contiguous = "x.is_contiguous()"
             if name in self.strided:
                 contiguous += f" or {len(shape) == 0} or x.stride(-1) == 1 or s[-1] == 1"
@@ -237,6 +284,47 @@ class Checker:
                 shown = ", ".join(f"{k}={v} from {where[k]!r}" for k, v in bound.items() if k in c)
                 args_in = [n for n, _ in self.inputs if n in c]
                 raise ValueError(f"{self.op}: constraint `{c}` does not hold ({shown or ', '.join(args_in)})")
+
+
+class _Shapeless:
+    """A valid call's signature with its variable axes left open: one C++ guard over its tensors
+    (dtype, device, rank, requires_grad, the constant sizes, every stride a variable axis cannot move)
+    and which optional tensors it passed; the checker's lean function checks the rest."""
+
+    __slots__ = ("guard", "tensors", "optional", "absent")
+
+    def __init__(self, checker: Checker, args):
+        present = [i for i in checker.tensor_positions if args[i] is not None]
+        sizes, strides = [], []
+        for i in present:
+            x, shape = args[i], checker.inputs[i][1]["shape"]
+            open_dims = [j for j, axis in enumerate(shape) if axis in checker.var_axes]
+            last = max(open_dims, default=-1)  # a dim's stride is the sizes after it, for contiguous tensors
+            sizes.append([None if j in open_dims else int(n) for j, n in enumerate(x.shape)])
+            strides.append([None if j < last else int(st) for j, st in enumerate(x.stride())])
+        tensors = [args[i] for i in present]
+        self.guard = _TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides).check
+        self.tensors = operator.itemgetter(*present) if len(present) > 1 else (lambda a, i=present[0]: (a[i],))
+        self.optional = checker._optional
+        self.absent = tuple(args[i] is None for i in self.optional)
+        if not self.guard(*tensors):
+            raise ValueError("the guard does not hold on the call it was made from")
+
+    def check(self, args, lean):
+        """The variable axes where `args` passes this guard and the lean check, else None."""
+        try:
+            if self.optional and tuple(args[i] is None for i in self.optional) != self.absent:
+                return None
+            if not self.guard(*self.tensors(args)):
+                return None
+        except (IndexError, TypeError):  # too few arguments, or not a tensor
+            return None
+        return lean(args)
+
+
+def _moving_strides(shape, variable) -> bool:
+    """Whether a variable axis moves this tensor's strides (one after the first dim does)."""
+    return any(axis in variable for axis in shape[1:])
 
 
 class _Rename(ast.NodeTransformer):

@@ -112,3 +112,77 @@ def test_fast_check_answers_strided_views_where_the_spec_allows_them():
     view = args[:i] + [wide[:, : args[i].shape[1]]] + args[i + 1:]
     assert not view[i].is_contiguous()
     assert c._fast(view) == c._check(view) is not None
+
+
+def meta_call_sized(op, size):
+    var = definitions.get(kdispatch.ops.DISPATCHERS[op].definition).var_axes
+    return workloads.meta_arguments(kdispatch.ops.DISPATCHERS[op].definition,
+                                    {a: size for a in var if a != "len_cu_seqlens"})
+
+
+def shapeless_of(checker, args):
+    """The checker's remembered signature made from `args` (a valid call), as `check` keeps it."""
+    from kdispatch.validate import _Shapeless
+
+    return _Shapeless(checker, list(args))
+
+
+def agree_shapeless(checker, known, label, args):
+    got = known.check(args, checker._lean)
+    try:
+        want = checker._check(args)
+    except ValueError:
+        assert got is None, f"{label}: the remembered signature accepts a call the generic check rejects"
+        return
+    assert got is None or got == want, f"{label}: {got} != {want}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_remembered_signature_takes_other_sizes_of_its_variable_axes(op):
+    c = kdispatch.ops.DISPATCHERS[op].checker
+    assert c._lean is not None
+    known = shapeless_of(c, meta_call(op))
+    other = meta_call_sized(op, 5)
+    assert known.check(other, c._lean) == c._check(other)  # answered, not sent to the full check
+    c._shapeless.clear()
+    assert c.check(meta_call(op)) == c._check(meta_call(op)) and len(c._shapeless) == 1  # remembered
+    assert c.check(other) == c._check(other) and len(c._shapeless) == 1  # served by it
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_remembered_signature_rejects_whatever_the_generic_check_rejects(op):
+    c = kdispatch.ops.DISPATCHERS[op].checker
+    for size in (3, 5):  # the signature's own sizes and others of its variable axes
+        known = shapeless_of(c, meta_call(op))
+        for label, args in mutations(meta_call_sized(op, size)):
+            agree_shapeless(c, known, f"size {size}, {label}", args)
+
+
+@pytest.mark.parametrize("op", sorted(CPU_SMALL))
+def test_a_remembered_signature_on_cpu_values(op):
+    c = kdispatch.ops.DISPATCHERS[op].checker
+    args = list(cpu_call(op))
+    known = shapeless_of(c, args)
+    assert known.check(args, c._lean) == c._check(args)
+    for label, bad in mutations(args):
+        agree_shapeless(c, known, label, bad)
+    names = [n for n, _ in c.inputs]
+    if "cu_seqlens" in names:  # the value constraint still runs on CPU tensors
+        i = names.index("cu_seqlens")
+        cu = args[i].clone()
+        cu[-1] += 1
+        assert known.check(args[:i] + [cu] + args[i + 1:], c._lean) is None
+
+
+def test_a_remembered_signature_checks_contiguity_where_a_variable_axis_moves_the_strides():
+    # the indexer's block table [batch, max_num_pages]: its row stride is the open axis
+    op = "dsa_topk_indexer"
+    c = kdispatch.ops.DISPATCHERS[op].checker
+    names = [n for n, _ in c.inputs]
+    i = names.index("block_table")
+    known = shapeless_of(c, meta_call(op))
+    args = list(meta_call_sized(op, 5))
+    x = args[i]
+    wide = torch.zeros([x.shape[0], 2 * x.shape[1]], dtype=x.dtype, device=x.device)
+    assert known.check(args[:i] + [wide[:, : x.shape[1]]] + args[i + 1:], c._lean) is None  # rows apart
+    assert known.check(args, c._lean) == c._check(args)
