@@ -1,6 +1,8 @@
 """The generated fast check (validate.Checker._compile_fast) against the generic one: on valid calls
 it answers, with the same axes; on every call the generic check rejects it answers None (so the
-generic check raises its error); it is what `check` uses."""
+generic check raises its error); it is what `check` uses. The same for a remembered signature
+(validate._Shapeless: a guard with the variable axes open, then the lean lines), at its own sizes
+and at others."""
 import math
 
 import pytest
