@@ -471,7 +471,9 @@ def fake_cpu_variant():
 def test_generated_router_is_used_by_dispatch(tmp_path, fake_cpu_variant):
     def lat(name, axes):
         b = axes["batch_size"]
-        return {"reference": 100.0 + b, "fake_tuned": (10.0 if b <= 8 else 1000.0), "B": None}.get(name)
+        # slower than the reference past batch 8, but not so much that the folds routing batch 16 to it
+        # would lose more than the rest gains (the policy would be withdrawn)
+        return {"reference": 100.0 + b, "fake_tuned": (10.0 if b <= 8 else 200.0), "B": None}.get(name)
 
     store = Store(":memory:")
     eid = store.add_env({**ENV, "arch": "cpu"})
@@ -692,3 +694,24 @@ def test_guarded_baseline_rows_without_guarded_times_are_measured_again():
                     for u, st, m, h in rows])
     # u2 passed without the guarded times; u3 failed (never timed); u4 is another hash (already missing)
     assert _unguarded(store, eid, DECODE, "base", "h", ["u1", "u2", "u3", "u4"], {("base", "u4")}) == [("base", "u2")]
+
+
+def test_a_policy_losing_to_the_baseline_on_held_out_workloads_is_withdrawn(tmp_path):
+    # A wins every batch by 10% but batch 16, where it is 10x slower: fitted without the two batch-16
+    # workloads (one fold), its region spans them, and the 5-fold total is worse than the baseline's
+    def latency(name, axes):
+        b = axes["batch_size"]
+        base = 10.0 + b
+        return None if name == "B" else base if name == "flashinfer" else base * (10.0 if b == 16 else 0.9)
+
+    table = fitting.load_table(build_store(DECODE, decode_workloads(), latency), DECODE, "sm90")
+    fitted = fitting.fit(table, with_heldout=False)
+    assert {r.variant for r in fitted.regions} == {"A", "flashinfer"}  # in sample, A keeps its regions
+    pol = fitting.fit(table)
+    assert pol.heldout["speedup_vs_baseline"] < 1.0 and pol.withdrawn
+    assert [(r.variant, r.bounds) for r in pol.regions] == [("flashinfer", {})]
+    route, _ = codegen.load_route(codegen.write(pol, tmp_path))
+    assert {route(batch_size=b) for b in (1, 8, 16, 100)} == {"flashinfer"}
+    assert "so every shape goes to the baseline" in codegen.render(pol)
+    kept = decode_policy()  # a policy that wins held out too is kept
+    assert not kept.withdrawn and kept.heldout["speedup_vs_baseline"] >= 1.0

@@ -95,13 +95,15 @@ def _configs(definition: str, names) -> dict[str, str]:
     return out
 
 
-def _heldout_lines(h: dict | None, label: str) -> list[str]:
+def _heldout_lines(h: dict | None, label: str, withdrawn: bool = False) -> list[str]:
     if not h or not h.get("workloads"):
         return []
     return [f"# held out    {label}: {h['folds']}-fold over workloads: regret vs the best variant "
             f"{h['regret_mean_pct']:.2f}% mean, {h['regret_max_pct']:.2f}% max;",
             f"#             {h['speedup_vs_baseline']:.3f}x over the baseline; {h['slower_than_baseline']} slower than the "
-            f"baseline beyond the spread, {h['unsafe']} routed to a failing variant"]
+            f"baseline beyond the spread, {h['unsafe']} routed to a failing variant"] + (
+            ["#             below 1x: the regions it fitted lose to the baseline where they were not fitted,",
+             "#             so every shape goes to the baseline"] if withdrawn else [])
 
 
 def _region_lines(policy: Policy, d: str) -> list[str]:
@@ -239,9 +241,9 @@ def render(policy: Policy) -> str:
                      ": its time varies between processes)")
     lines += _estimate_lines(policy, d)
     eager = policy.eager if policy.eager is not None and not _same_choices(policy, policy.eager) else None
-    lines += _heldout_lines(policy.heldout, "graph")
+    lines += _heldout_lines(policy.heldout, "graph", policy.withdrawn)
     if policy.eager is not None:
-        lines += _heldout_lines(policy.eager.heldout, "eager")
+        lines += _heldout_lines(policy.eager.heldout, "eager", policy.eager.withdrawn)
     lines.append("# regions     CUDA graph (graph times)" + ("" if eager else "; eager calls get the same choices"))
     lines += _region_lines(policy, d)
     if eager:
@@ -295,7 +297,8 @@ def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
     lines = ["", "", f"# Calls that pass {', '.join(hints)} ({'; '.join(defs.get(d).spec.hints[n].doc for n in hints)}), "
              "fitted with it as one more feature:"]
     lines += _estimate_lines(h, d)
-    lines += _heldout_lines(h.heldout, "graph") + (_heldout_lines(h.eager.heldout, "eager") if h.eager else [])
+    lines += _heldout_lines(h.heldout, "graph", h.withdrawn) + (
+        _heldout_lines(h.eager.heldout, "eager", h.eager.withdrawn) if h.eager else [])
     lines.append("# regions     CUDA graph (graph times)" + ("" if eager else "; eager calls get the same choices"))
     lines += _region_lines(h, d)
     if eager:

@@ -88,7 +88,12 @@ region's best variant is tried (if it accepts the shape), then the baseline.
 
 Generalisation (`heldout_regret`): k-fold over workloads (k = 5, folds by uuid hash): fit on the
 other folds, route the held-out workloads, and compare the chosen variant's latency with the best
-correct one measured there and with the baseline.
+correct one measured there and with the baseline. Where the held-out workloads' total time under the
+policy exceeds the baseline's (speedup below 1x), its regions would lose on shapes nobody measured
+too: the policy is withdrawn, every shape to the baseline (`Policy.withdrawn`; the header says so).
+(The vLLM-convention prefill at 32 value heads, graph calls without the longest sequence: 6 small
+workloads won by up to 5.7x, a 5-fold 0.989x, a held-out 119 x 7-token call 1.3x slower than the
+baseline; H100 rows of 2026-11-27.)
 """
 from __future__ import annotations
 
@@ -266,6 +271,9 @@ class Policy:
     # them too, for calls that pass them
     hinted: "Policy | None" = None
     estimated: int = 0  # grid shapes with estimated times the regions were also fitted on (Spec.estimate)
+    # its regions lost to the baseline on the k-fold's held-out workloads, so every shape goes to the
+    # baseline (`fit`)
+    withdrawn: bool = False
 
     def route(self, features: dict) -> str:
         return self.chain(features)[0]
@@ -422,6 +430,12 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
                  mode=mode, fit_names=tuple(m.fit), estimated=len(m.X) - n)
     if with_heldout:
         pol.heldout = heldout_regret(table, given, mode)
+        if pol.heldout.get("workloads") and pol.heldout["speedup_vs_baseline"] < 1.0:
+            # regions that cost more than the baseline on workloads they were not fitted on would on
+            # the shapes nobody measured too: the baseline serves them all
+            base = Region({}, table.baseline, list(table.uuids))
+            base.stats = region_stats(table, base, mode)
+            pol.regions, pol.withdrawn = [base], True
     if mode == "graph":
         pol.eager = fit(table, given, with_heldout, "eager")
     return pol

@@ -32,11 +32,12 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 24.51% mean, 786.02% max;
 #             0.989x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             below 1x: the regions it fitted lose to the baseline where they were not fitted,
+#             so every shape goes to the baseline
 # held out    eager: 5-fold over workloads: regret vs the best variant 24.36% mean, 642.72% max;
 #             1.005x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 124: triton_prefill_fused.c16v64, 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len > 124: vllm_flashinfer_prefill (baseline), 78 workloads
+#   1. every shape: vllm_flashinfer_prefill (baseline), 84 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 157 and mean_seq_len > 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.34x (2.12x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
 #   2. total_seq_len <= 791 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 7 workloads, 2.31x (1.46x .. 13.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
@@ -45,8 +46,7 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (None, 124)}, 'workloads': 6, 'speedup': (1.17, 2.89, 5.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (124, None)}, 'workloads': 78, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'vllm_flashinfer_prefill', 'bounds': {}, 'workloads': 84, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -60,11 +60,6 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 124:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
     return 'vllm_flashinfer_prefill'
 
 

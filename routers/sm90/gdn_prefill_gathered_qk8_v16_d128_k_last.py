@@ -32,13 +32,12 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 11.82% mean, 178.54% max;
 #             0.995x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             below 1x: the regions it fitted lose to the baseline where they were not fitted,
+#             so every shape goes to the baseline
 # held out    eager: 5-fold over workloads: regret vs the best variant 20.66% mean, 174.91% max;
 #             1.174x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 351 and num_seqs > 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.59x (1.30x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   2. num_seqs <= 4 and mean_seq_len <= 181: triton_prefill_fused.c16v32, 7 workloads, 3.44x (1.25x .. 6.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. num_seqs <= 4 and mean_seq_len > 181: vllm_flashinfer_prefill (baseline), 15 workloads
-#   4. total_seq_len > 397 and num_seqs > 4: vllm_flashinfer_prefill (baseline), 56 workloads
+#   1. every shape: vllm_flashinfer_prefill (baseline), 84 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 162 and num_seqs <= 4 and mean_seq_len <= 462: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.10x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -51,10 +50,7 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 351)}, 'workloads': 6, 'speedup': (1.3, 1.59, 1.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 181), 'num_seqs': (None, 4)}, 'workloads': 7, 'speedup': (1.25, 3.44, 6.3), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (181, None), 'num_seqs': (None, 4)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 56, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'vllm_flashinfer_prefill', 'bounds': {}, 'workloads': 84, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -72,14 +68,6 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 1.59x (1.30x .. 1.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 351 and num_seqs > 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 7 workloads, 3.44x (1.25x .. 6.30x) over vllm_flashinfer_prefill
-    if num_seqs <= 4 and mean_seq_len <= 181:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     return 'vllm_flashinfer_prefill'
 
 
