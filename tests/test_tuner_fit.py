@@ -2,6 +2,7 @@
 unseen shapes go to their region, output is byte-deterministic, failures exclude a variant from
 their region, generated routers drive kdispatch dispatch, and the store makes re-tuning incremental."""
 import ast
+import io
 import importlib.util
 import json
 import os
@@ -715,3 +716,28 @@ def test_a_policy_losing_to_the_baseline_on_held_out_workloads_is_withdrawn(tmp_
     assert "so every shape goes to the baseline" in codegen.render(pol)
     kept = decode_policy()  # a policy that wins held out too is kept
     assert not kept.withdrawn and kept.heldout["speedup_vs_baseline"] >= 1.0
+
+
+@pytest.fixture
+def variants_a_b():
+    registry.discover()
+    for name in ("A", "B"):
+        registry.register(Variant(DECODE, name, lambda *a: None, "torch", ("cpu",)))
+    yield
+    for name in ("A", "B"):
+        registry.unregister(DECODE, name)
+
+
+@pytest.mark.parametrize("b_factor, kept", [(2.0, 16), (0.5, 12)])
+def test_workloads_a_variant_missed_leave_the_fit_only_if_it_wins_somewhere(variants_a_b, b_factor, kept):
+    """A tune cut short: B has no rows at batch 64 and 128. Slower than the baseline everywhere it
+    was measured, it cannot be chosen, so those workloads stay; faster somewhere, they go."""
+    def lat(name, axes):
+        if name == "B":
+            return None if axes["batch_size"] >= 64 else (10.0 + axes["batch_size"]) * b_factor
+        return decode_latency(name, axes)
+
+    table = fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90")
+    out = io.StringIO()
+    assert len(flows._without_unmeasured(table, out).uuids) == kept
+    assert ("left out" in out.getvalue()) == (kept < 16)

@@ -26,7 +26,7 @@ from . import fit as fitting
 from .job import ROUTED_HINTED
 from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
 from .pool import Progress, clock, execute
-from .stats import MODES, geomean, slower, timed
+from .stats import MODES, beats, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug
 
 
@@ -140,7 +140,7 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
-            table = _without_unmeasured(_without_retired(table, stream), stream)
+            table = _without_unmeasured(_without_retired(table, stream), stream, params=params)
             _warn_stale(table, stream)
             policy = fitting.fit(table, params)
             if defs.get(d).spec.hints and (hints or {}).get(d):
@@ -207,22 +207,48 @@ def _without_retired(table, stream, step: str = "route"):
     return table.without(retired) if retired else table
 
 
-def _without_unmeasured(table, stream, step: str = "route"):
+def _without_unmeasured(table, stream, step: str = "route", params=None):
     """The table without the workloads where a variant it measured elsewhere has no row although it
     takes the shape (a tune cut short, a workload added since, one of an earlier coverage set measured
-    only by the variants of its day): fitted on, only the baseline would be admissible there, and a
-    missing baseline row is imputed. The reference counts only where it is the baseline (elsewhere
-    the tuner measures it only as the gate's oracle)."""
+    only by the variants of its day): fitted on, the missing row would keep that variant out of any
+    region holding the workload, and a missing baseline row is imputed. The reference counts only
+    where it is the baseline (elsewhere the tuner measures it only as the gate's oracle). A variant
+    that beats the baseline on none of the workloads it was measured on, in either call mode, cannot
+    be chosen anywhere, so its gaps keep their workloads (a slow peer half-measured would otherwise
+    take workloads out of the fit until its tune completes)."""
     gone = set()
     for name in table.hashes:
         if name == registry.REFERENCE and name != table.baseline:
             continue
         v = registry.get(table.definition, name)
-        gone |= {u for u in table.uuids if (name, u) not in table.rows and v.declines(dict(table.axes[u])) is None}
+        missing = {u for u in table.uuids if (name, u) not in table.rows and v.declines(dict(table.axes[u])) is None}
+        if missing and name != table.baseline and not _wins_anywhere(table, name, params or fitting.FitParams()):
+            stream.write(f"[{step}] {defs.get(table.definition).short} {name}: not measured on {len(missing)} "
+                         "workload(s) and faster than the baseline on none it was: they stay in the fit\n")
+            continue
+        gone |= missing
     if gone:
         stream.write(f"[{step}] warning: {defs.get(table.definition).short}: {len(gone)} workload(s) left out, a "
                      "variant that takes them not measured there (re-run `kdispatch tune` for those in the sets)\n")
     return table.subset([u for u in table.uuids if u not in gone]) if gone else table
+
+
+def _wins_anywhere(table, name: str, params) -> bool:
+    """Does `name` beat the baseline (its engine call or its guarded call) beyond the fit's margin on
+    some workload, in some call mode, or pass where the baseline failed?"""
+    gain = fitting.required_gain(params, table.definition, name)
+    for (v, u), r in table.rows.items():
+        if v != name or not r.passed:
+            continue
+        b = table.rows.get((table.baseline, u))
+        if b is None or not b.passed:
+            return True
+        for mode in MODES:
+            x = timed(r, mode)
+            if x is not None and any(tb is not None and beats(x, tb, gain)
+                                     for tb in (timed(b, mode), timed(b, mode, guarded=True))):
+                return True
+    return False
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:

@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T10:50:19Z
+# measured    up to 2026-11-27T12:53:25Z
 # workloads   78 (workload-set digest 515482597c4afedc)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -14,6 +14,7 @@
 #   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  78/78  0.35x
 #   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  78/78  0.38x
 #   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  78/78  0.40x
+#   flashqla_chunk                5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
 #   triton_prefill_chunked.v64    2a710645e644b88e  78/78  0.78x
 #   triton_prefill_fused.c16v32   49496897c400beaa  78/78  0.75x
 #   triton_prefill_fused.c16v64   75597a9a7123b24f  78/78  0.78x

@@ -5,11 +5,11 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T10:54:43Z
-# workloads   251 (workload-set digest 5a328c3403da55a9)
+# measured    up to 2026-11-27T12:37:20Z
+# workloads   252 (workload-set digest 4a825866da81bcf4)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       5f880aff8b2e1e91  251/251  1.00x
+#   flashinfer                       5f880aff8b2e1e91  252/252  1.00x
 #   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  236/236  0.91x
 #   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  236/236  0.80x
 #   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  236/236  0.28x
@@ -19,13 +19,14 @@
 #   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  236/236  0.71x
 #   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  236/236  0.96x
 #   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  236/236  0.82x
-#   fla_chunk                        c14e11d82c90d1f6  251/251  0.02x  [251 not graph-safe]
+#   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
+#   flashqla_chunk                   5e5c152ba7fedf0f  252/252  0.05x  [252 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_chunked.v16       ea060f186fe1287b  251/251  1.05x
-#   triton_prefill_chunked.v64       6d00e89064f7cc16  251/251  1.04x
-#   triton_prefill_fused.c16v32      fb6428ddba622888  251/251  1.38x
-#   triton_prefill_fused.c16v64      d797613afc23d91f  251/251  1.19x
-#   triton_prefill_recurrent         1b61fa10fb7e9611  251/251  0.50x
+#   triton_prefill_chunked.v16       ea060f186fe1287b  252/252  1.05x
+#   triton_prefill_chunked.v64       6d00e89064f7cc16  252/252  1.03x
+#   triton_prefill_fused.c16v32      fb6428ddba622888  252/252  1.36x
+#   triton_prefill_fused.c16v64      d797613afc23d91f  252/252  1.18x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
@@ -46,22 +47,23 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.75% mean, 116.59% max;
-#             1.361x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.17% mean, 133.04% max;
-#             3.040x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.72% mean, 116.59% max;
+#             1.354x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.14% mean, 133.04% max;
+#             3.008x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c16, 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer; then cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 32 and 13 < mean_seq_len <= 144: triton_prefill_fused.c16v32, 15 workloads, 5.54x (4.84x .. 6.53x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c8, 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 1163 and num_seqs <= 2 and mean_seq_len > 144: triton_prefill_chunked.v16, 32 workloads, 1.55x (1.35x .. 1.95x) over flashinfer; then triton_prefill_chunked.v64
-#   5. total_seq_len <= 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144: triton_prefill_chunked.v16, 12 workloads, 1.65x (1.09x .. 2.01x) over flashinfer
-#   6. num_seqs > 4 and mean_seq_len > 144: flashinfer (baseline), 24 workloads
+#   4. total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 144: triton_prefill_chunked.v16, 17 workloads, 1.42x (1.35x .. 1.47x) over flashinfer; then triton_prefill_chunked.v64
+#   5. total_seq_len <= 1485 and num_seqs > 3 and mean_seq_len > 144: triton_prefill_chunked.v16, 7 workloads, 1.81x (1.38x .. 2.01x) over flashinfer; then triton_prefill_chunked.v64
+#   6. total_seq_len <= 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144: triton_prefill_chunked.v16, 20 workloads, 1.65x (1.09x .. 1.95x) over flashinfer
 #   7. 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_fused.c16v32, 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   8. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 144: flashinfer (baseline), 35 workloads
 #   9. total_seq_len > 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_chunked.v64, 10 workloads, 2.18x (1.65x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
-#   10. total_seq_len > 1163 and num_seqs <= 2 and mean_seq_len > 144: flashinfer (baseline), 14 workloads
-#   11. total_seq_len > 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144: flashinfer (baseline), 10 workloads
+#   10. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 144: flashinfer (baseline), 6 workloads
+#   11. total_seq_len > 1548 and num_seqs > 3 and mean_seq_len > 144: flashinfer (baseline), 26 workloads
+#   12. total_seq_len > 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144: flashinfer (baseline), 17 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 37 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c8, 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 712 and 25 < mean_seq_len <= 220: cuda_prefill_thread_rows.k8c16, 94 workloads, 8.03x (1.91x .. 23.67x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
@@ -74,21 +76,22 @@
 #   9. 737 < total_seq_len <= 1797 and mean_seq_len > 220: triton_prefill_fused.c16v32, 16 workloads, 3.35x (1.82x .. 5.44x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16
 #   10. 1797 < total_seq_len <= 3022 and mean_seq_len > 241: triton_prefill_chunked.v16, 8 workloads, 1.68x (1.29x .. 2.20x) over flashinfer; then triton_prefill_fused.c16v32
 #   11. total_seq_len > 2162 and 25 < mean_seq_len <= 220: flashinfer (baseline), 17 workloads
-#   12. total_seq_len > 3022 and mean_seq_len > 220: flashinfer (baseline), 31 workloads
-# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 15990
+#   12. total_seq_len > 3022 and mean_seq_len > 220: flashinfer (baseline), 32 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (None, 3), 'total_seq_len': (None, 32)}, 'workloads': 6, 'speedup': (6.4, 8.16, 10.73), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, 144), 'total_seq_len': (None, 32)}, 'workloads': 15, 'speedup': (4.84, 5.54, 6.53), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (3, None), 'total_seq_len': (None, 32)}, 'workloads': 7, 'speedup': (1.6, 5.78, 10.45), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1163)}, 'workloads': 32, 'speedup': (1.35, 1.55, 1.95), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 1797)}, 'workloads': 12, 'speedup': (1.09, 1.65, 2.01), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (4, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 1028)}, 'workloads': 17, 'speedup': (1.35, 1.42, 1.47), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1485)}, 'workloads': 7, 'speedup': (1.38, 1.81, 2.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (1, 3), 'total_seq_len': (None, 1797)}, 'workloads': 20, 'speedup': (1.09, 1.65, 1.95), 'fallbacks': ()},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (32, 465)}, 'workloads': 86, 'speedup': (1.42, 3.07, 7.18), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (465, None)}, 'workloads': 10, 'speedup': (1.65, 2.18, 2.68), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
-    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 2), 'total_seq_len': (1163, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, 4), 'total_seq_len': (1797, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (3, None), 'total_seq_len': (1548, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (1, 3), 'total_seq_len': (1797, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -103,15 +106,15 @@ REGIONS_EAGER = (
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (737, 1797)}, 'workloads': 16, 'speedup': (1.82, 3.35, 5.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16')},
     {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (241, None), 'total_seq_len': (1797, 3022)}, 'workloads': 8, 'speedup': (1.29, 1.68, 2.2), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (2162, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (3022, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (3022, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 15990)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 15990  # within the measured ranges: fallbacks apply
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer
     if total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k16c16'
@@ -121,11 +124,14 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer
     if total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 4: 32 workloads, 1.55x (1.35x .. 1.95x) over flashinfer
-    if total_seq_len <= 1163 and num_seqs <= 2 and mean_seq_len > 144:
+    # region 4: 17 workloads, 1.42x (1.35x .. 1.47x) over flashinfer
+    if total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 144:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 12 workloads, 1.65x (1.09x .. 2.01x) over flashinfer
-    if total_seq_len <= 1797 and 2 < num_seqs <= 4 and mean_seq_len > 144:
+    # region 5: 7 workloads, 1.81x (1.38x .. 2.01x) over flashinfer
+    if total_seq_len <= 1485 and num_seqs > 3 and mean_seq_len > 144:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 20 workloads, 1.65x (1.09x .. 1.95x) over flashinfer
+    if total_seq_len <= 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144:
         return 'triton_prefill_chunked.v16'
     # region 7: 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer
     if 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144:
@@ -138,7 +144,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 15990  # within the measured ranges: fallbacks apply
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer
     if total_seq_len <= 37 and mean_seq_len <= 25:
         return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c8'
