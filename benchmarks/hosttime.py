@@ -1,9 +1,11 @@
-"""Host time of a call, for the benchmarks that report it: the time until the call returns with the
-device idle (synchronised before each call, outside the timed window), and where that time goes
-(the functions with the most own time under cProfile, which inflates small Python calls)."""
+"""Host and device time of a call, for the benchmarks that report them: the time until the call returns
+with the device idle (synchronised before each call, outside the timed window), where that time goes
+(the functions with the most own time under cProfile, which inflates small Python calls), and the
+device time of each kernel it launches (torch.profiler)."""
 from __future__ import annotations
 
 import cProfile
+import collections
 import pstats
 import statistics
 import time
@@ -11,6 +13,7 @@ import time
 import torch
 
 PROFILED = 20  # calls under cProfile
+CALLS = 20  # calls under torch.profiler
 
 
 def host_us(fn, args) -> float:
@@ -41,3 +44,18 @@ def host_breakdown(fn, args, top: int = 12) -> list[str]:
     rows = sorted(((tt, nc, f) for f, (_cc, nc, tt, _ct, _callers) in stats.items()), reverse=True)[:top]
     return [f"{tt / PROFILED * 1e6:8.1f} us  {nc // PROFILED:3d} calls  {f[2]} ({f[0].split('/')[-1]}:{f[1]})"
             for tt, nc, f in rows]
+
+
+def kernel_times(fn, args) -> dict[str, float]:
+    """Device microseconds per call of each kernel `fn(*args)` launches (mean over CALLS calls)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn(*args)
+        torch.cuda.synchronize()
+    per = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] += e.time_range.elapsed_us() / CALLS
+    return dict(per)

@@ -13,7 +13,6 @@ variants also with their kernels launched by JIT calls instead of kernels/triton
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import datetime
 import statistics
@@ -25,25 +24,9 @@ from kdispatch.tuner import timing
 from kdispatch.workloads import SimpleWorkload, materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
-from hosttime import host_breakdown, host_us  # noqa: E402
+from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402
 
 DEF = "moe_fp8"
-CALLS = 20
-
-
-def kernel_times(fn, args) -> dict[str, float]:
-    """Device microseconds per call of each kernel `fn(*args)` launches (mean over CALLS calls)."""
-    fn(*args)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn(*args)
-        torch.cuda.synchronize()
-    per = collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name] += e.time_range.elapsed_us() / CALLS
-    return dict(per)
 
 
 @contextlib.contextmanager

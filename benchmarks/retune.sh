@@ -9,6 +9,8 @@
 #                                              the baseline on the held-out set, every variant on the reported shapes
 #   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
+#   bash benchmarks/retune.sh prefill-host     the contest prefill's library calls, host against device time
+#                                              (benchmarks/gdn_prefill_host.py; after FlashQLA's bundles)
 #   bash benchmarks/retune.sh engines          the engine-convention GPU tests (pool decode / prefill, verify,
 #                                              hostile indices) and every variant's GPU conformance, after
 #                                              .kd-wheels/engines' setup; failures listed in $OUT/engines$ENGINES_TAG.txt
@@ -70,6 +72,10 @@ case "$step" in
     cat /tmp/wrapper.txt
     cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
     keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
+  prefill-host)
+    timeout 400 python benchmarks/gdn_prefill_host.py --json benchmarks/results/gdn-prefill-host-H100.json 2>&1 \
+      | grep -v TileLang | tail -80
+    keep benchmarks/results/gdn-prefill-host-H100.json ;;
   engines)
     log="$OUT/engines${ENGINES_TAG:-}.txt"
     : > "$log"
