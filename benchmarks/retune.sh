@@ -15,7 +15,8 @@
 #                                              hostile indices) and every variant's GPU conformance, after
 #                                              .kd-wheels/engines' setup; failures listed in $OUT/engines$ENGINES_TAG.txt
 #                                              (ENGINES_FILES="file:seconds ..." picks files, e.g. to split
-#                                              them over two GPUs with ENGINES_TAG naming the list)
+#                                              them over two GPUs with ENGINES_TAG naming the list;
+#                                              ENGINES_SHARDS=N runs each file as N processes at once)
 #   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
 #   bash benchmarks/retune.sh layer            SGLang's GDN kernel classes with and without the plugin
 #                                              (benchmarks/sglang_layer.py; after the engines-deps bundle's setup)
@@ -84,9 +85,13 @@ case "$step" in
     for entry in ${ENGINES_FILES:-test_oracles_gpu:60 test_gdn_packed_gpu:60 test_gdn_pool_prefill_gpu:90 test_gdn_gathered_prefill_gpu:90 test_gdn_verify_gpu:60 \
                  test_hostile_gpu:320 test_gpu_conformance:360 test_triton_dsa_moe:120 test_moe_experts_gpu:120}; do
       t=${entry%%:*}
-      echo "== $t" >> "$log"
-      timeout "${entry##*:}" python -m pytest -q -rf -p no:cacheprovider "tests/gpu/$t.py" >> "$log" 2>&1 \
-        || echo "== $t: exit $?" >> "$log"
+      n=${ENGINES_SHARDS:-1}  # processes per file at once (KD_TEST_SHARD, tests/conftest.py): compiles overlap
+      for ((i = 0; i < n; i++)); do
+        ( KD_TEST_SHARD=$i/$n timeout "${entry##*:}" python -m pytest -q -rf -p no:cacheprovider "tests/gpu/$t.py" \
+            > "$log.$i" 2>&1 || echo "== $t shard $i/$n: exit $?" >> "$log.$i" ) &
+      done
+      wait
+      for ((i = 0; i < n; i++)); do echo "== $t shard $i/$n" >> "$log"; cat "$log.$i" >> "$log"; rm -f "$log.$i"; done
     done
     grep -E "^== |^(FAILED|ERROR)|passed|failed" "$log" | cut -c1-300 | tail -60 ;;
   layer)

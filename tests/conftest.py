@@ -25,6 +25,21 @@ DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "fib" / "definitions"
 
 
+def pytest_collection_modifyitems(config, items):
+    """KD_TEST_SHARD=i/n keeps every n-th collected test from the i-th: the GPU machine runs a long
+    suite as n processes at once (benchmarks/retune.sh engines), its time being mostly compiles."""
+    shard = os.environ.get("KD_TEST_SHARD")
+    if not shard:
+        return
+    try:
+        i, n = map(int, shard.split("/"))
+        assert 0 <= i < n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"KD_TEST_SHARD must be i/n with 0 <= i < n, got {shard!r}") from None
+    config.hook.pytest_deselected(items=[t for k, t in enumerate(items) if k % n != i])
+    items[:] = items[i::n]
+
+
 # Interpreted Triton costs seconds per call (every program runs in Python). A variant named here runs
 # the CPU suites in one launch configuration on the definitions listed (its others differ only in
 # launch constants, its other definitions only in the head count); tests/gpu/ runs them all.
