@@ -608,6 +608,14 @@ def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
     assert (tmp_path / "store" / "traces" / "fake.jsonl").exists()
 
 
+def test_skipped_variants_are_not_measured_and_a_later_tune_measures_them(tmp_path, candidates):
+    write_traces(tmp_path / "traces", (1, 4))
+    _tune(tmp_path, skip_variants=["cand_b", "reference"])  # the reference is the baseline here: measured
+    assert sorted(MEASURED) == sorted((n, f"w{b}") for n in ("reference", "cand_a") for b in (1, 4))
+    _tune(tmp_path)
+    assert sorted(MEASURED) == [("cand_b", "w1"), ("cand_b", "w4")]
+
+
 def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):
     write_traces(tmp_path / "traces", (1, 4, 16, 64))
     r = flows.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},

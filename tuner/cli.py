@@ -1,7 +1,7 @@
 """The tuning commands of `kdispatch` (added to its parser by kdispatch/cli.py):
 
-    kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ...] [--device cuda|cuda:N[,M]]
-                   [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
+    kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
+                   [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -46,6 +46,8 @@ def add_commands(sub) -> None:
                    help=f"FlashInfer-Bench trace set folders (default: {' '.join(TUNE_SETS)})")
     _defs_arg(p)
     p.add_argument("--variants", nargs="+", metavar="V", help="only these variants (the baseline is always measured)")
+    p.add_argument("--skip-variants", nargs="+", metavar="V",
+                   help="every variant but these (the baseline is always measured)")
     p.add_argument("--device", default="cuda", help="cuda (every visible GPU, one worker each), cuda:N[,M], or cpu")
     p.add_argument("--out", help="routers folder (default: routers/, or tuner/results/quick/routers with --quick)")
     p.add_argument("--store", help="results store (default: tuner/results/<device>.sqlite)")
@@ -138,7 +140,8 @@ def cmd_tune(args) -> int:
     from .flows import tune
 
     _check_workloads(args)
-    r = tune(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
+    r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
+             skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes)
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "

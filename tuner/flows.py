@@ -44,7 +44,7 @@ class TuneResult:
     complete: bool = True
 
 
-def tune(roots, *, definitions=None, variants=None, device: str = "cuda", store: Store | str | None = None,
+def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda", store: Store | str | None = None,
          out=None, quick: bool = False, force: bool = False, trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None) -> TuneResult:
@@ -62,7 +62,8 @@ def tune(roots, *, definitions=None, variants=None, device: str = "cuda", store:
         store = Store.open(path)
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
-    plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force)
+    plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force,
+                  skip=set(skip_variants or ()))
              for d in names]
     total = sum(len(p.pending) for p in plans)
     progress = Progress(total, stream)

@@ -131,7 +131,9 @@ def quick_subset(definition: str, workloads: list[dict], n: int = QUICK_WORKLOAD
 
 def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_names=None,
          quick: bool = False, force: bool = False, include_routed: bool = False,
-         include_reference: bool = False) -> Plan:
+         include_reference: bool = False, skip=frozenset()) -> Plan:
+    """What to measure for `definition`: the variants that run on `arch` (only `variant_names` where
+    given, none named in `skip`; the baseline always) on every workload of `roots` the store lacks."""
     definition = defs.resolve_name(definition)
     workloads = workload_dicts(roots, definition)
     if quick:
@@ -144,7 +146,7 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
         if v.name == registry.REFERENCE and v is not base and not include_reference and \
                 not (variant_names and v.name in variant_names):
             continue  # the reference never wins where a library runs; it is only the oracle there
-        if variant_names and v.name not in variant_names and v is not base:
+        if (variant_names and v.name not in variant_names or v.name in skip) and v is not base:
             continue
         chosen[v.name] = {"hash": v.provenance, "backend": v.backend, "baseline": v is base, "variant": v}
     if include_routed:
