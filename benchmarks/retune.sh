@@ -4,7 +4,7 @@
 #   bash benchmarks/retune.sh tune MINUTES     measure what the main store lacks (contest + coverage), refit routers
 #                                              (TUNE_ARGS adds tune options: --device cuda:0, --definitions ...,
 #                                              --no-route; the archive is $OUT/tune$TUNE_TAG.tgz)
-#   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on)
+#   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on; TUNE_ARGS too)
 #   bash benchmarks/retune.sh check            the routers on the held-out store (regret), the routed op against
 #                                              the baseline on the held-out set, every variant on the reported shapes
 #   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
@@ -52,8 +52,9 @@ case "$step" in
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -40
     keep tuner/results/traces routers tuner/results/report ;;
   heldout)
+    # shellcheck disable=SC2086  # TUNE_ARGS as for tune (--skip-variants, --definitions ...)
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --workloads traces/heldout \
-      --store "$HELDOUT_STORE" --no-route --max-minutes "$minutes" 2>&1 | tail -20
+      --store "$HELDOUT_STORE" --no-route --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -20
     keep tuner/results/heldout/traces ;;
   check)
     python -m kdispatch.cli route --out /tmp/kd-refit --check "$HELDOUT_STORE" 2>&1 | grep "^\[check\]"  # routers/ untouched
