@@ -89,8 +89,9 @@ class Coverage:
     prefill sequence-length mixes), taken in turn; `mix(axes, name, g)` -> {input: tensor} stored
     with the workload (an empty dict: the spec's builder draws the inputs). `grid`: axis -> values
     whose product is added to the coverage set after the `points` (where kernels cross over and
-    random draws are too sparse to place the boundary); with `grid_every_mix`, each grid shape is
-    measured in every mix (where the mix decides the winner, the fitter must see them all)."""
+    random draws are too sparse to place the boundary), then the products of `more_grids` (finer
+    steps in a part of the box); with `grid_every_mix`, each grid shape is measured in every mix
+    (where the mix decides the winner, the fitter must see them all)."""
 
     ranges: dict[str, tuple[int, int]]
     points: int
@@ -99,6 +100,7 @@ class Coverage:
     mixes: tuple[str, ...] = ("random",)
     mix: Callable | None = None
     grid: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    more_grids: tuple[dict[str, tuple[int, ...]], ...] = ()
     grid_every_mix: bool = False
 
 

@@ -236,12 +236,16 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
             if cov is None:
                 continue
             ws = W.load_workloads(TRACES / which, name)
-            grid = ([dict(zip(cov.grid, v)) for v in itertools.product(*cov.grid.values())]
-                    if which == "coverage" and cov.grid else [])
+            grids = (cov.grid, *cov.more_grids) if which == "coverage" else ()
+            grid = [dict(zip(g, v)) for g in grids if g for v in itertools.product(*g.values())]
             per_grid_shape = len(cov.mixes) if cov.grid_every_mix else 1
-            # the grid adds the shapes not drawn already (a one-axis log grid shares its ends with it)
+            # the grids add the shapes not drawn or added already (a one-axis log grid shares its ends
+            # with the draws)
             drawn = [w.axes for w in ws[:cov.points]]
-            added = [g for g in grid if cov.complete(dict(g)) not in drawn]
+            added = []
+            for g in grid:
+                if cov.complete(dict(g)) is not None and cov.complete(dict(g)) not in drawn + added:
+                    added.append(cov.complete(dict(g)))
             assert len(ws) == (cov.points + per_grid_shape * len(added) if which == "coverage" else cov.heldout), \
                 (which, name)
             for g in added:  # every grid shape not drawn before is there, in each mix

@@ -118,8 +118,9 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
 
     coverage: one axis -> `points` distinct log-spaced values; several -> every valid corner of the box,
     then stratified draws (each axis's log range cut into as many strata as draws, each stratum
-    used once, strata paired at random) until `points`; then the product of `grid` (after the
-    draws, so that adding a grid leaves them as they were). heldout: `heldout` log-uniform draws."""
+    used once, strata paired at random) until `points`; then the products of `grid` and `more_grids`
+    (after the draws, so that adding a grid leaves them as they were). heldout: `heldout` log-uniform
+    draws."""
     names = list(coverage.ranges)
     want = coverage.points if which == "coverage" else coverage.heldout
     out: list[dict] = []
@@ -154,9 +155,10 @@ def sample_shapes(coverage, which: str, rng: random.Random) -> list[dict]:
             else:
                 add({n: _log_value(*coverage.ranges[n], rng.random()) for n in names})
     out = out[:want]
-    if which == "coverage" and coverage.grid:
-        for values in itertools.product(*coverage.grid.values()):
-            add(dict(zip(coverage.grid, values)))
+    if which == "coverage":
+        for grid in filter(None, (coverage.grid, *coverage.more_grids)):
+            for values in itertools.product(*grid.values()):
+                add(dict(zip(grid, values)))
     return out
 
 
