@@ -75,7 +75,7 @@ case "$step" in
     cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
     keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
   prefill-host)
-    timeout 400 python benchmarks/gdn_prefill_host.py --json benchmarks/results/gdn-prefill-host-H100.json 2>&1 \
+    timeout 540 python benchmarks/gdn_prefill_host.py --json benchmarks/results/gdn-prefill-host-H100.json 2>&1 \
       | grep -v TileLang | tail -80
     keep benchmarks/results/gdn-prefill-host-H100.json ;;
   engines)
