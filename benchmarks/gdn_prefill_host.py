@@ -3,10 +3,10 @@ of the contest prefill and the bare library calls under them (issue 16: FlashQLA
 per eager call from 1 to 8k tokens on the H100, 2026-11-27, fla-core's chunk ~2.6 ms: flat in the
 size, so not kernel time).
 
-For each shape (sequences x tokens) and call: the synchronised wall time of a call (median of 50, device idle before
-each), its host time (until the call returns; a call that syncs inside includes the device time
-before the sync), the device time of its kernels (torch.profiler, summed, the top three named), and
-for the first shape the functions with the most own host time under cProfile. Also how tvm-ffi
+For each shape (sequences x tokens) and call: the synchronised wall time of a call (median of 50,
+device idle before each), its host time (until the call returns; a call that syncs inside includes
+the device time before the sync), the device time of its kernels (torch.profiler, summed, the top
+three named), and for the first shape the functions with the most own host time under cProfile. Also how tvm-ffi
 hands torch tensors to TileLang's kernels (a C DLPack exchange, or a slow per-tensor `__dlpack__`).
 
     python benchmarks/gdn_prefill_host.py [--shapes 1x1 1x8192 1x32768] [--json out.json]
