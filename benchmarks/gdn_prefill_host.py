@@ -105,9 +105,9 @@ def main() -> None:
                    "device_us": sum(kernels.values()),
                    "top_kernels": sorted(kernels.items(), key=lambda kv: -kv[1])[:3]}
             rows.append(row)
-            print(f"  {name:<32} wall {row['wall_us']:8.1f}  host {row['host_us']:8.1f}  device {row['device_us']:8.1f} us"
-                  f"  ({len(kernels)} kernels; top: " + ", ".join(f"{k[:40]} {us:.1f}" for k, us in row["top_kernels"])
-                  + ")", flush=True)
+            top = ", ".join(f"{k[:40]} {us:.1f}" for k, us in row["top_kernels"])
+            print(f"  {name:<32} wall {row['wall_us']:8.1f}  host {row['host_us']:8.1f}  "
+                  f"device {row['device_us']:8.1f} us  ({len(kernels)} kernels; top: {top})", flush=True)
             if i == 0 and "flash" in name:
                 print("\n".join(f"      {line}" for line in host_breakdown(fn, args)))
     if opts.json:

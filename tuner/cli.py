@@ -1,7 +1,8 @@
 """The tuning commands of `kdispatch` (added to its parser by kdispatch/cli.py):
 
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
-                   [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N] [--timeout S]
+                   [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
+                   [--timeout S]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]

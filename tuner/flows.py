@@ -44,8 +44,9 @@ class TuneResult:
     complete: bool = True
 
 
-def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda", store: Store | str | None = None,
-         out=None, quick: bool = False, force: bool = False, trials: int | None = None, env: dict | None = None,
+def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda",
+         store: Store | str | None = None, out=None, quick: bool = False, force: bool = False,
+         trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
