@@ -151,20 +151,24 @@ def files_of(module_file: Path) -> frozenset[Path]:
 
 def library_versions(modules) -> dict[str, str]:
     """{top-level module: installed version of the distribution providing it, or "absent"}."""
-    dists = importlib.metadata.packages_distributions()
-    out = {}
-    for m in modules:
-        top = m.split(".")[0]
-        names = dists.get(top, [])
-        version = "absent"
-        for d in names:
-            try:
-                version = importlib.metadata.version(d)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        out[top] = version
-    return out
+    return {m.split(".")[0]: _installed_version(m.split(".")[0]) for m in modules}
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_version(top: str) -> str:
+    """Looked up once a process: reading every installed distribution's metadata took ~0.25 s a call
+    (more on the GPU machine's long path), once per measured row of a library variant in a tune."""
+    for d in _module_distributions().get(top, []):
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "absent"
+
+
+@functools.lru_cache(maxsize=None)
+def _module_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
 
 
 def digest(name: str, files, versions: dict[str, str] | None = None) -> str:

@@ -139,3 +139,23 @@ def test_a_library_variants_code_change_is_found_under_the_versions_its_rows_rec
     assert flows._warn_stale(table("0" * 16, {"library_versions": versions}), out) == [v.name]
     assert "provenance changed" in out.getvalue()
     assert flows._warn_stale(table("0" * 16, {}), io.StringIO()) == []
+
+
+def test_library_versions_read_the_installed_metadata_once(monkeypatch):
+    """A tune asks for them on every measured row of a library variant; the scan of every installed
+    distribution costs ~0.25 s."""
+    import importlib.metadata
+
+    calls = []
+    real = importlib.metadata.packages_distributions
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: calls.append(1) or real())
+    provenance._module_distributions.cache_clear()
+    provenance._installed_version.cache_clear()
+    try:
+        first = provenance.library_versions(("torch", "torch.cuda", "no_such_module_here"))
+        assert provenance.library_versions(("torch",)) == {"torch": first["torch"]}
+        assert first == {"torch": importlib.metadata.version("torch"), "no_such_module_here": "absent"}
+        assert len(calls) == 1
+    finally:
+        provenance._module_distributions.cache_clear()
+        provenance._installed_version.cache_clear()
