@@ -246,7 +246,7 @@ def _wins_anywhere(table, name: str, params) -> bool:
         if b is None or not b.passed:
             return True
         for mode in MODES:
-            x = timed(r, mode)
+            x = timed(r, mode) if mode == "eager" or r.routable else None  # as the fit: graphs need a capture
             if x is not None and any(tb is not None and beats(x, tb, gain)
                                      for tb in (timed(b, mode), timed(b, mode, guarded=True))):
                 return True
