@@ -27,6 +27,7 @@ from kdispatch.kernels.cuda.gdn import prefill_guard
 from kdispatch.workloads import SimpleWorkload, materialize
 
 from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402  (benchmarks/ is the script folder)
+from wrapper_overhead import bare_calls as library_calls  # noqa: E402
 
 DEF = "gdn_prefill"
 VARIANTS = ("flashinfer", "flashqla_chunk", "fla_chunk", "triton_prefill_chunked.v16")
@@ -47,22 +48,19 @@ def wall_us(fn, args, calls: int = 50) -> float:
 
 def bare_calls(args) -> dict:
     """name -> fn(*args): the libraries' own calls on inputs prepared outside the timed call (gates
-    activated, cu_seqlens int64, FlashQLA's log decay)."""
+    activated or passed as the library wants them, cu_seqlens int64, FlashQLA's log decay)."""
     q, k, v, state, A_log, a, dt_bias, b, cu, scale = args
-    cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
-    g = torch.log(alpha)
     calls = {}
-    try:
-        from flashinfer.gdn_prefill import chunk_gated_delta_rule as fi
-
-        final = torch.empty_like(state)
-        calls["flashinfer (bare)"] = lambda *_: fi(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
-                                                   output_final_state=True, cu_seqlens=cu64, output_state=final)
-    except ImportError as e:
-        print(f"flashinfer: {e}")
+    for name in ("flashinfer", "fla_chunk"):  # benchmarks/wrapper_overhead.py's bare calls
+        try:
+            calls[f"{name} (bare)"] = library_calls()[(DEF, name)](args)
+        except ImportError as e:
+            print(f"{name}: {e}")
     try:
         from flash_qla import chunk_gated_delta_rule as qla
 
+        cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
+        g = torch.log(alpha)
         for cp in (True, False):
             calls[f"flash_qla auto_cp={cp} (bare)"] = lambda *_, cp=cp: qla(
                 q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=state,

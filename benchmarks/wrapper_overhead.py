@@ -30,7 +30,7 @@ PREFILL_SHAPES = ({"total_seq_len": 1000, "num_seqs": 1}, {"total_seq_len": 6000
 DECODE_SHAPES = ({"batch_size": 1}, {"batch_size": 64}, {"batch_size": 256})
 
 
-def _bare_calls():
+def bare_calls():
     """(definition, variant) -> (make_bare(args) -> fn(*args)): the library call alone."""
     import torch
 
@@ -79,7 +79,7 @@ def wrapper_costs() -> list[dict]:
     from kdispatch.workloads import materialize
 
     rows = []
-    for (short, name), make_bare in _bare_calls().items():
+    for (short, name), make_bare in bare_calls().items():
         v = registry.get(short, name)
         if v.missing:
             print(f"{short} {name}: skipped, {v.why_not('sm90')}")
