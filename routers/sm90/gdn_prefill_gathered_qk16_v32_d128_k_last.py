@@ -5,18 +5,18 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T09:43:53Z
-# workloads   84 (workload-set digest 18cdc3a233c2277a)
+# measured    up to 2026-11-27T14:14:10Z
+# workloads   102 (workload-set digest b0b5c144dc322d6c)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  84/84  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  79/79  0.21x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  79/79  0.28x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  79/79  0.27x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  79/79  0.26x
-#   triton_prefill_chunked.v64    2a710645e644b88e  84/84  0.41x
-#   triton_prefill_fused.c16v32   49496897c400beaa  84/84  0.47x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  84/84  0.57x
+#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
+#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  97/97  0.25x
+#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  97/97  0.33x
+#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  97/97  0.31x
+#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  97/97  0.30x
+#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.44x
+#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.51x
+#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.62x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
@@ -30,47 +30,77 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 24.51% mean, 786.02% max;
-#             0.989x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-#             below 1x: the regions it fitted lose to the baseline where they were not fitted,
-#             so every shape goes to the baseline
-# held out    eager: 5-fold over workloads: regret vs the best variant 24.36% mean, 642.72% max;
-#             1.005x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 15.02% mean, 535.39% max;
+#             1.019x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.26% mean, 130.95% max;
+#             1.075x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: vllm_flashinfer_prefill (baseline), 84 workloads
+#   1. total_seq_len <= 106: triton_prefill_fused.c16v64, 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   2. 106 < total_seq_len <= 678 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
+#   3. 106 < total_seq_len <= 678 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 26 workloads
+#   4. total_seq_len > 678: vllm_flashinfer_prefill (baseline), 59 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 157 and mean_seq_len > 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.34x (2.12x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 791 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 7 workloads, 2.31x (1.46x .. 13.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len > 157 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 69 workloads
-#   4. total_seq_len > 791 and mean_seq_len <= 7: vllm_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 106 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.92x (3.62x .. 13.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   2. total_seq_len <= 212 and 5 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.05x (1.43x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 212 and num_seqs > 23: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.27x (1.91x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. 106 < total_seq_len <= 268 and num_seqs <= 5: triton_prefill_fused.c16v64, 6 workloads, 2.08x (1.43x .. 4.63x) over vllm_flashinfer_prefill
+#   5. 212 < total_seq_len <= 268 and num_seqs > 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.88x (1.57x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   6. total_seq_len > 268 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 268 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 73 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'vllm_flashinfer_prefill', 'bounds': {}, 'workloads': 84, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (1.17, 2.89, 5.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (106, 678)}, 'workloads': 11, 'speedup': (1.18, 1.3, 1.43), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (106, 678)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (678, None)}, 'workloads': 59, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (None, 157)}, 'workloads': 4, 'speedup': (2.12, 4.34, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 791)}, 'workloads': 7, 'speedup': (1.46, 2.31, 13.61), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (157, None)}, 'workloads': 69, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 106)}, 'workloads': 4, 'speedup': (3.62, 6.92, 13.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (5, 23), 'total_seq_len': (None, 212)}, 'workloads': 5, 'speedup': (1.43, 2.05, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 212)}, 'workloads': 4, 'speedup': (1.91, 2.27, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (106, 268)}, 'workloads': 6, 'speedup': (1.43, 2.08, 4.63), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.57, 1.88, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.46, 1.48, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, None)}, 'workloads': 73, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 2: 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 678 and mean_seq_len <= 6:
+        return 'cuda_prefill_pool_rows.k4c8'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.34x (2.12x .. 7.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 157 and mean_seq_len > 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 2.31x (1.46x .. 13.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 791 and mean_seq_len <= 6:
+    # region 1: 4 workloads, 6.92x (3.62x .. 13.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 2.05x (1.43x .. 2.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and 5 < num_seqs <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 4 workloads, 2.27x (1.91x .. 3.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 23:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 6 workloads, 2.08x (1.43x .. 4.63x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 268 and num_seqs <= 5:
+        return 'triton_prefill_fused.c16v64'
+    # region 5: 6 workloads, 1.88x (1.57x .. 2.29x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 268 and num_seqs > 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'vllm_flashinfer_prefill'
 
@@ -80,125 +110,135 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.34% mean, 30.10% max;
-#             1.046x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.25% mean, 101.74% max;
-#             1.108x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.26% mean, 212.64% max;
+#             1.057x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.73% mean, 101.74% max;
+#             1.162x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 212 and num_seqs <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. total_seq_len <= 212 and num_seqs <= 2 and max_seq_len > 5: triton_prefill_fused.c16v32, 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   4. total_seq_len <= 212 and 2 < num_seqs <= 22 and mean_seq_len <= 4 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 4 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.33x (1.22x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and 12 < max_seq_len <= 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   8. total_seq_len <= 212 and num_seqs > 22 and mean_seq_len <= 4 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. 90 < total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   10. total_seq_len > 212 and mean_seq_len <= 5 and 32 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len > 212 and mean_seq_len <= 7 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.28x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 212 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 60 workloads
-#   13. total_seq_len > 212 and mean_seq_len > 5 and 32 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 4 workloads
-#   14. total_seq_len > 212 and mean_seq_len > 7 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.16x (1.13x .. 1.18x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   15. total_seq_len > 212 and mean_seq_len > 7 and 11 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.28x (1.23x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   3. total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   4. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   5. total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.20x (1.17x .. 1.22x) over vllm_flashinfer_prefill
+#   6. num_seqs <= 90 and mean_seq_len <= 6 and 56 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   7. num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   8. 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 2 workloads
+#   9. num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 67 workloads
+#   10. num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   11. num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 3 workloads
+#   12. num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   13. num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 1 workloads
+#   14. 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.31x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   16. total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   17. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 4 workloads
+#   18. total_seq_len > 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: vllm_flashinfer_prefill (baseline), 2 workloads
+#   20. total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   21. total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.17x (1.13x .. 1.19x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 111: cuda_prefill_pool_rows.k16c8, 1 workloads, 13.69x (13.69x .. 13.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 2 and max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 22 and num_seqs > 1 and 2 < mean_seq_len <= 7 and max_seq_len <= 111: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 45 and mean_seq_len > 7 and max_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 45 and mean_seq_len > 7 and 20 < max_seq_len <= 40: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 40: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 268 and 7 < mean_seq_len <= 11 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 268 and 11 < mean_seq_len <= 53 and 40 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.24x (4.24x .. 4.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len <= 268 and 11 < mean_seq_len <= 53 and max_seq_len > 126: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it)
-#   10. total_seq_len <= 362 and mean_seq_len <= 7 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   11. 22 < total_seq_len <= 45 and num_seqs <= 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. 22 < total_seq_len <= 90 and mean_seq_len <= 7 and max_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.59x (2.59x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   13. total_seq_len > 22 and num_seqs > 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   14. 45 < total_seq_len <= 721 and num_seqs > 22 and mean_seq_len > 7 and 12 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   15. total_seq_len > 45 and num_seqs <= 22 and mean_seq_len > 7 and 12 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   16. total_seq_len > 45 and num_seqs <= 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   17. total_seq_len > 45 and mean_seq_len > 7 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.67x (1.25x .. 2.48x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 90 and mean_seq_len <= 7 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.56x (1.28x .. 2.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   19. 181 < total_seq_len <= 268 and mean_seq_len > 53 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   20. 268 < total_seq_len <= 335 and 7 < mean_seq_len <= 134 and max_seq_len > 249: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 268 < total_seq_len <= 620 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 139: triton_prefill_fused.c16v64, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. 268 < total_seq_len <= 620 and 7 < mean_seq_len <= 134 and 139 < max_seq_len <= 249: vllm_flashinfer_prefill (baseline), 3 workloads
-#   23. 268 < total_seq_len <= 724 and mean_seq_len > 134 and max_seq_len > 268: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   24. 268 < total_seq_len <= 1238 and mean_seq_len > 134 and 67 < max_seq_len <= 268: triton_prefill_fused.c16v64, 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 268 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 268 and num_seqs <= 45 and 7 < mean_seq_len <= 23 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   29. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads
-#   30. 335 < total_seq_len <= 620 and 7 < mean_seq_len <= 134 and max_seq_len > 249: vllm_flashinfer_prefill (baseline), 6 workloads
-#   31. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   32. total_seq_len > 362 and 2 < mean_seq_len <= 7 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 1 workloads
-#   33. 620 < total_seq_len <= 1238 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 245: triton_prefill_fused.c16v64, 3 workloads, 1.41x (1.17x .. 1.89x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 620 < total_seq_len <= 1238 and 7 < mean_seq_len <= 134 and max_seq_len > 245: vllm_flashinfer_prefill (baseline), 5 workloads
-#   35. total_seq_len > 721 and num_seqs > 22 and mean_seq_len > 7 and 12 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 4 workloads
-#   36. 724 < total_seq_len <= 1238 and mean_seq_len > 134 and max_seq_len > 268: vllm_flashinfer_prefill (baseline), 2 workloads
-#   37. total_seq_len > 1238 and mean_seq_len > 7 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 37 workloads
-#   38. total_seq_len > 1448 and 45 < num_seqs <= 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
-#   39. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 41 and mean_seq_len <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 13.61x (13.61x .. 13.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 41 and 1 < mean_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 90 and mean_seq_len > 20 and max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and 20 < mean_seq_len <= 53 and max_seq_len > 63: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.67x (1.69x .. 4.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 41 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   7. 41 < total_seq_len <= 268 and mean_seq_len <= 5 and 15 < max_seq_len <= 42: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   8. 41 < total_seq_len <= 268 and mean_seq_len <= 20 and max_seq_len > 42: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.95x (1.57x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   9. 41 < total_seq_len <= 268 and 2 < mean_seq_len <= 20 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.30x (1.99x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   10. 41 < total_seq_len <= 268 and 5 < mean_seq_len <= 20 and 15 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. 90 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.92x (2.19x .. 3.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. 181 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len > 63: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.43x .. 1.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   13. 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   14. 268 < total_seq_len <= 721 and num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.26x (1.13x .. 1.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   15. 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   16. 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   17. 268 < total_seq_len <= 791 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.51x (1.48x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   18. 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   20. 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   23. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads
+#   24. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   25. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178: triton_prefill_fused.c16v64, 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 22 workloads
+#   27. total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 28 workloads
+#   29. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 2 workloads
+#   30. total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads
+#   31. total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40: triton_prefill_fused.c16v64, 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 4 workloads
+#   33. total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: vllm_flashinfer_prefill (baseline), 1 workloads
+#   34. total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads
+#   38. total_seq_len > 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (4, None), 'num_seqs': (2, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 212)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (5, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 212)}, 'workloads': 3, 'speedup': (3.13, 4.65, 6.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 4), 'num_seqs': (2, 22), 'total_seq_len': (None, 212)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 4), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (4, None), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 3, 'speedup': (1.22, 1.33, 1.4), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (4, None), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 4), 'num_seqs': (22, None), 'total_seq_len': (None, 212)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (4, None), 'num_seqs': (2, None), 'total_seq_len': (90, 212)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (32, 67), 'mean_seq_len': (None, 5), 'total_seq_len': (212, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (None, 7), 'total_seq_len': (212, None)}, 'workloads': 6, 'speedup': (1.15, 1.28, 1.33), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'total_seq_len': (212, None)}, 'workloads': 60, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 67), 'mean_seq_len': (5, None), 'total_seq_len': (212, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (7, None), 'total_seq_len': (212, None)}, 'workloads': 2, 'speedup': (1.13, 1.16, 1.18), 'fallbacks': (), 'hand_back': True},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 32), 'mean_seq_len': (7, None), 'total_seq_len': (212, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.23, 3.28, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.13, 4.65, 6.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 22), 'num_seqs': (2, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.2, 1.22), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 79), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (79, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (22, None), 'num_seqs': (2, 34)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (6, None), 'num_seqs': (2, None)}, 'workloads': 67, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 5), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, None), 'num_seqs': (34, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (90, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.31, 1.37, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 6), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.29, 1.34, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 22), 'num_seqs': (2, 34), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.13, 1.17, 1.19), 'fallbacks': (), 'hand_back': True},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 111), 'mean_seq_len': (None, 7), 'num_seqs': (None, 1), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (13.69, 13.69, 13.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 111), 'mean_seq_len': (None, 2), 'num_seqs': (1, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 111), 'mean_seq_len': (2, 7), 'num_seqs': (1, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (7, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (7.43, 7.43, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (20, 40), 'mean_seq_len': (7, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.4, 6.4, 6.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (53, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (7, 11), 'total_seq_len': (None, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 126), 'mean_seq_len': (11, 53), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (4.24, 4.24, 4.24), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (11, 53), 'total_seq_len': (None, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 7), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 111), 'mean_seq_len': (None, 7), 'num_seqs': (None, 90), 'total_seq_len': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 7), 'total_seq_len': (22, 90)}, 'workloads': 1, 'speedup': (2.59, 2.59, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 111), 'mean_seq_len': (None, 7), 'num_seqs': (90, None), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 40), 'mean_seq_len': (7, None), 'num_seqs': (22, None), 'total_seq_len': (45, 721)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 40), 'mean_seq_len': (7, None), 'num_seqs': (None, 22), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 111), 'mean_seq_len': (None, 7), 'num_seqs': (None, 90), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (7, None), 'total_seq_len': (45, None)}, 'workloads': 3, 'speedup': (1.25, 1.67, 2.48), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 7), 'total_seq_len': (90, None)}, 'workloads': 6, 'speedup': (1.28, 1.56, 2.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (53, None), 'total_seq_len': (181, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (249, None), 'mean_seq_len': (7, 134), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 139), 'mean_seq_len': (7, 134), 'total_seq_len': (268, 620)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, 249), 'mean_seq_len': (7, 134), 'total_seq_len': (268, 620)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (268, None), 'mean_seq_len': (134, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 268), 'mean_seq_len': (134, None), 'total_seq_len': (268, 1238)}, 'workloads': 1, 'speedup': (2.18, 2.18, 2.18), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (7, None), 'num_seqs': (45, 181), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (7, None), 'num_seqs': (181, None), 'total_seq_len': (268, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (7, 23), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (23, 47), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (47, None), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (249, None), 'mean_seq_len': (7, 134), 'total_seq_len': (335, 620)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 7), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 245), 'mean_seq_len': (7, 134), 'total_seq_len': (620, 1238)}, 'workloads': 3, 'speedup': (1.17, 1.41, 1.89), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (245, None), 'mean_seq_len': (7, 134), 'total_seq_len': (620, 1238)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 40), 'mean_seq_len': (7, None), 'num_seqs': (22, None), 'total_seq_len': (721, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (268, None), 'mean_seq_len': (134, None), 'total_seq_len': (724, 1238)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (7, None), 'total_seq_len': (1238, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (7, None), 'num_seqs': (45, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (7, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (13.61, 13.61, 13.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (1, 20), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (7.43, 7.43, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (20, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.4, 6.4, 6.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (20, 53), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.69, 2.67, 4.24), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (53, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.91, 1.91, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (15, 42), 'mean_seq_len': (None, 5), 'total_seq_len': (41, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (None, 20), 'total_seq_len': (41, 268)}, 'workloads': 5, 'speedup': (1.57, 1.95, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (2, 20), 'total_seq_len': (41, 268)}, 'workloads': 6, 'speedup': (1.99, 2.3, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 42), 'mean_seq_len': (5, 20), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.75, 1.95, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (20, None), 'total_seq_len': (90, 268)}, 'workloads': 2, 'speedup': (2.19, 2.92, 3.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (20, None), 'total_seq_len': (181, 268)}, 'workloads': 3, 'speedup': (1.43, 1.66, 1.89), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.13, 1.26, 1.41), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.48, 1.51, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (45, 181), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (268, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (None, 23), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (23, 47), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (47, None), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 139), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 178), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.28, 1.4, 1.54), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 236), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 48), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (48, 90), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.77, 1.77, 1.77), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.25, 1.42, 1.73), 'fallbacks': ()},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (45, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -207,41 +247,47 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs <= 2 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs <= 2 and max_seq_len > 5:
+    # region 1: 2 workloads, 3.28x (1.23x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 6:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 212 and 2 < num_seqs <= 22 and mean_seq_len <= 4 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 4 and max_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 3 workloads, 1.33x (1.22x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and 12 < max_seq_len <= 21:
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32:
         return 'triton_prefill_fused.c16v64'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 212 and num_seqs > 22 and mean_seq_len <= 4 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 212 and mean_seq_len <= 5 and 32 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 6 workloads, 1.28x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 212 and mean_seq_len <= 7 and max_seq_len <= 32:
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21:
+        return 'triton_prefill_fused.c16v64'
+    # region 5: 2 workloads, 1.20x (1.17x .. 1.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, 1.16x (1.13x .. 1.18x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 212 and mean_seq_len > 7 and max_seq_len <= 11:
+    # region 6: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if num_seqs <= 90 and mean_seq_len <= 6 and 56 < max_seq_len <= 79:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 4 workloads, 1.37x (1.31x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 3 workloads, 1.17x (1.13x .. 1.19x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
     return 'vllm_flashinfer_prefill'
 
@@ -249,123 +295,130 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 13.69x (13.69x .. 13.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 2 and max_seq_len <= 111:
+    # region 1: 1 workloads, 13.61x (13.61x .. 13.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and mean_seq_len <= 1:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs > 1 and 2 < mean_seq_len <= 7 and max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len > 7 and max_seq_len <= 20:
+    # region 2: 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and 1 < mean_seq_len <= 20:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len > 7 and 20 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 40:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 268 and 7 < mean_seq_len <= 11 and max_seq_len > 40:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 1 workloads, 4.24x (4.24x .. 4.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and 11 < mean_seq_len <= 53 and 40 < max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 268 and 11 < mean_seq_len <= 53 and max_seq_len > 126:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and mean_seq_len <= 7 and max_seq_len > 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 45 and num_seqs <= 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 1 workloads, 2.59x (2.59x .. 2.59x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 90 and mean_seq_len <= 7 and max_seq_len <= 12:
+    # region 3: 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and mean_seq_len > 20 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 2.67x (1.69x .. 4.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 20 < mean_seq_len <= 53 and max_seq_len > 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 2 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and num_seqs > 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 721 and num_seqs > 22 and mean_seq_len > 7 and 12 < max_seq_len <= 40:
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if 41 < total_seq_len <= 268 and mean_seq_len <= 5 and 15 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 5 workloads, 1.95x (1.57x .. 3.47x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 268 and mean_seq_len <= 20 and max_seq_len > 42:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 6 workloads, 2.30x (1.99x .. 2.68x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 268 and 2 < mean_seq_len <= 20 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 1.95x (1.75x .. 2.16x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 268 and 5 < mean_seq_len <= 20 and 15 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 2 workloads, 2.92x (2.19x .. 3.90x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 3 workloads, 1.66x (1.43x .. 1.89x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len > 63:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 2 workloads, 1.26x (1.13x .. 1.41x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 721 and num_seqs <= 90 and 25 < max_seq_len <= 40:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 22 and mean_seq_len > 7 and 12 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 45 and num_seqs <= 90 and mean_seq_len <= 7 and 12 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 3 workloads, 1.67x (1.25x .. 2.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and mean_seq_len > 7 and max_seq_len <= 12:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 6 workloads, 1.56x (1.28x .. 2.22x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and mean_seq_len <= 7 and max_seq_len <= 12:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call
+    if 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 4 workloads, 1.51x (1.48x .. 1.55x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 791 and max_seq_len <= 25:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 268 and mean_seq_len > 53 and max_seq_len > 40:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 335 and 7 < mean_seq_len <= 134 and max_seq_len > 249:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 620 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 139:
-        return 'triton_prefill_fused.c16v64'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and mean_seq_len > 134 and max_seq_len > 268:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 1238 and mean_seq_len > 134 and 67 < max_seq_len <= 268:
-        return 'triton_prefill_fused.c16v64'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67:
+    if 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs <= 45 and 7 < mean_seq_len <= 23 and 40 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 20: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:
         return 'triton_prefill_fused.c16v64'
-    # region 31: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 33: 3 workloads, 1.41x (1.17x .. 1.89x) over vllm_flashinfer_prefill's guarded call
-    if 620 < total_seq_len <= 1238 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 245:
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178:
+        return 'triton_prefill_fused.c16v64'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 31: 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40:
+        return 'triton_prefill_fused.c16v64'
+    # region 34: 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25:
         return 'triton_prefill_fused.c16v64'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 212 and mean_seq_len <= 5 and 32 < max_seq_len <= 67:  # region 10
+    if total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32:  # region 3
         return True
-    if total_seq_len > 212 and mean_seq_len > 7 and max_seq_len <= 11:  # region 14
+    if num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79:  # region 7
+        return True
+    if num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32:  # region 10
+        return True
+    if total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:  # region 21
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 335 and 7 < mean_seq_len <= 134 and max_seq_len > 249:  # region 20
+    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:  # region 13
         return True
-    if 268 < total_seq_len <= 620 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 139:  # region 21
+    if 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67:  # region 15
         return True
-    if 268 < total_seq_len <= 724 and mean_seq_len > 134 and max_seq_len > 268:  # region 23
+    if 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:  # region 16
         return True
-    if 268 < total_seq_len <= 1238 and mean_seq_len > 134 and 67 < max_seq_len <= 268:  # region 24
+    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67:  # region 18
         return True
-    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67:  # region 25
+    if 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67:  # region 20
         return True
-    if 268 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 7 and 40 < max_seq_len <= 67:  # region 26
+    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67:  # region 21
         return True
-    if total_seq_len > 268 and num_seqs <= 45 and 7 < mean_seq_len <= 23 and 40 < max_seq_len <= 67:  # region 27
+    if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:  # region 22
         return True
-    if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:  # region 28
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139:  # region 24
         return True
-    if 620 < total_seq_len <= 1238 and 7 < mean_seq_len <= 134 and 67 < max_seq_len <= 245:  # region 33
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178:  # region 25
+        return True
+    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236:  # region 27
+        return True
+    if total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40:  # region 31
+        return True
+    if total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25:  # region 35
         return True
     return False

@@ -5,19 +5,19 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T12:53:25Z
-# workloads   78 (workload-set digest 515482597c4afedc)
+# measured    up to 2026-11-27T14:13:25Z
+# workloads   102 (workload-set digest 38a75cce9fbca2c5)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  78/78  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  78/78  0.37x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  78/78  0.35x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  78/78  0.38x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  78/78  0.40x
+#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
+#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  96/96  0.44x
+#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  96/96  0.41x
+#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  96/96  0.45x
+#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  96/96  0.47x
 #   flashqla_chunk                5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
-#   triton_prefill_chunked.v64    2a710645e644b88e  78/78  0.78x
-#   triton_prefill_fused.c16v32   49496897c400beaa  78/78  0.75x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  78/78  0.78x
+#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.73x
+#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.76x
+#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.79x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
@@ -31,371 +31,497 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 17.89% mean, 342.03% max;
-#             1.066x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 33.30% mean, 160.21% max;
-#             1.301x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 12.98% mean, 182.63% max;
+#             1.089x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.08% mean, 160.21% max;
+#             1.363x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 1205 and mean_seq_len > 107: triton_prefill_chunked.v64, 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
-#   2. num_seqs <= 9 and mean_seq_len <= 107: triton_prefill_fused.c16v32, 9 workloads, 3.42x (1.12x .. 6.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   3. num_seqs > 12 and mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 33 workloads
-#   4. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 26 workloads
+#   1. total_seq_len <= 78 and mean_seq_len <= 107: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.14x (1.72x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 1205 and mean_seq_len > 107: triton_prefill_chunked.v64, 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
+#   3. total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107: triton_prefill_fused.c16v32, 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   4. total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 43 workloads
+#   5. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 32 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 214 and num_seqs <= 8 and mean_seq_len <= 164: cuda_prefill_pool_rows.k16c8, 5 workloads, 8.01x (4.81x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.26x (1.28x .. 3.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   3. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5: triton_prefill_fused.c16v64, 8 workloads, 1.56x (1.33x .. 2.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   1. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 164: cuda_prefill_pool_rows.k16c8, 8 workloads, 6.09x (3.71x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 181 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k16c8, 9 workloads, 2.68x (1.51x .. 3.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   3. total_seq_len <= 789 and num_seqs > 94: cuda_prefill_pool_rows.k8c8, 4 workloads, 1.50x (1.14x .. 1.89x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 1704 and num_seqs <= 5 and mean_seq_len > 164: triton_prefill_chunked.v64, 5 workloads, 2.29x (1.57x .. 3.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   5. total_seq_len <= 4772 and 5 < num_seqs <= 8 and mean_seq_len > 164: triton_prefill_chunked.v64, 4 workloads, 1.38x (1.13x .. 1.69x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 214 and num_seqs <= 8 and mean_seq_len <= 164: triton_prefill_fused.c16v32, 9 workloads, 3.64x (1.88x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   7. total_seq_len > 557 and num_seqs > 8: vllm_flashinfer_prefill (baseline), 30 workloads
-#   8. total_seq_len > 1704 and num_seqs <= 5 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 7 workloads
-#   9. total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 4 workloads
-# measured    1 <= total_seq_len <= 8192, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 2048
+#   6. 181 < total_seq_len <= 399 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k8c8, 8 workloads, 2.33x (1.10x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 164: triton_prefill_fused.c16v32, 12 workloads, 3.66x (1.88x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. 399 < total_seq_len <= 724 and 8 < num_seqs <= 94: triton_prefill_fused.c16v64, 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   9. total_seq_len > 724 and 8 < num_seqs <= 94: vllm_flashinfer_prefill (baseline), 21 workloads
+#   10. total_seq_len > 789 and num_seqs > 94: vllm_flashinfer_prefill (baseline), 11 workloads
+#   11. 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164: triton_prefill_fused.c16v32, 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   12. total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 4 workloads
+#   13. total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 6 workloads
+# measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 10, 'speedup': (1.47, 1.91, 2.73), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (None, 9)}, 'workloads': 9, 'speedup': (1.12, 3.42, 6.72), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (12, None)}, 'workloads': 33, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (None, 78)}, 'workloads': 7, 'speedup': (1.72, 4.14, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 10, 'speedup': (1.47, 1.91, 2.73), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (None, 11), 'total_seq_len': (78, None)}, 'workloads': 10, 'speedup': (1.29, 2.72, 5.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (11, None), 'total_seq_len': (78, None)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (None, 214)}, 'workloads': 5, 'speedup': (4.81, 8.01, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 6, 'speedup': (1.28, 2.26, 3.38), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 8, 'speedup': (1.33, 1.56, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (3.71, 6.09, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (1.51, 2.68, 3.97), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (None, 789)}, 'workloads': 4, 'speedup': (1.14, 1.5, 1.89), 'fallbacks': ()},
     {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 5, 'speedup': (1.57, 2.29, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 4772)}, 'workloads': 4, 'speedup': (1.13, 1.38, 1.69), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (214, None)}, 'workloads': 9, 'speedup': (1.88, 3.64, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (557, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (1704, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (4784, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (181, 399)}, 'workloads': 8, 'speedup': (1.1, 2.33, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.88, 3.66, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (399, 724)}, 'workloads': 6, 'speedup': (1.35, 1.47, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (724, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (789, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (1704, 6292)}, 'workloads': 4, 'speedup': (1.27, 1.9, 2.98), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (4784, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
-MEASURED = {'total_seq_len': (1, 8192), 'num_seqs': (1, 256), 'mean_seq_len': (1, 2048)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 8192 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 2048  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 7 workloads, 4.14x (1.72x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and mean_seq_len <= 107:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
     if total_seq_len <= 1205 and mean_seq_len > 107:
         return 'triton_prefill_chunked.v64'
-    # region 2: 9 workloads, 3.42x (1.12x .. 6.72x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and mean_seq_len <= 107:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 8192 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 2048  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 8.01x (4.81x .. 12.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 214 and num_seqs <= 8 and mean_seq_len <= 164:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 6 workloads, 2.26x (1.28x .. 3.38x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 8 workloads, 1.56x (1.33x .. 2.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 8 workloads, 6.09x (3.71x .. 12.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 164:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 9 workloads, 2.68x (1.51x .. 3.97x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 94:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 1.50x (1.14x .. 1.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 789 and num_seqs > 94:
+        return 'cuda_prefill_pool_rows.k8c8'
     # region 4: 5 workloads, 2.29x (1.57x .. 3.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 1704 and num_seqs <= 5 and mean_seq_len > 164:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
     # region 5: 4 workloads, 1.38x (1.13x .. 1.69x) over vllm_flashinfer_prefill
     if total_seq_len <= 4772 and 5 < num_seqs <= 8 and mean_seq_len > 164:
         return 'triton_prefill_chunked.v64'
-    # region 6: 9 workloads, 3.64x (1.88x .. 7.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 214 and num_seqs <= 8 and mean_seq_len <= 164:
+    # region 6: 8 workloads, 2.33x (1.10x .. 8.60x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 399 and 8 < num_seqs <= 94:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 12 workloads, 3.66x (1.88x .. 7.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 164:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 724 and 8 < num_seqs <= 94:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call
+    if 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
     return 'vllm_flashinfer_prefill'
 
 
+def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164:  # region 11
+        return True
+    return False
+
+
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 353 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.56% mean, 143.15% max;
-#             1.110x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.14% mean, 153.59% max;
-#             1.501x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.22% mean, 143.15% max;
+#             1.129x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.53% mean, 153.59% max;
+#             1.531x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 93 and num_seqs <= 1 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.21x (7.78x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 93 and 1 < num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 93 and 1 < num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len > 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.88x (7.88x .. 7.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 93 and num_seqs > 5 and mean_seq_len <= 6 and max_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.85x (1.72x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 93 and num_seqs > 5 and mean_seq_len <= 6 and max_seq_len > 20: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   6. total_seq_len <= 181 and num_seqs <= 11 and 6 < mean_seq_len <= 107 and 42 < max_seq_len <= 104: triton_prefill_fused.c16v32, 1 workloads, 2.60x (2.60x .. 2.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 724 and 11 < num_seqs <= 46 and 6 < mean_seq_len <= 107 and max_seq_len <= 120: triton_prefill_fused.c16v64, 3 workloads, 1.17x (1.08x .. 1.28x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 724 and 11 < num_seqs <= 46 and 6 < mean_seq_len <= 107 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 2 workloads
-#   9. total_seq_len <= 1205 and mean_seq_len > 107 and max_seq_len <= 172: triton_prefill_fused.c16v32, 2 workloads, 2.77x (2.64x .. 2.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   10. total_seq_len <= 1205 and mean_seq_len > 107 and max_seq_len > 172: triton_prefill_chunked.v64, 8 workloads, 1.81x (1.47x .. 2.32x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 5 and 6 < mean_seq_len <= 107 and max_seq_len <= 42: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   12. num_seqs <= 11 and 6 < mean_seq_len <= 107 and 104 < max_seq_len <= 213: triton_prefill_fused.c16v32, 1 workloads, 2.43x (2.43x .. 2.43x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   13. num_seqs <= 11 and 6 < mean_seq_len <= 107 and max_seq_len > 213: triton_prefill_chunked.v64, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-#   14. 5 < num_seqs <= 11 and 6 < mean_seq_len <= 107 and max_seq_len <= 42: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   15. num_seqs > 46 and 6 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   16. num_seqs > 46 and 6 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
-#   17. num_seqs > 46 and 6 < mean_seq_len <= 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   18. num_seqs > 46 and 6 < mean_seq_len <= 11 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 4 workloads
-#   19. num_seqs > 46 and 11 < mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 10 workloads
-#   20. total_seq_len > 93 and mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.39x (1.38x .. 1.39x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 93 and mean_seq_len <= 2 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 1 workloads
-#   22. total_seq_len > 93 and 2 < mean_seq_len <= 6 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.33x (1.29x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   23. total_seq_len > 93 and 2 < mean_seq_len <= 6 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads
-#   24. total_seq_len > 181 and num_seqs <= 11 and 6 < mean_seq_len <= 107 and 42 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 4.42x (4.42x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   25. total_seq_len > 724 and 11 < num_seqs <= 46 and 6 < mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 3 workloads
-#   26. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 26 workloads
+#   1. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 14: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 203: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len > 5 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v32, 4 workloads, 3.22x (2.50x .. 5.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   6. total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
+#   7. total_seq_len <= 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.27x (1.25x .. 1.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   8. total_seq_len <= 1448 and 5 < num_seqs <= 8 and max_seq_len > 203: triton_prefill_chunked.v64, 3 workloads, 2.02x (1.68x .. 2.32x) over vllm_flashinfer_prefill
+#   9. num_seqs <= 2 and 203 < max_seq_len <= 1127: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
+#   10. num_seqs <= 2 and max_seq_len > 1127: vllm_flashinfer_prefill (baseline), 3 workloads
+#   11. num_seqs <= 5 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   12. num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.65x (8.65x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022: triton_prefill_chunked.v64, 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
+#   14. 2 < num_seqs <= 5 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 6 workloads
+#   15. 5 < num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   16. num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.61x (1.38x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
+#   18. num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads
+#   19. num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 20 workloads
+#   20. total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33: triton_prefill_fused.c16v64, 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33: vllm_flashinfer_prefill (baseline), 15 workloads
+#   22. total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v32, 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   23. total_seq_len > 181 and 5 < num_seqs <= 8 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v64, 3 workloads, 3.18x (2.31x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   24. total_seq_len > 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.36x (1.28x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   25. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 3 workloads
+#   27. total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203: vllm_flashinfer_prefill (baseline), 2 workloads
+#   29. total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 5 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.18x (6.18x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 267 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.35x (2.83x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. 5 < total_seq_len <= 267 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   5. 22 < total_seq_len <= 267 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. 267 < total_seq_len <= 929 and num_seqs <= 22 and max_seq_len > 90: triton_prefill_fused.c16v32, 8 workloads, 2.74x (1.10x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   7. 267 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.64x (2.10x .. 4.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. 267 < total_seq_len <= 929 and num_seqs <= 90 and 32 < max_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.73x (2.60x .. 5.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32
-#   9. 267 < total_seq_len <= 929 and num_seqs > 22 and 90 < max_seq_len <= 314: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   10. 267 < total_seq_len <= 929 and num_seqs > 22 and max_seq_len > 314: triton_prefill_fused.c16v32, 2 workloads, 1.40x (1.39x .. 1.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   11. 267 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.13x (2.12x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. 929 < total_seq_len <= 1448 and 9 < num_seqs <= 45 and max_seq_len > 362: triton_prefill_chunked.v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-#   13. 929 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len > 195: vllm_flashinfer_prefill (baseline), 2 workloads
-#   14. 929 < total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len <= 678: triton_prefill_fused.c16v32, 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   15. 929 < total_seq_len <= 1704 and num_seqs <= 9 and 678 < max_seq_len <= 2042: triton_prefill_chunked.v64, 3 workloads, 2.25x (1.57x .. 3.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. 929 < total_seq_len <= 2896 and num_seqs > 45 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
-#   17. 929 < total_seq_len <= 2896 and num_seqs > 45 and 44 < max_seq_len <= 195: triton_prefill_fused.c16v64, 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
-#   18. 929 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2042: triton_prefill_chunked.v64, 2 workloads, 1.33x (1.13x .. 1.56x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 929 and num_seqs <= 2 and max_seq_len > 2042: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
-#   20. total_seq_len > 929 and 9 < num_seqs <= 45 and max_seq_len <= 362: triton_prefill_fused.c16v64, 4 workloads, 1.52x (1.16x .. 2.07x) over vllm_flashinfer_prefill
-#   21. 1448 < total_seq_len <= 2896 and num_seqs > 45 and 195 < max_seq_len <= 1355: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. 1448 < total_seq_len <= 2896 and num_seqs > 45 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 2 workloads
-#   23. total_seq_len > 1448 and 9 < num_seqs <= 45 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads
-#   24. total_seq_len > 1704 and num_seqs <= 9 and max_seq_len <= 1081: triton_prefill_fused.c16v32, 4 workloads, 2.93x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   25. total_seq_len > 1704 and num_seqs <= 9 and 1081 < max_seq_len <= 2042: triton_prefill_chunked.v64, 3 workloads, 2.09x (1.48x .. 3.94x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 2896 and 45 < num_seqs <= 200 and max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 2896 and 45 < num_seqs <= 200 and 90 < max_seq_len <= 753: triton_prefill_fused.c16v64, 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 2896 and 45 < num_seqs <= 200 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 1 workloads
-#   29. total_seq_len > 2896 and num_seqs > 200: vllm_flashinfer_prefill (baseline), 3 workloads
-#   30. total_seq_len > 5258 and 2 < num_seqs <= 9 and max_seq_len > 2042: vllm_flashinfer_prefill (baseline), 6 workloads
+#   1. total_seq_len <= 51 and mean_seq_len > 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.34x (3.43x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 90 and mean_seq_len <= 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 181 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.96x (2.83x .. 7.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 181 and mean_seq_len > 45 and max_seq_len > 63: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   5. total_seq_len <= 362 and mean_seq_len <= 45 and max_seq_len > 63: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.03x (1.18x .. 3.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   6. total_seq_len <= 929 and num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   7. total_seq_len <= 929 and 5 < num_seqs <= 45 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   8. total_seq_len <= 929 and num_seqs > 45 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.66x (2.14x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. 51 < total_seq_len <= 929 and mean_seq_len > 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   10. 90 < total_seq_len <= 929 and mean_seq_len <= 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   11. 181 < total_seq_len <= 929 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.82x (1.99x .. 9.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. 181 < total_seq_len <= 929 and mean_seq_len > 45 and max_seq_len > 63: triton_prefill_fused.c16v32, 10 workloads, 3.70x (2.01x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   13. 362 < total_seq_len <= 929 and num_seqs <= 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   14. 362 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 131: triton_prefill_fused.c16v64, 5 workloads, 1.34x (1.26x .. 1.39x) over vllm_flashinfer_prefill
+#   15. 362 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   16. 929 < total_seq_len <= 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v32, 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: triton_prefill_chunked.v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+#   18. 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195: vllm_flashinfer_prefill (baseline), 2 workloads
+#   19. 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
+#   20. 929 < total_seq_len <= 2896 and num_seqs > 39 and 44 < max_seq_len <= 195: triton_prefill_fused.c16v64, 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len <= 1127: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   22. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127: triton_prefill_chunked.v64, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads
+#   24. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678: triton_prefill_chunked.v64, 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355: triton_prefill_fused.c16v64, 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 2 workloads
+#   27. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094: triton_prefill_chunked.v64, 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094: vllm_flashinfer_prefill (baseline), 5 workloads
+#   29. total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+#   30. 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   31. 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 2 workloads
+#   32. total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v64, 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: vllm_flashinfer_prefill (baseline), 6 workloads
+#   34. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 0 workloads
+#   36. 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   37. 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   39. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
+#   40. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753: triton_prefill_fused.c16v64, 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 1 workloads
+#   42. 6128 < total_seq_len <= 11585 and num_seqs > 90: vllm_flashinfer_prefill (baseline), 3 workloads
+#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424: vllm_flashinfer_prefill (baseline), 1 workloads
+#   44. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 1 workloads
+#   46. total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 93)}, 'workloads': 3, 'speedup': (7.78, 8.21, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (7.88, 7.88, 7.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (None, 6), 'num_seqs': (5, None), 'total_seq_len': (None, 93)}, 'workloads': 3, 'speedup': (1.72, 1.85, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (20, None), 'mean_seq_len': (None, 6), 'num_seqs': (5, None), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, 104), 'mean_seq_len': (6, 107), 'num_seqs': (None, 11), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.6, 2.6, 2.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (6, 107), 'num_seqs': (11, 46), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.08, 1.17, 1.28), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (6, 107), 'num_seqs': (11, 46), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 172), 'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 2, 'speedup': (2.64, 2.77, 2.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (172, None), 'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 8, 'speedup': (1.47, 1.81, 2.32), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (6, 107), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 213), 'mean_seq_len': (6, 107), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.43, 2.43, 2.43), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (213, None), 'mean_seq_len': (6, 107), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (6, 107), 'num_seqs': (5, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, 5), 'num_seqs': (46, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (6, 5), 'num_seqs': (46, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (6, 11), 'num_seqs': (46, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (6, 11), 'num_seqs': (46, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, 107), 'num_seqs': (46, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 2), 'total_seq_len': (93, None)}, 'workloads': 2, 'speedup': (1.38, 1.39, 1.39), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (93, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (2, 6), 'total_seq_len': (93, None)}, 'workloads': 2, 'speedup': (1.29, 1.33, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 6), 'total_seq_len': (93, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (42, 104), 'mean_seq_len': (6, 107), 'num_seqs': (None, 11), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (4.42, 4.42, 4.42), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 107), 'num_seqs': (11, 46), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, None), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 203), 'mean_seq_len': (None, 5), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 203), 'mean_seq_len': (5, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.5, 3.22, 5.45), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (14, 45), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 378)}, 'workloads': 2, 'speedup': (1.25, 1.27, 1.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.68, 2.02, 2.32), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1127), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1127, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (7.78, 7.89, 8.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 8)}, 'workloads': 1, 'speedup': (8.65, 8.65, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1022), 'num_seqs': (2, 5)}, 'workloads': 9, 'speedup': (1.17, 1.63, 2.11), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'num_seqs': (2, 5)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 6, 'speedup': (1.38, 1.61, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 45), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (5, None), 'num_seqs': (23, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (14, 33), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.08, 1.2, 1.28), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (33, None), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.64, 2.99, 3.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (5, 8), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.31, 3.18, 4.42), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.28, 1.36, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (378, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 7), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (203, 724), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (2.15, 2.15, 2.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (11.85, 11.85, 11.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.18, 6.18, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'total_seq_len': (None, 267)}, 'workloads': 5, 'speedup': (2.83, 5.35, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (5, 267)}, 'workloads': 1, 'speedup': (3.09, 3.09, 3.09), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (22, 267)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (None, 22), 'total_seq_len': (267, 929)}, 'workloads': 8, 'speedup': (1.1, 2.74, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'num_seqs': (None, 90), 'total_seq_len': (267, 929)}, 'workloads': 4, 'speedup': (2.1, 2.64, 4.64), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (32, 90), 'num_seqs': (None, 90), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (2.6, 3.73, 5.35), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 314), 'num_seqs': (22, None), 'total_seq_len': (267, 929)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (314, None), 'num_seqs': (22, None), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (1.39, 1.4, 1.42), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (2.12, 2.13, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (9, 45), 'total_seq_len': (929, 1448)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (195, None), 'num_seqs': (45, None), 'total_seq_len': (929, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 678), 'num_seqs': (None, 9), 'total_seq_len': (929, 1704)}, 'workloads': 4, 'speedup': (2.43, 3.23, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, 2042), 'num_seqs': (None, 9), 'total_seq_len': (929, 1704)}, 'workloads': 3, 'speedup': (1.57, 2.25, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (45, None), 'total_seq_len': (929, 2896)}, 'workloads': 6, 'speedup': (1.44, 1.73, 2.22), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 195), 'num_seqs': (45, None), 'total_seq_len': (929, 2896)}, 'workloads': 2, 'speedup': (1.49, 1.56, 1.64), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2042, None), 'num_seqs': (2, 9), 'total_seq_len': (929, 5258)}, 'workloads': 2, 'speedup': (1.13, 1.33, 1.56), 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2042, None), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (9, 45), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.16, 1.52, 2.07), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (195, 1355), 'num_seqs': (45, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (45, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (9, 45), 'total_seq_len': (1448, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 4, 'speedup': (2.51, 2.93, 3.88), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 25, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1081, 2042), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 3, 'speedup': (1.48, 2.09, 3.94), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (45, 200), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 753), 'num_seqs': (45, 200), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.35), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'num_seqs': (45, 200), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (200, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2042, None), 'num_seqs': (2, 9), 'total_seq_len': (5258, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (2, None), 'total_seq_len': (None, 51)}, 'workloads': 3, 'speedup': (3.43, 6.34, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 63), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.83, 3.96, 7.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.18, 2.03, 3.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (11.85, 11.85, 11.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 45), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (3.09, 3.09, 3.09), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (2.14, 2.66, 3.3), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (2, None), 'total_seq_len': (51, 929)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 929)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 63), 'total_seq_len': (181, 929)}, 'workloads': 9, 'speedup': (1.99, 2.82, 9.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (45, None), 'total_seq_len': (181, 929)}, 'workloads': 10, 'speedup': (2.01, 3.7, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 131), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (131, None), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 929)}, 'workloads': 5, 'speedup': (1.26, 1.34, 1.39), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 131), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, 1448)}, 'workloads': 4, 'speedup': (2.43, 3.23, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (929, 1448)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (195, None), 'num_seqs': (39, None), 'total_seq_len': (929, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 6, 'speedup': (1.44, 1.73, 2.22), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 195), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 2, 'speedup': (1.49, 1.56, 1.64), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1127), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 22, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1127, None), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 24, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.42, 2.04, 3.06), 'fallbacks': ()},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1355), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (2.4, 2.75, 3.6), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, 2304), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2304, 4094), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.13, 1.28, 1.56), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4094, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 331), 'num_seqs': (13, 39), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.3, 1.66, 2.07), 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (195, 1355), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.16, 1.92, 3.16), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (90, 141), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (90, 141), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 753), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.35), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (90, None), 'total_seq_len': (6128, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5424), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 44, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2896), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2896, 5424), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 47, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
 )
 
-MEASURED_HINTED = {'total_seq_len': (1, 8192), 'num_seqs': (1, 256), 'mean_seq_len': (1, 2048), 'max_seq_len': (1, 7184)}
+MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
 
 
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 8192 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 2048 and 1 <= max_seq_len <= 7184  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.21x (7.78x .. 8.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs <= 1 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 14:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 93 and 1 < num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 7.88x (7.88x .. 7.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 1 < num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 3 workloads, 1.85x (1.72x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 5 and mean_seq_len <= 6 and max_seq_len <= 20:
+    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 203:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 3.22x (2.50x .. 5.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len > 5 and 8 < max_seq_len <= 203:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 93 and num_seqs > 5 and mean_seq_len <= 6 and max_seq_len > 20:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 2.60x (2.60x .. 2.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 11 and 6 < mean_seq_len <= 107 and 42 < max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 3 workloads, 1.17x (1.08x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 11 < num_seqs <= 46 and 6 < mean_seq_len <= 107 and max_seq_len <= 120:
+    if total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45:
         return 'triton_prefill_fused.c16v64'
-    # region 9: 2 workloads, 2.77x (2.64x .. 2.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and mean_seq_len > 107 and max_seq_len <= 172:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 8 workloads, 1.81x (1.47x .. 2.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and mean_seq_len > 107 and max_seq_len > 172:
+    # region 7: 2 workloads, 1.27x (1.25x .. 1.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 3 workloads, 2.02x (1.68x .. 2.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 5 < num_seqs <= 8 and max_seq_len > 203:
         return 'triton_prefill_chunked.v64'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 5 and 6 < mean_seq_len <= 107 and max_seq_len <= 42:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 1 workloads, 2.43x (2.43x .. 2.43x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 6 < mean_seq_len <= 107 and 104 < max_seq_len <= 213:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 6 < mean_seq_len <= 107 and max_seq_len > 213:
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 203 < max_seq_len <= 1127:
         return 'triton_prefill_chunked.v64'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 11 and 6 < mean_seq_len <= 107 and max_seq_len <= 42:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 1 workloads, 8.65x (8.65x .. 8.65x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022:
+        return 'triton_prefill_chunked.v64'
     # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 46 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:
+    if 5 < num_seqs <= 8 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 6 workloads, 1.61x (1.38x .. 2.14x) over vllm_flashinfer_prefill
+    if num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 20: 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33:
+        return 'triton_prefill_fused.c16v64'
+    # region 22: 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 23: 3 workloads, 3.18x (2.31x .. 4.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 5 < num_seqs <= 8 and 8 < max_seq_len <= 203:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 3 workloads, 1.36x (1.28x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 46 and 6 < mean_seq_len <= 11 and max_seq_len <= 22:
+    # region 25: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 1.39x (1.38x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and mean_seq_len <= 2 and max_seq_len <= 45:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 2 workloads, 1.33x (1.29x .. 1.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and 2 < mean_seq_len <= 6 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 4.42x (4.42x .. 4.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 11 and 6 < mean_seq_len <= 107 and 42 < max_seq_len <= 104:
+    # region 29: 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    inside = 1 <= total_seq_len <= 8192 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 2048 and 1 <= max_seq_len <= 7184  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 6.18x (6.18x .. 6.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 2 < max_seq_len <= 4:
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 3 workloads, 6.34x (3.43x .. 12.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and mean_seq_len > 2 and 2 < max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 5.35x (2.83x .. 12.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and max_seq_len > 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill
-    if 5 < total_seq_len <= 267 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 267 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 8 workloads, 2.74x (1.10x .. 7.46x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs <= 22 and max_seq_len > 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 4 workloads, 2.64x (2.10x .. 4.64x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 3.73x (2.60x .. 5.35x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs <= 90 and 32 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs > 22 and 90 < max_seq_len <= 314:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 2 workloads, 1.40x (1.39x .. 1.42x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs > 22 and max_seq_len > 314:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 2 workloads, 2.13x (2.12x .. 2.14x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 90:
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and mean_seq_len <= 2 and 2 < max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 3.96x (2.83x .. 7.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 5 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len > 45 and max_seq_len > 63:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 6 workloads, 2.03x (1.18x .. 3.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len <= 45 and max_seq_len > 63:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and 5 < num_seqs <= 45 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 2 workloads, 2.66x (2.14x .. 3.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs > 45 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 929 and mean_seq_len > 2 and 2 < max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 929 and mean_seq_len <= 2 and 2 < max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 9 workloads, 2.82x (1.99x .. 9.89x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 5 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1448 and 9 < num_seqs <= 45 and max_seq_len > 362:
-        return 'triton_prefill_chunked.v64'
-    # region 14: 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len <= 678:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 3 workloads, 2.25x (1.57x .. 3.06x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1704 and num_seqs <= 9 and 678 < max_seq_len <= 2042:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 16: 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 2896 and num_seqs > 45 and max_seq_len <= 44:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 2896 and num_seqs > 45 and 44 < max_seq_len <= 195:
+    # region 12: 10 workloads, 3.70x (2.01x .. 7.46x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and mean_seq_len > 45 and max_seq_len > 63:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 929 and num_seqs <= 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 5 workloads, 1.34x (1.26x .. 1.39x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 131:
         return 'triton_prefill_fused.c16v64'
-    # region 18: 2 workloads, 1.33x (1.13x .. 1.56x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2042:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 17: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331:
         return 'triton_prefill_chunked.v64'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 929 and num_seqs <= 2 and max_seq_len > 2042:
-        return 'triton_prefill_chunked.v64'
-    # region 20: 4 workloads, 1.52x (1.16x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 9 < num_seqs <= 45 and max_seq_len <= 362:
+    # region 19: 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 2896 and num_seqs > 39 and 44 < max_seq_len <= 195:
         return 'triton_prefill_fused.c16v64'
     # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 45 and 195 < max_seq_len <= 1355:
+    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len <= 1127:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127:
         return 'triton_prefill_chunked.v64'
-    # region 24: 4 workloads, 2.93x (2.51x .. 3.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and num_seqs <= 9 and max_seq_len <= 1081:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 3 workloads, 2.09x (1.48x .. 3.94x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1704 and num_seqs <= 9 and 1081 < max_seq_len <= 2042:
+    # region 24: 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678:
         return 'triton_prefill_chunked.v64'
-    # region 26: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 45 < num_seqs <= 200 and max_seq_len <= 90:
+    # region 25: 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355:
         return 'triton_prefill_fused.c16v64'
-    # region 27: 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and 45 < num_seqs <= 200 and 90 < max_seq_len <= 753:
+    # region 27: 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094:
+        return 'triton_prefill_chunked.v64'
+    # region 29: 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331:
         return 'triton_prefill_fused.c16v64'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355:
+        return 'triton_prefill_chunked.v64'
+    # region 32: 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678:
+        return 'triton_prefill_fused.c16v64'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724:
+        return 'triton_prefill_fused.c16v64'
+    # region 38: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill's guarded call
+    if 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 40: 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call
+    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753:
+        return 'triton_prefill_fused.c16v64'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 46 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 15
+    if total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45:  # region 5
         return True
-    if num_seqs > 46 and 6 < mean_seq_len <= 11 and max_seq_len <= 22:  # region 17
+    if num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45:  # region 17
+        return True
+    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:  # region 25
+        return True
+    if total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:  # region 27
+        return True
+    if total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724:  # region 29
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 1448 < total_seq_len <= 2896 and num_seqs > 45 and 195 < max_seq_len <= 1355:  # region 21
+    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355:  # region 30
         return True
-    if total_seq_len > 1704 and num_seqs <= 9 and 1081 < max_seq_len <= 2042:  # region 25
+    if 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448:  # region 34
         return True
-    if total_seq_len > 2896 and 45 < num_seqs <= 200 and 90 < max_seq_len <= 753:  # region 27
+    if 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724:  # region 36
+        return True
+    if 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362:  # region 38
+        return True
+    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753:  # region 40
+        return True
+    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424:  # region 44
+        return True
+    if total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424:  # region 46
+        return True
+    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424:  # region 47
         return True
     return False

@@ -5,18 +5,18 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T09:35:59Z
-# workloads   84 (workload-set digest 706d0c21b72ae4e8)
+# measured    up to 2026-11-27T14:15:30Z
+# workloads   102 (workload-set digest c2e4addfe6b4975b)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  84/84  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  78/78  0.30x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  78/78  0.34x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  78/78  0.34x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  78/78  0.34x
-#   triton_prefill_chunked.v64    2a710645e644b88e  84/84  0.56x
-#   triton_prefill_fused.c16v32   49496897c400beaa  84/84  0.60x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  84/84  0.66x
+#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
+#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  96/96  0.37x
+#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  96/96  0.41x
+#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  96/96  0.42x
+#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  96/96  0.42x
+#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.61x
+#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.68x
+#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.75x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
@@ -30,71 +30,100 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.82% mean, 178.54% max;
-#             0.995x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-#             below 1x: the regions it fitted lose to the baseline where they were not fitted,
-#             so every shape goes to the baseline
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.66% mean, 174.91% max;
-#             1.174x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 13.83% mean, 504.24% max;
+#             1.020x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.06% mean, 119.47% max;
+#             1.276x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: vllm_flashinfer_prefill (baseline), 84 workloads
+#   1. total_seq_len <= 111 and mean_seq_len <= 18: cuda_prefill_pool_rows.k4c8, 7 workloads, 3.17x (1.53x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   3. num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 11 workloads
+#   4. num_seqs > 4 and mean_seq_len > 18: vllm_flashinfer_prefill (baseline), 40 workloads
+#   5. total_seq_len > 111 and mean_seq_len <= 18: vllm_flashinfer_prefill (baseline), 30 workloads
+#   6. total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_chunked.v64, 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 162 and num_seqs <= 4 and mean_seq_len <= 462: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.10x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 16 workloads
+#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 2.40x (1.32x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.82x (1.62x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 462: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.97x (2.12x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 462: triton_prefill_chunked.v64, 5 workloads, 1.54x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-#   5. num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.21x (1.18x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   6. total_seq_len > 162 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 31 workloads
-#   8. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 6 workloads
+#   5. 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   6. 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 16 workloads
+#   7. total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 31 workloads
+#   10. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 6 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'vllm_flashinfer_prefill', 'bounds': {}, 'workloads': 84, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 111)}, 'workloads': 7, 'speedup': (1.53, 3.17, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 7, 'speedup': (1.91, 3.13, 4.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, None), 'num_seqs': (4, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (111, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (1.09, 1.62, 2.36), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 162)}, 'workloads': 4, 'speedup': (5.92, 9.1, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 11), 'num_seqs': (4, None), 'total_seq_len': (None, 1233)}, 'workloads': 6, 'speedup': (1.12, 1.28, 1.59), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (None, 1233)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 11, 'speedup': (1.32, 2.4, 3.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.62, 1.82, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 10, 'speedup': (2.12, 5.97, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 5, 'speedup': (1.18, 1.54, 2.34), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 9, 'speedup': (1.18, 2.21, 3.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (162, None)}, 'workloads': 7, 'speedup': (2.19, 2.91, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 11), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 6, 'speedup': (1.12, 1.28, 1.59), 'fallbacks': (), 'hand_back': True},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.18, 1.67, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (2.19, 2.91, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
+    # region 1: 7 workloads, 3.17x (1.53x .. 8.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and mean_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
+        return 'triton_prefill_chunked.v64'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 9.10x (5.92x .. 18.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 162 and num_seqs <= 4 and mean_seq_len <= 462:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:
-        return 'triton_prefill_fused.c16v64'
+    # region 1: 11 workloads, 2.40x (1.32x .. 3.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 1.82x (1.62x .. 2.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 10 workloads, 5.97x (2.12x .. 18.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 462:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 4: 5 workloads, 1.54x (1.18x .. 2.34x) over vllm_flashinfer_prefill
     if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 462:
         return 'triton_prefill_chunked.v64'
-    # region 5: 9 workloads, 2.21x (1.18x .. 3.72x) over vllm_flashinfer_prefill
-    if num_seqs > 4 and mean_seq_len <= 3:
+    # region 5: 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call
+    if 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 162 and num_seqs <= 4 and mean_seq_len <= 462:
+    # region 8: 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:  # region 2
+    if 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:  # region 5
         return True
     return False
 
@@ -104,135 +133,139 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.96% mean, 79.38% max;
-#             1.050x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.40% mean, 432.13% max;
-#             1.253x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.92% mean, 79.38% max;
+#             1.075x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.16% mean, 432.13% max;
+#             1.373x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and 2 < num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len <= 47: triton_prefill_fused.c16v32, 1 workloads, 6.04x (6.04x .. 6.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 362 and num_seqs <= 10 and 5 < mean_seq_len <= 73 and 47 < max_seq_len <= 127: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   3. total_seq_len <= 362 and num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len > 127: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   4. total_seq_len <= 397 and mean_seq_len <= 5 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.41x (1.30x .. 8.69x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 397 and mean_seq_len <= 5 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 0 workloads
-#   6. total_seq_len <= 685 and mean_seq_len > 73 and max_seq_len <= 172: triton_prefill_fused.c16v64, 1 workloads, 2.79x (2.79x .. 2.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len <= 685 and mean_seq_len > 73 and max_seq_len > 172: triton_prefill_chunked.v64, 3 workloads, 1.84x (1.41x .. 2.25x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   9. total_seq_len <= 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
-#   10. num_seqs <= 2 and 5 < mean_seq_len <= 73 and max_seq_len <= 47: triton_prefill_fused.c16v32, 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   11. num_seqs > 10 and 5 < mean_seq_len <= 73: vllm_flashinfer_prefill (baseline), 24 workloads
-#   12. total_seq_len > 45 and 2 < num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len <= 47: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   13. total_seq_len > 362 and num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len > 47: vllm_flashinfer_prefill (baseline), 3 workloads
-#   14. total_seq_len > 397 and mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   15. total_seq_len > 397 and mean_seq_len <= 2 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads
-#   16. total_seq_len > 397 and 2 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.28x .. 1.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   17. total_seq_len > 397 and 2 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 1 workloads
-#   18. total_seq_len > 685 and mean_seq_len > 73: vllm_flashinfer_prefill (baseline), 37 workloads
-#   19. total_seq_len > 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   20. total_seq_len > 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 90 and num_seqs > 4 and 3 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150: triton_prefill_fused.c16v32, 2 workloads, 3.09x (2.57x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_chunked.v64, 2 workloads, 2.18x (2.14x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 362 and 4 < num_seqs <= 11 and mean_seq_len > 5 and max_seq_len > 42: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   5. total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42: triton_prefill_fused.c16v64, 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42: vllm_flashinfer_prefill (baseline), 3 workloads
+#   7. total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378: triton_prefill_chunked.v64, 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
+#   8. num_seqs <= 1 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.45x (9.45x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   9. num_seqs <= 2 and mean_seq_len > 5 and max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   10. 1 < num_seqs <= 4 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. 2 < num_seqs <= 4 and mean_seq_len > 5 and max_seq_len <= 40: triton_prefill_fused.c16v32, 2 workloads, 5.41x (4.85x .. 6.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   12. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
+#   13. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads
+#   14. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   15. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads
+#   16. total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   17. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   18. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 50 workloads
+#   21. 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915: triton_prefill_chunked.v64, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   22. 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915: vllm_flashinfer_prefill (baseline), 1 workloads
+#   23. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   24. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
+#   25. total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378: vllm_flashinfer_prefill (baseline), 10 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 168 and num_seqs > 25 and mean_seq_len <= 180 and 3 < max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 168 and num_seqs > 25 and mean_seq_len <= 180 and max_seq_len > 22: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.98x (6.07x .. 10.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. total_seq_len <= 397 and num_seqs <= 2 and mean_seq_len <= 180 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   5. total_seq_len <= 397 and num_seqs > 2 and mean_seq_len <= 180 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (1.89x .. 3.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   6. total_seq_len <= 397 and 5 < num_seqs <= 25 and mean_seq_len <= 180 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.64x (3.64x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 1448 and 180 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 4 workloads, 2.80x (2.19x .. 3.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   8. total_seq_len <= 2438 and 462 < mean_seq_len <= 901 and max_seq_len <= 1097: triton_prefill_fused.c16v32, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   9. total_seq_len <= 2438 and 462 < mean_seq_len <= 901 and max_seq_len > 1097: triton_prefill_chunked.v64, 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 2438 and mean_seq_len > 901: triton_prefill_chunked.v64, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. 168 < total_seq_len <= 397 and num_seqs > 25 and mean_seq_len <= 180 and 3 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.11x (1.97x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   12. 168 < total_seq_len <= 397 and num_seqs > 25 and mean_seq_len <= 180 and max_seq_len > 90: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   13. 181 < total_seq_len <= 397 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   14. 397 < total_seq_len <= 724 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408: triton_prefill_fused.c16v32, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   15. 397 < total_seq_len <= 724 and num_seqs > 5 and mean_seq_len <= 180 and max_seq_len > 450: triton_prefill_fused.c16v32, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   16. 397 < total_seq_len <= 1448 and mean_seq_len <= 11 and 39 < max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   17. 397 < total_seq_len <= 1448 and 11 < mean_seq_len <= 180 and 39 < max_seq_len <= 85: triton_prefill_fused.c16v64, 3 workloads, 1.54x (1.39x .. 1.72x) over vllm_flashinfer_prefill
-#   18. 397 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len <= 180 and 408 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 3 workloads
-#   19. 397 < total_seq_len <= 2896 and num_seqs > 22 and mean_seq_len <= 2 and 148 < max_seq_len <= 408: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   20. 397 < total_seq_len <= 2896 and num_seqs > 22 and 2 < mean_seq_len <= 180 and 148 < max_seq_len <= 408: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 397 < total_seq_len <= 3277 and num_seqs > 14 and mean_seq_len <= 5 and 85 < max_seq_len <= 148: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. 397 < total_seq_len <= 3277 and num_seqs > 14 and 5 < mean_seq_len <= 180 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 1 workloads
-#   23. 397 < total_seq_len <= 3277 and num_seqs > 14 and 5 < mean_seq_len <= 180 and 121 < max_seq_len <= 148: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.17x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 397 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 148: triton_prefill_fused.c16v32, 2 workloads, 2.78x (2.57x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   25. total_seq_len > 397 and num_seqs <= 14 and mean_seq_len <= 180 and 85 < max_seq_len <= 148: triton_prefill_fused.c16v64, 3 workloads, 2.06x (1.49x .. 3.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   26. total_seq_len > 397 and num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.66x (1.49x .. 1.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   27. total_seq_len > 397 and num_seqs <= 90 and 22 < mean_seq_len <= 180 and max_seq_len <= 39: triton_prefill_fused.c16v64, 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 397 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.64x (1.39x .. 1.83x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 397 and num_seqs > 90 and 11 < mean_seq_len <= 180 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 1 workloads
-#   30. 724 < total_seq_len <= 2896 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408: triton_prefill_fused.c16v64, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 724 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len <= 180 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 9 workloads
-#   32. total_seq_len > 1448 and mean_seq_len <= 180 and 39 < max_seq_len <= 85: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 1448 and 180 < mean_seq_len <= 462: vllm_flashinfer_prefill (baseline), 4 workloads
-#   34. total_seq_len > 2438 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 14 workloads
-#   35. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 181 and mean_seq_len <= 180 and 148 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   36. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 181 and mean_seq_len <= 180 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len <= 180 and max_seq_len > 148: vllm_flashinfer_prefill (baseline), 2 workloads
-#   38. total_seq_len > 3277 and num_seqs > 14 and mean_seq_len <= 180 and 85 < max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads
-#   39. total_seq_len > 5792 and 5 < num_seqs <= 181 and mean_seq_len <= 180 and max_seq_len > 148: vllm_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 116: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 116: cuda_prefill_pool_rows.k8c8, 12 workloads, 3.87x (1.57x .. 10.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.10x (2.91x .. 3.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 462 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.11x (1.32x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   6. 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 116: triton_prefill_fused.c16v32, 4 workloads, 2.53x (1.65x .. 3.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   7. 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
+#   8. 462 < total_seq_len <= 724 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   9. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369: triton_prefill_fused.c16v32, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   10. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369: vllm_flashinfer_prefill (baseline), 3 workloads
+#   11. 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: triton_prefill_fused.c16v32, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   12. 462 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 901: triton_prefill_chunked.v64, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   14. 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and 22 < max_seq_len <= 39: triton_prefill_fused.c16v64, 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
+#   15. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 509: triton_prefill_fused.c16v32, 3 workloads, 3.07x (2.57x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   16. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and 509 < max_seq_len <= 1097: triton_prefill_fused.c16v32, 2 workloads, 2.50x (2.16x .. 2.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   17. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and max_seq_len > 1097: triton_prefill_chunked.v64, 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
+#   18. total_seq_len > 462 and num_seqs <= 4 and 181 < mean_seq_len <= 901 and max_seq_len <= 509: triton_prefill_fused.c16v64, 2 workloads, 3.13x (2.39x .. 4.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. total_seq_len > 462 and 4 < num_seqs <= 14 and 39 < max_seq_len <= 189: triton_prefill_fused.c16v64, 3 workloads, 1.57x (1.49x .. 1.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   20. total_seq_len > 462 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.67x (1.39x .. 1.92x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85: triton_prefill_fused.c16v64, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 1 workloads
+#   23. total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680: vllm_flashinfer_prefill (baseline), 4 workloads
+#   24. total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   25. 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   27. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 2 workloads
+#   28. 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 14 workloads
+#   31. total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189: vllm_flashinfer_prefill (baseline), 7 workloads
+#   32. total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: vllm_flashinfer_prefill (baseline), 2 workloads
+#   34. total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 1 workloads
+#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 6 workloads
+#   36. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 1 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 47), 'mean_seq_len': (5, 73), 'num_seqs': (2, 10), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.04, 6.04, 6.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (47, 127), 'mean_seq_len': (5, 73), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (5, 73), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 397)}, 'workloads': 8, 'speedup': (1.3, 2.41, 8.69), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 397)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 172), 'mean_seq_len': (73, None), 'total_seq_len': (None, 685)}, 'workloads': 1, 'speedup': (2.79, 2.79, 2.79), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (172, None), 'mean_seq_len': (73, None), 'total_seq_len': (None, 685)}, 'workloads': 3, 'speedup': (1.41, 1.84, 2.25), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (5, 5), 'num_seqs': (10, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (5, 5), 'num_seqs': (10, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 47), 'mean_seq_len': (5, 73), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.26, 4.26, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 73), 'num_seqs': (10, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 47), 'mean_seq_len': (5, 73), 'num_seqs': (2, 10), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (47, None), 'mean_seq_len': (5, 73), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 2), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (1.32, 1.34, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 2), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (2, 5), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (1.28, 1.31, 1.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (2, 5), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (73, None), 'total_seq_len': (685, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'num_seqs': (10, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'num_seqs': (10, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, 150), 'mean_seq_len': (5, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.57, 3.09, 3.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.14, 2.18, 2.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.08, 1.14, 1.17), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 685)}, 'workloads': 2, 'speedup': (1.41, 1.66, 1.95), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (9.45, 9.45, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (5, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.26, 4.26, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (1, 4)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (5, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (4.85, 5.41, 6.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 91), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 11, 'speedup': (1.3, 1.5, 1.99), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.28, 1.34, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 150), 'mean_seq_len': (5, None), 'num_seqs': (2, 4), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.79, 3.28, 3.87), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.57, 1.75, 1.91), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, 915), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (915, None), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 22), 'mean_seq_len': (None, 180), 'num_seqs': (25, None), 'total_seq_len': (None, 168)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 180), 'num_seqs': (25, None), 'total_seq_len': (None, 168)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 180), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (6.07, 7.98, 10.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 180), 'num_seqs': (None, 2), 'total_seq_len': (None, 397)}, 'workloads': 2, 'speedup': (5.92, 10.38, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 180), 'num_seqs': (2, None), 'total_seq_len': (None, 397)}, 'workloads': 3, 'speedup': (1.89, 2.62, 3.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 180), 'num_seqs': (5, 25), 'total_seq_len': (None, 397)}, 'workloads': 1, 'speedup': (3.64, 3.64, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (180, 462), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (2.19, 2.8, 3.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1097), 'mean_seq_len': (462, 901), 'total_seq_len': (None, 2438)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1097, None), 'mean_seq_len': (462, 901), 'total_seq_len': (None, 2438)}, 'workloads': 3, 'speedup': (1.18, 1.49, 2.34), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (901, None), 'total_seq_len': (None, 2438)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 90), 'mean_seq_len': (None, 180), 'num_seqs': (25, None), 'total_seq_len': (168, 397)}, 'workloads': 2, 'speedup': (1.97, 2.11, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 180), 'num_seqs': (25, None), 'total_seq_len': (168, 397)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 180), 'num_seqs': (None, 5), 'total_seq_len': (181, 397)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (148, 408), 'mean_seq_len': (None, 180), 'num_seqs': (5, 22), 'total_seq_len': (397, 724)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (450, None), 'mean_seq_len': (None, 180), 'num_seqs': (5, None), 'total_seq_len': (397, 724)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, 85), 'mean_seq_len': (None, 11), 'total_seq_len': (397, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 85), 'mean_seq_len': (11, 180), 'total_seq_len': (397, 1448)}, 'workloads': 3, 'speedup': (1.39, 1.54, 1.72), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, 450), 'mean_seq_len': (None, 180), 'num_seqs': (5, None), 'total_seq_len': (397, 2896)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (148, 408), 'mean_seq_len': (None, 2), 'num_seqs': (22, None), 'total_seq_len': (397, 2896)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 408), 'mean_seq_len': (2, 180), 'num_seqs': (22, None), 'total_seq_len': (397, 2896)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (85, 148), 'mean_seq_len': (None, 5), 'num_seqs': (14, None), 'total_seq_len': (397, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'mean_seq_len': (5, 180), 'num_seqs': (14, None), 'total_seq_len': (397, 3277)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 148), 'mean_seq_len': (5, 180), 'num_seqs': (14, None), 'total_seq_len': (397, 3277)}, 'workloads': 2, 'speedup': (1.17, 1.24, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (148, None), 'mean_seq_len': (None, 180), 'num_seqs': (None, 5), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (2.57, 2.78, 3.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (85, 148), 'mean_seq_len': (None, 180), 'num_seqs': (None, 14), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.49, 2.06, 3.91), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 22), 'num_seqs': (None, 90), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.49, 1.66, 1.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (22, 180), 'num_seqs': (None, 90), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (1.19, 1.39, 1.61), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (397, None)}, 'workloads': 5, 'speedup': (1.39, 1.64, 1.83), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, 180), 'num_seqs': (90, None), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 408), 'mean_seq_len': (None, 180), 'num_seqs': (5, 22), 'total_seq_len': (724, 2896)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'mean_seq_len': (None, 180), 'num_seqs': (5, None), 'total_seq_len': (724, 2896)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (39, 85), 'mean_seq_len': (None, 180), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (180, 462), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'total_seq_len': (2438, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 362), 'mean_seq_len': (None, 180), 'num_seqs': (5, 181), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 180), 'num_seqs': (5, 181), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, None), 'mean_seq_len': (None, 180), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 148), 'mean_seq_len': (None, 180), 'num_seqs': (14, None), 'total_seq_len': (3277, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, None), 'mean_seq_len': (None, 180), 'num_seqs': (5, 181), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (116, None), 'num_seqs': (None, 25), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (5.92, 10.38, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 116), 'num_seqs': (None, 25), 'total_seq_len': (None, 462)}, 'workloads': 12, 'speedup': (1.57, 3.87, 10.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, 25), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (2.91, 3.1, 3.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 462)}, 'workloads': 9, 'speedup': (1.32, 2.11, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (116, None), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 4, 'speedup': (1.65, 2.53, 3.94), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (462, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (462, 724)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (189, 369), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (369, None), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (462, 2438)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (462, 2896)}, 'workloads': 1, 'speedup': (1.49, 1.49, 1.49), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (22, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (462, 2896)}, 'workloads': 2, 'speedup': (1.19, 1.39, 1.61), 'fallbacks': ()},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 509), 'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (2.57, 3.07, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (509, 1097), 'mean_seq_len': (None, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.16, 2.5, 2.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1097, None), 'mean_seq_len': (None, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (1.18, 1.49, 2.34), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 509), 'mean_seq_len': (181, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.39, 3.13, 4.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 189), 'num_seqs': (4, 14), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (1.49, 1.57, 1.72), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (462, None)}, 'workloads': 7, 'speedup': (1.39, 1.67, 1.92), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 85), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (680, None), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (None, 2), 'num_seqs': (34, None), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (34, 90), 'total_seq_len': (724, 1233)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 362), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (1233, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (21, 34), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -241,41 +274,56 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 6.04x (6.04x .. 6.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 2 < num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len <= 47:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs <= 10 and 5 < mean_seq_len <= 73 and 47 < max_seq_len <= 127:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len > 127:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 8 workloads, 2.41x (1.30x .. 8.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and mean_seq_len <= 5 and max_seq_len <= 56:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, 2.79x (2.79x .. 2.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 685 and mean_seq_len > 73 and max_seq_len <= 172:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 3 workloads, 1.84x (1.41x .. 2.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 685 and mean_seq_len > 73 and max_seq_len > 172:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs > 4 and 3 < mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 2 workloads, 3.09x (2.57x .. 3.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 2 workloads, 2.18x (2.14x .. 2.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 4 and 150 < max_seq_len <= 378:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and 4 < num_seqs <= 11 and mean_seq_len > 5 and max_seq_len > 42:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378:
         return 'triton_prefill_chunked.v64'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:
+    # region 8: 1 workloads, 9.45x (9.45x .. 9.45x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and mean_seq_len <= 5 and max_seq_len <= 150:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len > 5 and max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 4 and mean_seq_len <= 5 and max_seq_len <= 150:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 2 workloads, 5.41x (4.85x .. 6.04x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len > 5 and max_seq_len <= 40:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
+    if num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 5 < mean_seq_len <= 73 and max_seq_len <= 47:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 45 and 2 < num_seqs <= 10 and 5 < mean_seq_len <= 73 and max_seq_len <= 47:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and mean_seq_len <= 2 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 2 workloads, 1.31x (1.28x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and 2 < mean_seq_len <= 5 and max_seq_len <= 28:
+    # region 16: 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
+    # region 19: 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378:
+        return 'triton_prefill_fused.c16v64'
+    # region 21: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
+    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915:
+        return 'triton_prefill_chunked.v64'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
     return 'vllm_flashinfer_prefill'
 
@@ -284,122 +332,113 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 168 and num_seqs > 25 and mean_seq_len <= 180 and 3 < max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 168 and num_seqs > 25 and mean_seq_len <= 180 and max_seq_len > 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 2 workloads, 7.98x (6.07x .. 10.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs <= 2 and mean_seq_len <= 180 and max_seq_len <= 3:
+    if total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 116:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 2.62x (1.89x .. 3.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs > 2 and mean_seq_len <= 180 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 3.64x (3.64x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and 5 < num_seqs <= 25 and mean_seq_len <= 180 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 4 workloads, 2.80x (2.19x .. 3.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 180 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and 462 < mean_seq_len <= 901 and max_seq_len <= 1097:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and 462 < mean_seq_len <= 901 and max_seq_len > 1097:
-        return 'triton_prefill_chunked.v64'
-    # region 10: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and mean_seq_len > 901:
+    # region 3: 12 workloads, 3.87x (1.57x .. 10.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 116:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 2 workloads, 3.10x (2.91x .. 3.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 9 workloads, 2.11x (1.32x .. 2.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 462 and num_seqs > 25:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 4 workloads, 2.53x (1.65x .. 3.94x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 116:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 724 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39:
+        return 'triton_prefill_fused.c16v64'
+    # region 9: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
+    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call
+    if 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 901:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 11: 2 workloads, 2.11x (1.97x .. 2.26x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 397 and num_seqs > 25 and mean_seq_len <= 180 and 3 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 168 < total_seq_len <= 397 and num_seqs > 25 and mean_seq_len <= 180 and max_seq_len > 90:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 397 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
-    if 397 < total_seq_len <= 724 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call
-    if 397 < total_seq_len <= 724 and num_seqs > 5 and mean_seq_len <= 180 and max_seq_len > 450:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 397 < total_seq_len <= 1448 and mean_seq_len <= 11 and 39 < max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 3 workloads, 1.54x (1.39x .. 1.72x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 1448 and 11 < mean_seq_len <= 180 and 39 < max_seq_len <= 85:
+    # region 13: 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and 22 < max_seq_len <= 39:
         return 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 397 < total_seq_len <= 2896 and num_seqs > 22 and mean_seq_len <= 2 and 148 < max_seq_len <= 408:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 20: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if 397 < total_seq_len <= 2896 and num_seqs > 22 and 2 < mean_seq_len <= 180 and 148 < max_seq_len <= 408:
-        return 'triton_prefill_fused.c16v64'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 397 < total_seq_len <= 3277 and num_seqs > 14 and mean_seq_len <= 5 and 85 < max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 23: 2 workloads, 1.24x (1.17x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if 397 < total_seq_len <= 3277 and num_seqs > 14 and 5 < mean_seq_len <= 180 and 121 < max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 24: 2 workloads, 2.78x (2.57x .. 3.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs <= 5 and mean_seq_len <= 180 and max_seq_len > 148:
+    # region 15: 3 workloads, 3.07x (2.57x .. 3.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 509:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 3 workloads, 2.06x (1.49x .. 3.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs <= 14 and mean_seq_len <= 180 and 85 < max_seq_len <= 148:
+    # region 16: 2 workloads, 2.50x (2.16x .. 2.89x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and 509 < max_seq_len <= 1097:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 17: 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and max_seq_len > 1097:
+        return 'triton_prefill_chunked.v64'
+    # region 18: 2 workloads, 3.13x (2.39x .. 4.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and 181 < mean_seq_len <= 901 and max_seq_len <= 509:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 3 workloads, 1.57x (1.49x .. 1.72x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and 4 < num_seqs <= 14 and 39 < max_seq_len <= 189:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 3 workloads, 1.66x (1.49x .. 1.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs <= 90 and 22 < mean_seq_len <= 180 and max_seq_len <= 39:
+    # region 20: 7 workloads, 1.67x (1.39x .. 1.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 39:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85:
         return 'triton_prefill_fused.c16v64'
-    # region 28: 5 workloads, 1.64x (1.39x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 39:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 2896 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and mean_seq_len <= 180 and 39 < max_seq_len <= 85:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 181 and mean_seq_len <= 180 and 148 < max_seq_len <= 362:
+    # region 24: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 25: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:
+        return 'triton_prefill_fused.c16v64'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:
+        return 'triton_prefill_fused.c16v64'
+    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273:
         return 'triton_prefill_fused.c16v64'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 8
+    if 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 17
         return True
-    if total_seq_len > 724 and num_seqs > 10 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 19
+    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915:  # region 21
+        return True
+    if total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 23
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 397 < total_seq_len <= 724 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408:  # region 14
+    if 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:  # region 7
         return True
-    if 397 < total_seq_len <= 724 and num_seqs > 5 and mean_seq_len <= 180 and max_seq_len > 450:  # region 15
+    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369:  # region 9
         return True
-    if 397 < total_seq_len <= 2896 and num_seqs > 22 and mean_seq_len <= 2 and 148 < max_seq_len <= 408:  # region 19
+    if 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:  # region 11
         return True
-    if 397 < total_seq_len <= 2896 and num_seqs > 22 and 2 < mean_seq_len <= 180 and 148 < max_seq_len <= 408:  # region 20
+    if 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:  # region 25
         return True
-    if 397 < total_seq_len <= 3277 and num_seqs > 14 and mean_seq_len <= 5 and 85 < max_seq_len <= 148:  # region 21
+    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362:  # region 26
         return True
-    if 397 < total_seq_len <= 3277 and num_seqs > 14 and 5 < mean_seq_len <= 180 and 121 < max_seq_len <= 148:  # region 23
+    if 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:  # region 28
         return True
-    if 724 < total_seq_len <= 2896 and 5 < num_seqs <= 22 and mean_seq_len <= 180 and 148 < max_seq_len <= 408:  # region 30
+    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:  # region 29
         return True
-    if total_seq_len > 1448 and mean_seq_len <= 180 and 39 < max_seq_len <= 85:  # region 32
-        return True
-    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 181 and mean_seq_len <= 180 and 148 < max_seq_len <= 362:  # region 35
+    if total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273:  # region 32
         return True
     return False

@@ -5,18 +5,18 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T00:59:51Z
+# measured    up to 2026-11-27T14:16:21Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_triton_moe       0f980580b293e791  35/35  1.00x
+#   sglang_triton_moe       369eca1758853bb6  35/35  1.00x
 #   reference               c16a3bde9b55b3d2  35/35  0.04x
-#   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.29x
-#   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.36x
+#   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.28x
+#   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.35x
 #   triton_decode.n32s8     b3c593e35d99fcc3  12/12  0.98x
-#   triton_decode.n64s4     06a565c00c5816e6  12/12  1.27x
-#   triton_decode.n64s4q    5f1b52b381449548  12/12  1.33x
-#   triton_decode.n64s8     de1901d868bf3112  12/12  1.23x
+#   triton_decode.n64s4     06a565c00c5816e6  12/12  1.26x
+#   triton_decode.n64s4q    5f1b52b381449548  12/12  1.32x
+#   triton_decode.n64s8     de1901d868bf3112  12/12  1.22x
 #   triton_decode.n64s8q    f83e3feb81e3085e  12/12  1.28x
 #   triton_grouped_m16.fr   f57d8ea2cb4b2991  35/35  1.02x
 #   triton_grouped_m32.fr   630b1baad8af7bcc  35/35  1.07x
@@ -37,33 +37,33 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.82% mean, 6.33% max;
-#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.357x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 1.23% mean, 6.38% max;
-#             2.343x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             2.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
+#   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
 #   2. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
-#   3. 52 < seq_len <= 1448: triton_grouped_m32q.fr, 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr
-#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
+#   3. 52 < seq_len <= 1448: triton_grouped_m32q.fr, 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr
+#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.44x (1.32x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
-#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
-#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe; then triton_grouped_m64.fr, triton_grouped_m32q.fr
+#   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
+#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
+#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.84x (1.38x .. 2.60x) over sglang_triton_moe; then triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 10, 'speedup': (1.1, 1.38, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 10, 'speedup': (1.09, 1.37, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
     {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1448)}, 'workloads': 15, 'speedup': (1.21, 1.28, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.33, 1.45, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1448)}, 'workloads': 15, 'speedup': (1.2, 1.27, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.32, 1.44, 1.54), 'fallbacks': ('triton_grouped_m64.fr',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.82, 6.0, 8.9), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (3.15, 4.79, 7.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 16, 'speedup': (2.42, 2.95, 4.61), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.41, 1.95, 2.57), 'fallbacks': ('triton_grouped_m64.fr', 'triton_grouped_m32q.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 16, 'speedup': (2.0, 2.29, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.38, 1.84, 2.6), 'fallbacks': ('triton_grouped_m64.fr',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -71,16 +71,16 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.38x (1.10x .. 1.94x) over sglang_triton_moe
+    # region 1: 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe
     if seq_len <= 22:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
     # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
     if 22 < seq_len <= 52:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 15 workloads, 1.28x (1.21x .. 1.50x) over sglang_triton_moe
+    # region 3: 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe
     if 52 < seq_len <= 1448:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 7 workloads, 1.45x (1.33x .. 1.54x) over sglang_triton_moe
+    # region 4: 7 workloads, 1.44x (1.32x .. 1.54x) over sglang_triton_moe
     if seq_len > 1448:
         return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
@@ -88,16 +88,16 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 6.00x (4.82x .. 8.90x) over sglang_triton_moe
+    # region 1: 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe
     if seq_len <= 2:
         return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s8'
-    # region 2: 9 workloads, 4.79x (3.15x .. 7.26x) over sglang_triton_moe
+    # region 2: 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe
     if 2 < seq_len <= 40:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 3: 16 workloads, 2.95x (2.42x .. 4.61x) over sglang_triton_moe
+    # region 3: 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe
     if 40 < seq_len <= 1448:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 7 workloads, 1.95x (1.41x .. 2.57x) over sglang_triton_moe
+    # region 4: 7 workloads, 1.84x (1.38x .. 2.60x) over sglang_triton_moe
     if seq_len > 1448:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr') if inside else 'triton_grouped_m64q.fr'
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
     return 'sglang_triton_moe'
