@@ -83,7 +83,7 @@ case "$step" in
     : > "$log"
     # one file at a time, each with its own time limit (seconds): one that runs out still leaves the others'
     # results; ENGINES_FILES picks some (e.g. to split them over two GPUs)
-    for entry in ${ENGINES_FILES:-test_oracles_gpu:60 test_gdn_packed_gpu:60 test_gdn_pool_prefill_gpu:90 test_gdn_gathered_prefill_gpu:90 test_gdn_verify_gpu:60 \
+    for entry in ${ENGINES_FILES:-test_oracles_gpu:60 test_gdn_packed_gpu:60 test_gdn_pool_prefill_gpu:90 test_gdn_gathered_prefill_gpu:90 test_gdn_verify_gpu:60 test_prefill_guard_gpu:60 \
                  test_hostile_gpu:320 test_gpu_conformance:360 test_triton_dsa_moe:120 test_moe_experts_gpu:120}; do
       t=${entry%%:*}
       n=${ENGINES_SHARDS:-1}  # processes per file at once (KD_TEST_SHARD, tests/conftest.py): compiles overlap

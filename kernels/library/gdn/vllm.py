@@ -5,9 +5,9 @@ as int64, FlashInfer's split path on "auto", a new final-state tensor that vLLM 
 its pool; vLLM normalised q/k before).
 
 `gdn_prefill_gathered_vllm` is what kdispatch.ops runs: the prefill guard (kernels/cuda/gdn/
-prefill_guard.py, in place of vLLM's int64 conversion) checks cu_seqlens on the device first, so a
-malformed batch becomes N empty sequences with a zeroed output and no value reaches FlashInfer
-unchecked; FlashInfer writes the final states over the initial ones (`output_state=initial_state`:
+prefill_guard.py, one launch in place of vLLM's int64 conversion and exp(g)) checks cu_seqlens on
+the device first, so a malformed batch becomes N empty sequences with a zeroed output and no value
+reaches FlashInfer unchecked; FlashInfer writes the final states over the initial ones (`output_state=initial_state`:
 each sequence's state is read before it is overwritten), the definition's in-place contract. The
 tuner times `vllm_call`, vLLM's own call (`engine=`): the vLLM plugin hands the calls routed to this
 baseline back to vLLM's function, so that is what the variants must beat.
@@ -24,8 +24,8 @@ from kdispatch.registry import variant
 def gdn_prefill_gathered_vllm(q, k, v, g, beta, initial_state, cu_seqlens, out, scale):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-    cu, _, _, _ = prefill_guard.guard(cu_seqlens, q.shape[0], out=out, malformed="empty")
-    chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), g=torch.exp(g), beta=beta, scale=scale,
+    cu, _, alpha, _ = prefill_guard.guard(cu_seqlens, q.shape[0], log_decay=g, out=out, malformed="empty")
+    chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), g=alpha, beta=beta, scale=scale,
                            initial_state=initial_state, output_final_state=True, cu_seqlens=cu, output=out,
                            output_state=initial_state)
     return out, initial_state
