@@ -91,7 +91,8 @@ class Coverage:
     whose product is added to the coverage set after the `points` (where kernels cross over and
     random draws are too sparse to place the boundary), then the products of `more_grids` (finer
     steps in a part of the box); with `grid_every_mix`, each grid shape is measured in every mix
-    (where the mix decides the winner, the fitter must see them all)."""
+    (where the mix decides the winner, the fitter must see them all), except a shape for which
+    `one_mix(axes)` says every mix gives the same workload (one sequence has one length mix)."""
 
     ranges: dict[str, tuple[int, int]]
     points: int
@@ -102,6 +103,7 @@ class Coverage:
     grid: dict[str, tuple[int, ...]] = field(default_factory=dict)
     more_grids: tuple[dict[str, tuple[int, ...]], ...] = ()
     grid_every_mix: bool = False
+    one_mix: Callable[[dict], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,9 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
             ws = W.load_workloads(TRACES / which, name)
             grids = (cov.grid, *cov.more_grids) if which == "coverage" else ()
             grid = [dict(zip(g, v)) for g in grids if g for v in itertools.product(*g.values())]
-            per_grid_shape = len(cov.mixes) if cov.grid_every_mix else 1
+            def per_grid_shape(g):  # every mix, where the mixes differ
+                return len(cov.mixes) if cov.grid_every_mix and not (cov.one_mix and cov.one_mix(g)) else 1
+
             # the grids add the shapes not drawn or added already (a one-axis log grid shares its ends
             # with the draws)
             drawn = [w.axes for w in ws[:cov.points]]
@@ -246,11 +248,11 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
             for g in grid:
                 if cov.complete(dict(g)) is not None and cov.complete(dict(g)) not in drawn + added:
                     added.append(cov.complete(dict(g)))
-            assert len(ws) == (cov.points + per_grid_shape * len(added) if which == "coverage" else cov.heldout), \
+            assert len(ws) == (cov.points + sum(map(per_grid_shape, added)) if which == "coverage" else cov.heldout), \
                 (which, name)
             for g in added:  # every grid shape not drawn before is there, in each mix
                 found = [w for w in ws if all(w.axes[k] == v for k, v in g.items())]
-                assert len(found) == per_grid_shape, (name, g)
+                assert len(found) == per_grid_shape(g), (name, g)
             uuids = {w.uuid for w in ws}
             assert len(uuids) == len(ws) and not uuids & seen, "uuids repeat within or across sets"
             seen |= uuids
@@ -261,6 +263,23 @@ def test_coverage_and_heldout_sets_span_the_spec_ranges():
                     assert (min(values), max(values)) == (lo, hi), (name, axis)
             for w in ws:
                 assert cov.complete(dict(w.axes)) == dict(w.axes)
+
+
+def test_prefill_coverage_has_one_and_two_sequence_prompts_once_per_mix():
+    """A prompt or two of 100-1,000 tokens, the commonest prefill, is on every prefill's coverage grid;
+    one sequence is the same workload in every length mix, so it is there once."""
+    for name in definitions.names():
+        cov = definitions.get(name).spec.coverage
+        if cov is None or "num_seqs" not in cov.ranges or "total_seq_len" not in cov.ranges:
+            continue
+        ws = W.load_workloads(TRACES / "coverage", name)
+        grid_ws = ws[cov.points:]
+        for n in (1, 2):
+            lengths = sorted({w.axes["total_seq_len"] for w in grid_ws if w.axes["num_seqs"] == n})
+            assert any(100 <= t <= 1024 for t in lengths), (name, n, lengths)
+        one = [w.axes["total_seq_len"] for w in grid_ws if w.axes["num_seqs"] == 1]
+        assert one and len(one) == len(set(one)), (name, one)
+        assert cov.one_mix({"num_seqs": 1}) and not cov.one_mix({"num_seqs": 2})
 
 
 def test_prefill_coverage_mixes_are_valid_partitions():

@@ -170,7 +170,8 @@ def sampled_traces(defn: dict, spec, which: str) -> tuple[list[dict], dict]:
     for i, axes in enumerate(sample_shapes(spec.coverage, which, rng)):
         if which != "coverage":
             chosen = [rng.choice(mixes)]
-        elif i >= spec.coverage.points and spec.coverage.grid_every_mix:  # a grid shape: every mix,
+        elif (i >= spec.coverage.points and spec.coverage.grid_every_mix  # a grid shape: every mix,
+              and not (spec.coverage.one_mix and spec.coverage.one_mix(axes))):
             chosen = [mixes[(i + k) % len(mixes)] for k in range(len(mixes))]  # its own one first
         else:
             chosen = [mixes[i % len(mixes)]]

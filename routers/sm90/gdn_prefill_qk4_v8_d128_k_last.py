@@ -6,27 +6,27 @@
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # measured    up to 2026-11-27T12:37:20Z
-# workloads   252 (workload-set digest 4a825866da81bcf4)
+# workloads   240 (workload-set digest 8f66636c2ee09bf5)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       5f880aff8b2e1e91  252/252  1.00x
-#   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  236/236  0.91x
-#   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  236/236  0.80x
-#   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  236/236  0.28x
-#   cuda_prefill_thread_rows.k2c16   09d6dc419402c053  236/236  0.46x
-#   cuda_prefill_thread_rows.k2c8    fe37bc3b453634d0  236/236  0.45x
-#   cuda_prefill_thread_rows.k4c16   ae94dd39ce72c56c  236/236  0.76x
-#   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  236/236  0.71x
-#   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  236/236  0.96x
-#   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  236/236  0.82x
-#   fla_chunk                        c14e11d82c90d1f6  252/252  0.02x  [252 not graph-safe]
-#   flashqla_chunk                   5e5c152ba7fedf0f  252/252  0.05x  [252 not graph-safe]
+#   flashinfer                       5f880aff8b2e1e91  240/240  1.00x
+#   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  224/224  0.93x
+#   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  224/224  0.82x
+#   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  224/224  0.30x
+#   cuda_prefill_thread_rows.k2c16   09d6dc419402c053  224/224  0.48x
+#   cuda_prefill_thread_rows.k2c8    fe37bc3b453634d0  224/224  0.47x
+#   cuda_prefill_thread_rows.k4c16   ae94dd39ce72c56c  224/224  0.79x
+#   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  224/224  0.73x
+#   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  224/224  0.98x
+#   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  224/224  0.84x
+#   fla_chunk                        c14e11d82c90d1f6  240/240  0.03x  [240 not graph-safe]
+#   flashqla_chunk                   5e5c152ba7fedf0f  240/240  0.05x  [240 not graph-safe]
 #   reference                        92f6f4739a2a173e  155/155  0.00x
-#   triton_prefill_chunked.v16       ea060f186fe1287b  252/252  1.05x
-#   triton_prefill_chunked.v64       6d00e89064f7cc16  252/252  1.03x
-#   triton_prefill_fused.c16v32      fb6428ddba622888  252/252  1.36x
-#   triton_prefill_fused.c16v64      d797613afc23d91f  252/252  1.18x
-#   triton_prefill_recurrent         1b61fa10fb7e9611  252/252  0.49x
+#   triton_prefill_chunked.v16       ea060f186fe1287b  240/240  1.03x
+#   triton_prefill_chunked.v64       6d00e89064f7cc16  240/240  1.02x
+#   triton_prefill_fused.c16v32      fb6428ddba622888  240/240  1.37x
+#   triton_prefill_fused.c16v64      d797613afc23d91f  240/240  1.19x
+#   triton_prefill_recurrent         1b61fa10fb7e9611  240/240  0.50x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
 #   cuda_prefill_thread_rows.k16c8   cfg=(16, 8, 8)
@@ -47,18 +47,18 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.72% mean, 116.59% max;
-#             1.354x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.14% mean, 133.04% max;
-#             3.008x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.05% mean, 116.59% max;
+#             1.348x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.98% mean, 133.04% max;
+#             2.937x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 32 and num_seqs <= 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c16, 6 workloads, 8.16x (6.40x .. 10.73x) over flashinfer; then cuda_prefill_thread_rows.k16c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 32 and 13 < mean_seq_len <= 144: triton_prefill_fused.c16v32, 15 workloads, 5.54x (4.84x .. 6.53x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   3. total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13: cuda_prefill_thread_rows.k16c8, 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 144: triton_prefill_chunked.v16, 17 workloads, 1.42x (1.35x .. 1.47x) over flashinfer; then triton_prefill_chunked.v64
+#   4. total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 144: triton_prefill_chunked.v16, 7 workloads, 1.43x (1.36x .. 1.47x) over flashinfer; then triton_prefill_chunked.v64
 #   5. total_seq_len <= 1485 and num_seqs > 3 and mean_seq_len > 144: triton_prefill_chunked.v16, 7 workloads, 1.81x (1.38x .. 2.01x) over flashinfer; then triton_prefill_chunked.v64
 #   6. total_seq_len <= 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144: triton_prefill_chunked.v16, 20 workloads, 1.65x (1.09x .. 1.95x) over flashinfer
-#   7. 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_fused.c16v32, 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   7. 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_fused.c16v32, 84 workloads, 3.09x (1.42x .. 7.18x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   8. total_seq_len > 32 and num_seqs > 8 and mean_seq_len <= 144: flashinfer (baseline), 35 workloads
 #   9. total_seq_len > 465 and num_seqs <= 8 and mean_seq_len <= 144: triton_prefill_chunked.v64, 10 workloads, 2.18x (1.65x .. 2.68x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 #   10. total_seq_len > 1028 and num_seqs <= 1 and mean_seq_len > 144: flashinfer (baseline), 6 workloads
@@ -66,27 +66,28 @@
 #   12. total_seq_len > 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144: flashinfer (baseline), 17 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 37 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c8, 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   2. total_seq_len <= 712 and 25 < mean_seq_len <= 220: cuda_prefill_thread_rows.k8c16, 94 workloads, 8.03x (1.91x .. 23.67x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 737 and 220 < mean_seq_len <= 443: cuda_prefill_thread_rows.k8c16, 13 workloads, 3.94x (2.19x .. 8.88x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   4. total_seq_len <= 737 and mean_seq_len > 443: triton_prefill_fused.c16v32, 4 workloads, 2.79x (2.38x .. 3.82x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   5. 37 < total_seq_len <= 548 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c16, 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len > 548 and mean_seq_len <= 11: cuda_prefill_thread_rows.k2c8, 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len > 548 and 11 < mean_seq_len <= 25: flashinfer (baseline), 4 workloads
-#   8. 712 < total_seq_len <= 2162 and 26 < mean_seq_len <= 220: triton_prefill_fused.c16v32, 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v64
-#   9. 737 < total_seq_len <= 1797 and mean_seq_len > 220: triton_prefill_fused.c16v32, 16 workloads, 3.35x (1.82x .. 5.44x) over flashinfer; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16
-#   10. 1797 < total_seq_len <= 3022 and mean_seq_len > 241: triton_prefill_chunked.v16, 8 workloads, 1.68x (1.29x .. 2.20x) over flashinfer; then triton_prefill_fused.c16v32
+#   2. total_seq_len <= 712 and 25 < mean_seq_len <= 220: cuda_prefill_thread_rows.k8c16, 90 workloads, 8.08x (1.91x .. 23.67x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 3022 and mean_seq_len > 598: triton_prefill_chunked.v16, 10 workloads, 1.87x (1.29x .. 3.48x) over flashinfer; then triton_prefill_fused.c16v32
+#   4. total_seq_len <= 3627 and num_seqs > 2 and 220 < mean_seq_len <= 598: triton_prefill_fused.c16v32, 8 workloads, 2.83x (1.82x .. 5.17x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   5. num_seqs <= 2 and 220 < mean_seq_len <= 434: cuda_prefill_thread_rows.k8c16, 12 workloads, 3.65x (2.19x .. 5.84x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent
+#   6. num_seqs <= 2 and 434 < mean_seq_len <= 598: triton_prefill_fused.c16v32, 4 workloads, 3.61x (2.78x .. 5.44x) over flashinfer; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16
+#   7. 37 < total_seq_len <= 548 and mean_seq_len <= 25: cuda_prefill_thread_rows.k8c16, 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   8. total_seq_len > 548 and mean_seq_len <= 11: cuda_prefill_thread_rows.k2c8, 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len > 548 and 11 < mean_seq_len <= 25: flashinfer (baseline), 4 workloads
+#   10. 712 < total_seq_len <= 2162 and 26 < mean_seq_len <= 220: triton_prefill_fused.c16v32, 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, triton_prefill_chunked.v64
 #   11. total_seq_len > 2162 and 25 < mean_seq_len <= 220: flashinfer (baseline), 17 workloads
-#   12. total_seq_len > 3022 and mean_seq_len > 220: flashinfer (baseline), 32 workloads
+#   12. total_seq_len > 3022 and mean_seq_len > 598: flashinfer (baseline), 18 workloads
+#   13. total_seq_len > 3627 and num_seqs > 2 and 220 < mean_seq_len <= 598: flashinfer (baseline), 13 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (None, 3), 'total_seq_len': (None, 32)}, 'workloads': 6, 'speedup': (6.4, 8.16, 10.73), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (13, 144), 'total_seq_len': (None, 32)}, 'workloads': 15, 'speedup': (4.84, 5.54, 6.53), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c8', 'bounds': {'mean_seq_len': (None, 13), 'num_seqs': (3, None), 'total_seq_len': (None, 32)}, 'workloads': 7, 'speedup': (1.6, 5.78, 10.45), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 1028)}, 'workloads': 17, 'speedup': (1.35, 1.42, 1.47), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 1028)}, 'workloads': 7, 'speedup': (1.36, 1.43, 1.47), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (3, None), 'total_seq_len': (None, 1485)}, 'workloads': 7, 'speedup': (1.38, 1.81, 2.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (1, 3), 'total_seq_len': (None, 1797)}, 'workloads': 20, 'speedup': (1.09, 1.65, 1.95), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (32, 465)}, 'workloads': 86, 'speedup': (1.42, 3.07, 7.18), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (32, 465)}, 'workloads': 84, 'speedup': (1.42, 3.09, 7.18), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (8, None), 'total_seq_len': (32, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 144), 'num_seqs': (None, 8), 'total_seq_len': (465, None)}, 'workloads': 10, 'speedup': (1.65, 2.18, 2.68), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
     {'region': 10, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (None, 1), 'total_seq_len': (1028, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
@@ -96,17 +97,18 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 25), 'total_seq_len': (None, 37)}, 'workloads': 27, 'speedup': (4.04, 16.09, 27.49), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (None, 712)}, 'workloads': 94, 'speedup': (1.91, 8.03, 23.67), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (220, 443), 'total_seq_len': (None, 737)}, 'workloads': 13, 'speedup': (2.19, 3.94, 8.88), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (443, None), 'total_seq_len': (None, 737)}, 'workloads': 4, 'speedup': (2.38, 2.79, 3.82), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 25), 'total_seq_len': (37, 548)}, 'workloads': 21, 'speedup': (1.26, 5.92, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (548, None)}, 'workloads': 5, 'speedup': (2.19, 2.45, 2.93), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (11, 25), 'total_seq_len': (548, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (26, 220), 'total_seq_len': (712, 2162)}, 'workloads': 11, 'speedup': (1.71, 2.99, 6.58), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (737, 1797)}, 'workloads': 16, 'speedup': (1.82, 3.35, 5.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (241, None), 'total_seq_len': (1797, 3022)}, 'workloads': 8, 'speedup': (1.29, 1.68, 2.2), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (None, 712)}, 'workloads': 90, 'speedup': (1.91, 8.08, 23.67), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (None, 3022)}, 'workloads': 10, 'speedup': (1.29, 1.87, 3.48), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (220, 598), 'num_seqs': (2, None), 'total_seq_len': (None, 3627)}, 'workloads': 8, 'speedup': (1.82, 2.83, 5.17), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (220, 434), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (2.19, 3.65, 5.84), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (434, 598), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (2.78, 3.61, 5.44), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16')},
+    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 25), 'total_seq_len': (37, 548)}, 'workloads': 21, 'speedup': (1.26, 5.92, 32.35), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (548, None)}, 'workloads': 5, 'speedup': (2.19, 2.45, 2.93), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (11, 25), 'total_seq_len': (548, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (26, 220), 'total_seq_len': (712, 2162)}, 'workloads': 11, 'speedup': (1.71, 2.99, 6.58), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (25, 220), 'total_seq_len': (2162, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (220, None), 'total_seq_len': (3022, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (3022, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (220, 598), 'num_seqs': (2, None), 'total_seq_len': (3627, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -124,7 +126,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 7 workloads, 5.78x (1.60x .. 10.45x) over flashinfer
     if total_seq_len <= 32 and num_seqs > 3 and mean_seq_len <= 13:
         return ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k16c8'
-    # region 4: 17 workloads, 1.42x (1.35x .. 1.47x) over flashinfer
+    # region 4: 7 workloads, 1.43x (1.36x .. 1.47x) over flashinfer
     if total_seq_len <= 1028 and num_seqs <= 1 and mean_seq_len > 144:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
     # region 5: 7 workloads, 1.81x (1.38x .. 2.01x) over flashinfer
@@ -133,7 +135,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 20 workloads, 1.65x (1.09x .. 1.95x) over flashinfer
     if total_seq_len <= 1797 and 1 < num_seqs <= 3 and mean_seq_len > 144:
         return 'triton_prefill_chunked.v16'
-    # region 7: 86 workloads, 3.07x (1.42x .. 7.18x) over flashinfer
+    # region 7: 84 workloads, 3.09x (1.42x .. 7.18x) over flashinfer
     if 32 < total_seq_len <= 465 and num_seqs <= 8 and mean_seq_len <= 144:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 9: 10 workloads, 2.18x (1.65x .. 2.68x) over flashinfer
@@ -148,28 +150,28 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 1: 27 workloads, 16.09x (4.04x .. 27.49x) over flashinfer
     if total_seq_len <= 37 and mean_seq_len <= 25:
         return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 2: 94 workloads, 8.03x (1.91x .. 23.67x) over flashinfer
+    # region 2: 90 workloads, 8.08x (1.91x .. 23.67x) over flashinfer
     if total_seq_len <= 712 and 25 < mean_seq_len <= 220:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 3: 13 workloads, 3.94x (2.19x .. 8.88x) over flashinfer
-    if total_seq_len <= 737 and 220 < mean_seq_len <= 443:
-        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 4: 4 workloads, 2.79x (2.38x .. 3.82x) over flashinfer
-    if total_seq_len <= 737 and mean_seq_len > 443:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer
+    # region 3: 10 workloads, 1.87x (1.29x .. 3.48x) over flashinfer
+    if total_seq_len <= 3022 and mean_seq_len > 598:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 8 workloads, 2.83x (1.82x .. 5.17x) over flashinfer
+    if total_seq_len <= 3627 and num_seqs > 2 and 220 < mean_seq_len <= 598:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 12 workloads, 3.65x (2.19x .. 5.84x) over flashinfer
+    if num_seqs <= 2 and 220 < mean_seq_len <= 434:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 6: 4 workloads, 3.61x (2.78x .. 5.44x) over flashinfer
+    if num_seqs <= 2 and 434 < mean_seq_len <= 598:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 21 workloads, 5.92x (1.26x .. 32.35x) over flashinfer
     if 37 < total_seq_len <= 548 and mean_seq_len <= 25:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 6: 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer
+    # region 8: 5 workloads, 2.45x (2.19x .. 2.93x) over flashinfer
     if total_seq_len > 548 and mean_seq_len <= 11:
         return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 8: 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer
+    # region 10: 11 workloads, 2.99x (1.71x .. 6.58x) over flashinfer
     if 712 < total_seq_len <= 2162 and 26 < mean_seq_len <= 220:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 16 workloads, 3.35x (1.82x .. 5.44x) over flashinfer
-    if 737 < total_seq_len <= 1797 and mean_seq_len > 220:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 8 workloads, 1.68x (1.29x .. 2.20x) over flashinfer
-    if 1797 < total_seq_len <= 3022 and mean_seq_len > 241:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v16'
     return 'flashinfer'

@@ -107,6 +107,11 @@ def prefill_mix(axes: dict, mix: str, g: torch.Generator) -> dict:
     return {}
 
 
+def one_sequence(axes: dict) -> bool:
+    """Coverage.one_mix of the prefills: one sequence is [0, T] in every length mix."""
+    return axes["num_seqs"] == 1
+
+
 def build_prefill(axes, given, ctx) -> dict:
     total, n = axes["total_seq_len"], axes["num_seqs"]
     out = _build_common([total], n, axes, given, ctx)
@@ -339,7 +344,13 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # (583 us against FlashInfer's 523) and to the fused one eagerly (1,123 against
                           # 667) at 16 value heads (H100, 2026-11-27)
                           grid={"num_seqs": (4, 8, 16, 64, 256), "total_seq_len": (512, 1024, 2048, 8192)},
-                          grid_every_mix=True),
+                          # one or two sequences of 100-1,000 tokens (a prompt or two): only random
+                          # draws had measured them, none between ~90 and ~1,350 tokens, and a held-out
+                          # 2 x 186-token call went to FlashInfer at 2.8x the fused kernel's time
+                          # (vLLM's convention, 32 value heads, H100, 2026-11-27)
+                          more_grids=({"num_seqs": (1,), "total_seq_len": (128, 256, 512, 1024)},
+                                      {"num_seqs": (2,), "total_seq_len": (256, 1024)}),
+                          grid_every_mix=True, one_mix=one_sequence),
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
         # times on a grid place them better (H100 measurements of 2026-11-27, hinted fit at 32 / 16 /
@@ -442,7 +453,8 @@ def _gathered_prefill_spec(hq: int, hv: int) -> Spec:
                                      # under 512 tokens only random draws (8 at 32 value heads): held-out
                                      # 119 x 7 and 356 x 19 with one long sequence went to the recurrence,
                                      # 1.3x slower than vLLM's FlashInfer call eagerly (H100, 2026-11-27)
-                                     more_grids=({"num_seqs": (4, 16, 64), "total_seq_len": (128, 256)},)),
+                                     more_grids=({"num_seqs": (4, 16, 64), "total_seq_len": (128, 256)},
+                                                 *pool.coverage.more_grids)),
         estimate=pool.estimate)
 
 
@@ -650,7 +662,7 @@ SPECS = {
                           grid={"num_seqs": (1, 2, 4, 8), "total_seq_len": (128, 192, 256, 384, 512, 768)},
                           # at 2-4 sequences of a few hundred tokens the mix decides between the
                           # recurrence and FlashInfer (held-out 370 x 3, one long: 49% regret)
-                          grid_every_mix=True),
+                          grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
     **{pool_prefill_name(hq, hv): _pool_prefill_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
