@@ -5,8 +5,9 @@
 #                                              (TUNE_ARGS adds tune options: --device cuda:0, --definitions ...,
 #                                              --no-route; the archive is $OUT/tune$TUNE_TAG.tgz)
 #   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on; TUNE_ARGS too)
-#   bash benchmarks/retune.sh check            the routers on the held-out store (regret), the routed op against
-#                                              the baseline on the held-out set, every variant on the reported shapes
+#   bash benchmarks/retune.sh check MINUTES    the routed op against the baseline on the held-out set (BENCH_ARGS adds
+#                                              bench options, e.g. --definitions; TUNE_TAG names the JSON's part)
+#   bash benchmarks/retune.sh reported MINUTES every variant on the shapes the issues reported
 #   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh prefill-host     the contest prefill's library calls, host against device time
@@ -57,13 +58,19 @@ case "$step" in
       --store "$HELDOUT_STORE" --no-route --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -20
     keep tuner/results/heldout/traces ;;
   check)
-    python -m kdispatch.cli route --out /tmp/kd-refit --check "$HELDOUT_STORE" 2>&1 | grep "^\[check\]"  # routers/ untouched
-    timeout 450 python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
-      --json benchmarks/results/bench-heldout-routed-H100.json 2>&1 | tail -30
+    # the regret on the held-out store is `kdispatch route --check` here, on the CPU, after extracting; this
+    # times the routed op itself (456 pairs took ~9 min on 2026-11-27: BENCH_ARGS="--definitions ..." splits
+    # them over two calls; --max-minutes keeps what was measured when time runs out)
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
+      --max-minutes "$minutes" ${BENCH_ARGS:-} --json "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-H100.json" \
+      2>&1 | grep -v "^\[bench\] \[" | tail -40
+    keep "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-H100.json" ;;
+  reported)
     python benchmarks/reported_shapes.py --out /tmp/reported
-    timeout 200 python -m kdispatch.cli bench --workloads /tmp/reported \
-      --json benchmarks/results/bench-reported-H100.json 2>&1 | tail -40
-    keep benchmarks/results/bench-heldout-routed-H100.json benchmarks/results/bench-reported-H100.json ;;
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads /tmp/reported --max-minutes "$minutes" \
+      --json benchmarks/results/bench-reported-H100.json 2>&1 | grep -v "^\[bench\] \[" | tail -40
+    keep benchmarks/results/bench-reported-H100.json ;;
   contest)
     timeout 560 python -m kdispatch.cli bench --workloads traces --variants routed \
       --json benchmarks/results/bench-all-H100.json 2>&1 | tail -30

@@ -335,3 +335,22 @@ def test_bench_calls_the_op_with_each_workloads_hints_too(tmp_path):
     _, summary = flows.bench_table(store, store.envs()[0]["id"], name)
     assert summary["graph"]["routed_geomean_speedup"] and summary["hinted"]["graph"]["routed_geomean_speedup"]
     assert set(summary["hinted"]) == {"graph", "eager"}
+
+
+def test_bench_stops_at_max_minutes_and_says_so(tmp_path):
+    """A time-limited bench keeps what it measured and reports the pairs left (the GPU machine's
+    commands run at most 10 minutes; a bench killed by its timeout wrote nothing)."""
+    from kdispatch.tuner import flows
+
+    name = "gdn_decode_qk4_v8_d128_k_last"
+    folder = tmp_path / "set" / "workloads" / "gdn"
+    folder.mkdir(parents=True)
+    ws = [{"definition": name, "workload": {"uuid": f"decode-{b}", "axes": {"batch_size": b}, "inputs": {}},
+           "solution": None, "evaluation": None} for b in (1, 2)]
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(w) + "\n" for w in ws))
+    kw = dict(definitions=[name], variants=["reference"], device="cpu", quick=True, in_process=True,
+              stream=open(os.devnull, "w"))
+    store, info = flows.bench([tmp_path / "set"], max_minutes=-1, **kw)  # past its deadline at once
+    assert info["complete"] is False and info["pending"] > 0 and not store.results(name)
+    store, info = flows.bench([tmp_path / "set"], **kw)
+    assert info["complete"] is True and info["pending"] == 0 and store.results(name)

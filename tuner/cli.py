@@ -6,7 +6,8 @@
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
-    kdispatch bench --workloads DIR [DIR ...] [--definitions D ...] [--device ...] [--quick] [--json PATH]
+    kdispatch bench --workloads DIR [DIR ...] [--definitions D ...] [--device ...] [--quick] [--max-minutes M]
+                    [--json PATH]
     kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
     kdispatch add <variant.py | solution.json> [--author A] [--parent V] [--archs sm90 ...] [--force]
 
@@ -95,6 +96,8 @@ def add_commands(sub) -> None:
     p.add_argument("--variants", nargs="+", metavar="V",
                    help="only these variants besides the baseline and the routed op ('--variants routed': "
                         "just the baseline against the routed op)")
+    p.add_argument("--max-minutes", type=float, help="stop measuring after this long and report what was "
+                   "measured (the JSON says it is incomplete)")
     p.add_argument("--json", help="also write every measurement and the summary here")
     p.set_defaults(func=cmd_bench)
 
@@ -317,8 +320,8 @@ def cmd_bench(args) -> int:
 
     _check_workloads(args)
     store, info = bench(args.workloads, definitions=args.definitions, variants=args.variants, device=args.device,
-                        quick=args.quick,
-                        trials=args.trials, timeout=args.timeout)
+                        quick=args.quick, trials=args.trials, timeout=args.timeout,
+                        max_minutes=args.max_minutes)
     env = info["env"]
     print(f"{env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
           f"flashinfer {env['flashinfer']}: median µs per call (CUDA graph, rotated inputs); routed/base in "
@@ -348,8 +351,11 @@ def cmd_bench(args) -> int:
                     if m.get("handed_back") else "")
             print(f"    {label:<6} routed {sp} geomean over the baseline{back}; {rg}; "
                   f"slower than baseline beyond the spread: {m['slower_than_baseline']}")
+    if not info["complete"]:
+        print(f"\n[bench] stopped at --max-minutes {args.max_minutes:g}: {info['pending']} (variant, workload) pairs "
+              "not measured; the summary covers the workloads measured")
     if args.json:
-        out = {"env": env, "summary": summaries,
+        out = {"env": env, "complete": info["complete"], "pending": info["pending"], "summary": summaries,
                "results": [dict(vars(r)) for d in info["definitions"] for r in store.results(d)]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")

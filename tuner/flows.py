@@ -319,10 +319,12 @@ def open_stores(paths=None) -> Store:
 
 
 def bench(roots, *, definitions=None, variants=None, device: str = "cuda", quick: bool = False,
-          trials: int | None = None, timeout: float = 300.0, stream=None, in_process: bool | None = None
-          ) -> tuple[Store, dict]:
+          trials: int | None = None, timeout: float = 300.0, stream=None, in_process: bool | None = None,
+          max_minutes: float | None = None) -> tuple[Store, dict]:
     """Measures every variant that runs here (or only `variants`; the baseline always) and the routed
-    op on a workload set (in memory)."""
+    op on a workload set (in memory). `max_minutes`: stop measuring after this long, keeping what was
+    measured (info["complete"] False, info["pending"] the pairs left), so that a time-limited command
+    still reports."""
     stream = stream or sys.stderr
     devices = parse_devices(device)
     env = detect_environment(devices)
@@ -338,8 +340,12 @@ def bench(roots, *, definitions=None, variants=None, device: str = "cuda", quick
 
     total = sum(len(p.pending) for p in plans)
     jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", quick, trials)
-    execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process, timeout=timeout)
-    return store, {"env": env, "definitions": names, "env_id": eid}
+    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+    complete = execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process,
+                       timeout=timeout, deadline=deadline)
+    measured = sum(len(store.results(d, eid)) for d in names)
+    return store, {"env": env, "definitions": names, "env_id": eid, "complete": complete,
+                   "pending": max(total - measured, 0)}
 
 
 def _result(env_id: str, definition: str, v: dict, row: dict) -> Result:

@@ -169,6 +169,8 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
         in_process = devices == ["cpu"]
     if in_process:
         for job in jobs:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             def emit(kind, *payload, _job=job):
                 if kind == "result":
                     row = payload[0]
