@@ -7,7 +7,8 @@
 #
 #   DG_REPO=<DeepGEMM checkout or bare git dir> FMT_REPO=<fmt checkout or git dir> \
 #     bash benchmarks/stage_deepgemm.sh
-#   run: carry [".kd-wheels/deepgemm"], command bash .kd-wheels/deepgemm/gpu-setup.sh
+#   run: carry [".kd-wheels/deepgemm"], command bash .kd-wheels/deepgemm/gpu-setup.sh; then, in the same hold,
+#   `bash benchmarks/deepgemm_diag.sh` (why its first call segfaulted)
 # benchmarks/gpu_env.sh then puts /tmp/kd-deepgemm/src on PYTHONPATH (kernels/library/dsa/deepgemm.py
 # imports `deep_gemm`). DG_COMMIT / FMT_COMMIT pick the commits (default HEAD; the first staging used
 # DeepGEMM 54e2261 = 2.6.1 and fmt 60ccad51). CUTLASS: DeepGEMM pins 4.2.1; the wheel's headers are
