@@ -112,12 +112,25 @@ def one_sequence(axes: dict) -> bool:
     return axes["num_seqs"] == 1
 
 
+def _prefill_cu_seqlens(axes: dict, given: dict, ctx) -> torch.Tensor:
+    """The workload's boundaries: given, or at random cut points (seeded by the workload)."""
+    if "cu_seqlens" in given:
+        return given["cu_seqlens"]
+    return random_cu_seqlens(axes["total_seq_len"], axes["num_seqs"], ctx.rng("cu_seqlens"))
+
+
 def build_prefill(axes, given, ctx) -> dict:
     total, n = axes["total_seq_len"], axes["num_seqs"]
     out = _build_common([total], n, axes, given, ctx)
     if "cu_seqlens" not in given:
-        out["cu_seqlens"] = random_cu_seqlens(total, n, ctx.rng("cu_seqlens"))
+        out["cu_seqlens"] = _prefill_cu_seqlens(axes, given, ctx)
     return out
+
+
+def longest_prefill(axes: dict, given: dict, ctx) -> int:
+    """Tokens of the batch's longest sequence."""
+    cu = _prefill_cu_seqlens(axes, given, ctx).to(torch.int64)
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
 def _state_bytes(args: dict) -> int:
@@ -640,6 +653,10 @@ SPECS = {
         # boundary between them and the chunked kernels runs along it (a diagonal in the other two).
         fit=("total_seq_len", "num_seqs", "mean_seq_len"), main="total_seq_len",
         derived={"mean_seq_len": Derived("total_seq_len // max(num_seqs, 1)", "mean tokens per sequence")},
+        # a caller that knows the longest sequence gets the regions fitted with it, as the engines'
+        # conventions do (the pool prefill's comments below say why it decides)
+        hints={"max_seq_len": Hint("tokens of the longest sequence", longest_prefill)},
+        estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid),
         # Chunked kernels do the intra-chunk math in bf16 (measured ~4e-3 norm error for FlashInfer
         # and fla, whose worst element over millions exceeds 1e-2): 5e-2 elementwise, and the norm
         # bounds catch any systematic drift.
