@@ -71,13 +71,19 @@ def _region_speedup(policy: Policy, r) -> str:
 
 
 def _chains(policy: Policy) -> bool:
-    return any(r.fallbacks for r in policy.regions if r.variant != policy.baseline)
+    return any(r.fallbacks for r in policy.regions)
+
+
+def _routed(policy: Policy, r) -> bool:
+    """Does `route` test this region (a variant's, or the baseline's with stand-ins for where the
+    baseline cannot run)? Other shapes fall through to the baseline."""
+    return r.variant != policy.baseline or bool(r.fallbacks)
 
 
 def _used_features(definition: str, policy: Policy) -> list[str]:
     used = set(policy.measured) if _chains(policy) else set()
     for r in policy.regions:
-        if r.variant != policy.baseline:
+        if _routed(policy, r):
             used.update(r.bounds)
     return [f for f in defs.get(definition).spec.derived if f in used]
 
@@ -112,7 +118,8 @@ def _region_lines(policy: Policy, d: str) -> list[str]:
         cond = _cond(d, r.bounds) or "every shape"
         who = f"{r.variant} (baseline)" if r.variant == policy.baseline else r.variant
         sp = "" if r.variant == policy.baseline else f", {_region_speedup(policy, r)}"
-        then = f"; then {', '.join(r.fallbacks)}" if r.fallbacks else ""
+        then = "" if not r.fallbacks else (f"; where it cannot run here, {', '.join(r.fallbacks)}"
+                                            if r.variant == policy.baseline else f"; then {', '.join(r.fallbacks)}")
         back = "; engine plugins keep the engine's kernel (`hand_back`)" if r.hand_back else ""
         lines.append(f"#   {i}. {cond}: {who}, {r.stats.get('workloads', len(r.uuids))} workloads{sp}{then}{back}")
     return lines
@@ -166,10 +173,12 @@ def _route_body(policy: Policy, d: str) -> list[str]:
         body.append(f"    inside = {inside}  # within the measured ranges: fallbacks apply")
     unconditional = False
     for i, r in enumerate(policy.regions, 1):
-        if r.variant == policy.baseline:
+        if not _routed(policy, r):
             continue
         cond = _cond(d, r.bounds)
-        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, {_region_speedup(policy, r)}")
+        what = ("the baseline; its stand-ins where it cannot run here" if r.variant == policy.baseline
+                else _region_speedup(policy, r))
+        body.append(f"    # region {i}: {r.stats.get('workloads', len(r.uuids))} workloads, {what}")
         if cond:
             body += [f"    if {cond}:", f"        return {_answer(policy, r)}"]
         else:

@@ -82,9 +82,13 @@ between them (no `_tighten`), and the tree may grow deeper (`Estimate.max_depth`
 
 Fallback chains. Each region also lists its other admissible variants, by total cost there
 (`Region.fallbacks`): where the choice declines a shape, is unavailable or raised on it, the
-dispatcher takes the next one instead of the baseline. Only within the measured range of every
-numeric feature (`Policy.measured`): beyond it no variant was measured at all, so only the nearest
-region's best variant is tried (if it accepts the shape), then the baseline.
+dispatcher takes the next one instead of the baseline. A region the baseline keeps lists the
+variants that ran correctly on all its workloads, by total time there: the dispatcher stops at the
+baseline wherever it runs, and takes them only where it cannot (its package is missing: the
+FlashMLA baseline of sparse attention without sgl-flash-mla), rather than the definition's torch
+reference. Only within the measured range of every numeric feature (`Policy.measured`): beyond it
+no variant was measured at all, so only the nearest region's best variant is tried (if it accepts
+the shape), then the baseline.
 
 Generalisation (`heldout_regret`): k-fold over workloads (k = 5, folds by uuid hash): fit on the
 other folds, route the held-out workloads, and compare the chosen variant's latency with the best
@@ -239,7 +243,8 @@ class Region:
     uuids: list[str]
     stats: dict = field(default_factory=dict)
     # the region's other admissible variants, fastest first: where `variant` declines a shape (or is
-    # unavailable, or raises) the dispatcher tries these before the baseline
+    # unavailable, or raises) the dispatcher tries these before the baseline; in a region the baseline
+    # keeps, the variants that ran there, for where the baseline cannot run (`_Matrix.stand_ins`)
     fallbacks: list[str] = field(default_factory=list)
     # engine plugins hand the region's calls back to the engine's own kernel (see `_ops_regions`)
     hand_back: bool = False
@@ -307,6 +312,7 @@ class _Matrix:
         self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
         self.lat = np.full((V, n), np.nan)
         self.ok = np.zeros((V, n), dtype=bool)
+        self.runs = np.zeros((V, n), dtype=bool)  # timed, correct and (graph) capturable: could serve it
         # Graph safety is a property of a variant's code, not of a shape: one that could not be
         # captured on any workload (a host sync, say) is never routed to in a graph, anywhere.
         unsafe = {v for (v, _u), r in t.rows.items() if r.passed and not r.routable} if mode == "graph" else set()
@@ -321,6 +327,7 @@ class _Matrix:
                 if j == 0:
                     self.ok[j, i] = True
                 elif x is not None and name not in unsafe and b is not None and (mode == "eager" or r.routable):
+                    self.runs[j, i] = True
                     self.ok[j, i] = not b.passed or (tb is not None and
                                                      beats(x, tb, required_gain(params, t.definition, name)))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
@@ -376,6 +383,16 @@ class _Matrix:
         costs = self.cost[:, idx].sum(axis=1)
         return [self.names[j] for j in sorted(range(1, len(self.names)), key=lambda j: (costs[j], self.names[j]))
                 if good[j] and j != chosen]
+
+    def stand_ins(self, idx: np.ndarray) -> list[str]:
+        """For a region the baseline keeps (idx: its measured workloads): the other variants that ran
+        on every one of them, by their total time over the baseline's there (ties by name); not the
+        torch reference, which the dispatcher falls back to anyway."""
+        if not len(idx):
+            return []
+        good = self.runs[1:, idx].all(axis=1) & np.array([n != registry.REFERENCE for n in self.names[1:]])
+        ratio = (self.lat[1:, idx] / np.maximum(self.lat[0, idx], 1e-9)).sum(axis=1)
+        return [self.names[j + 1] for j in sorted(np.flatnonzero(good), key=lambda j: (ratio[j], self.names[j + 1]))]
 
     def _cut_table(self, idx: np.ndarray):
         """idx sorted by each feature (columns), and for each position k < len(idx) - 1 of each
@@ -476,7 +493,8 @@ def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False) 
     else:
         boxes = _tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m)
     return [Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx) if i < n],
-                   fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj else [])
+                   fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj
+                   else m.stand_ins(np.array(sorted(i for i in idx if i < n), dtype=np.int64)))
             for bounds, vj, idx in boxes], m
 
 
@@ -494,8 +512,8 @@ def _ops_regions(table: Table, params: FitParams, mode: str, regions: list[Regio
         sub, _ = _regions(table.subset(r.uuids), params, mode, guarded=True)
         for s in sub:
             bounds = _intersect(r.bounds, s.bounds)
-            out.append(Region(bounds, s.variant, s.uuids) if s.variant == table.baseline
-                       else Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks, hand_back=True))
+            out.append(Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks,
+                              hand_back=s.variant != table.baseline))
     return out
 
 

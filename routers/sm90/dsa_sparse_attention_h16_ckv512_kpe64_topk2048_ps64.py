@@ -45,9 +45,9 @@
 #   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.54x (6.18x .. 8.38x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.87x (4.24x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.29x .. 3.57x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads
+#   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
 #   5. 121 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.22x) over flashmla_sparse
-#   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads
+#   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.13x (1.10x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 2: cuda_splitk.s16, 11 workloads, 3.38x (1.77x .. 6.06x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b32s64, cuda_splitk.s1, triton_splitk.b64s1
@@ -63,9 +63,9 @@ REGIONS = (
     {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (6.18, 7.54, 8.38), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.24, 4.87, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.29, 2.29, 3.57), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (121, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.22), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
     {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.13, 1.13), 'fallbacks': ()},
 )
 
@@ -93,9 +93,15 @@ def route(num_tokens, num_pages):
     # region 3: 7 workloads, 2.29x (1.29x .. 3.57x) over flashmla_sparse
     if 8 < num_tokens <= 52:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
+    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 52 < num_tokens <= 118:
+        return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'flashmla_sparse'
     # region 5: 3 workloads, 1.16x (1.08x .. 1.22x) over flashmla_sparse
     if 121 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
+    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 269 < num_tokens <= 612:
+        return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
     # region 7: 10 workloads, 1.13x (1.10x .. 1.13x) over flashmla_sparse
     if num_tokens > 612:
         return 'triton_splitk.b64s1'

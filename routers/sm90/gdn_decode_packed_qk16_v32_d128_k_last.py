@@ -44,7 +44,7 @@
 #             1.264x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 56: cuda_decode_pool_rows.r4cs, 14 workloads, 1.18x (1.03x .. 1.70x) over sglang_packed_decode
-#   2. batch_size > 56: sglang_packed_decode (baseline), 9 workloads
+#   2. batch_size > 56: sglang_packed_decode (baseline), 9 workloads; where it cannot run here, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 3.05x (2.86x .. 3.27x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs
 #   2. 3 < batch_size <= 32: cuda_decode_pool_rows.r8cs, 9 workloads, 2.31x (1.65x .. 3.50x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
@@ -54,7 +54,7 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 56)}, 'workloads': 14, 'speedup': (1.03, 1.18, 1.7), 'fallbacks': ()},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -68,9 +68,13 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 
 def route(batch_size, num_slots):
+    inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
     # region 1: 14 workloads, 1.18x (1.03x .. 1.70x) over sglang_packed_decode
     if batch_size <= 56:
         return 'cuda_decode_pool_rows.r4cs'
+    # region 2: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 56:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 

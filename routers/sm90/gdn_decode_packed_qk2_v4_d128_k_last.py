@@ -45,7 +45,7 @@
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 8: cuda_decode_pool_rows.r1cs, 7 workloads, 1.91x (1.75x .. 2.15x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
 #   2. 8 < batch_size <= 245: cuda_decode_pool_rows.r4cs, 13 workloads, 1.24x (1.05x .. 1.70x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   3. batch_size > 245: sglang_packed_decode (baseline), 3 workloads
+#   3. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 8: cuda_decode_pool_rows.r1, 7 workloads, 3.59x (2.80x .. 5.57x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs
 #   2. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 6 workloads, 3.07x (2.55x .. 4.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2
@@ -56,7 +56,7 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (1.75, 1.91, 2.15), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
     {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 245)}, 'workloads': 13, 'speedup': (1.05, 1.24, 1.7), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -77,6 +77,9 @@ def route(batch_size, num_slots):
     # region 2: 13 workloads, 1.24x (1.05x .. 1.70x) over sglang_packed_decode
     if 8 < batch_size <= 245:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 245:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 

@@ -45,7 +45,7 @@
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 16 workloads, 1.39x (1.04x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r2
 #   2. 88 < batch_size <= 193: cuda_decode_pool_rows.r8cs, 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8
-#   3. batch_size > 193: sglang_packed_decode (baseline), 4 workloads
+#   3. batch_size > 193: sglang_packed_decode (baseline), 4 workloads; where it cannot run here, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 3.61x (3.01x .. 4.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
 #   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r8, 3 workloads, 2.97x (2.74x .. 3.33x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
@@ -58,7 +58,7 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 16, 'speedup': (1.04, 1.39, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r2',)},
     {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (88, 193)}, 'workloads': 3, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8')},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -81,6 +81,9 @@ def route(batch_size, num_slots):
     # region 2: 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode
     if 88 < batch_size <= 193:
         return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 193:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 

@@ -42,7 +42,7 @@
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 48: cuda_decode_warp_rows.r2cs, 66 workloads, 1.42x (1.11x .. 1.95x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
 #   2. 48 < batch_size <= 604: triton_decode_splitv, 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   3. batch_size > 604: flashinfer (baseline), 4 workloads
+#   3. batch_size > 604: flashinfer (baseline), 4 workloads; where it cannot run here, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, fla_fused_recurrent
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 2: cuda_decode_warp_rows.r8, 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
 #   2. 2 < batch_size <= 4: cuda_decode_warp_rows.r1, 10 workloads, 2.34x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
@@ -57,7 +57,7 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (None, 48)}, 'workloads': 66, 'speedup': (1.11, 1.42, 1.95), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
     {'region': 2, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (48, 604)}, 'workloads': 29, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'fla_fused_recurrent')},
 )
 
 REGIONS_EAGER = (
@@ -82,6 +82,9 @@ def route(batch_size):
     # region 2: 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
     if 48 < batch_size <= 604:
         return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
+    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 604:
+        return ('flashinfer', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'fla_fused_recurrent') if inside else 'flashinfer'
     return 'flashinfer'
 
 

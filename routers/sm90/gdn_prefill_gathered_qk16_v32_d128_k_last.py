@@ -37,8 +37,8 @@
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 106: triton_prefill_fused.c16v64, 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   2. 106 < total_seq_len <= 678 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
-#   3. 106 < total_seq_len <= 678 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 26 workloads
-#   4. total_seq_len > 678: vllm_flashinfer_prefill (baseline), 59 workloads
+#   3. 106 < total_seq_len <= 678 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len > 678: vllm_flashinfer_prefill (baseline), 59 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 106 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.92x (3.62x .. 13.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   2. total_seq_len <= 212 and 5 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.05x (1.43x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
@@ -46,14 +46,14 @@
 #   4. 106 < total_seq_len <= 268 and num_seqs <= 5: triton_prefill_fused.c16v64, 6 workloads, 2.08x (1.43x .. 4.63x) over vllm_flashinfer_prefill
 #   5. 212 < total_seq_len <= 268 and num_seqs > 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.88x (1.57x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
 #   6. total_seq_len > 268 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 268 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 73 workloads
+#   7. total_seq_len > 268 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 73 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (1.17, 2.89, 5.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (106, 678)}, 'workloads': 11, 'speedup': (1.18, 1.3, 1.43), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (106, 678)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (678, None)}, 'workloads': 59, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (106, 678)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (678, None)}, 'workloads': 59, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
@@ -63,7 +63,7 @@ REGIONS_EAGER = (
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (106, 268)}, 'workloads': 6, 'speedup': (1.43, 2.08, 4.63), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.57, 1.88, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.46, 1.48, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, None)}, 'workloads': 73, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, None)}, 'workloads': 73, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -78,6 +78,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
     if 106 < total_seq_len <= 678 and mean_seq_len <= 6:
         return 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 26 workloads, the baseline; its stand-ins where it cannot run here
+    if 106 < total_seq_len <= 678 and mean_seq_len > 6:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 59 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 678:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -102,6 +108,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len > 268 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 73 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -122,18 +131,18 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   5. total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.20x (1.17x .. 1.22x) over vllm_flashinfer_prefill
 #   6. num_seqs <= 90 and mean_seq_len <= 6 and 56 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
 #   7. num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   8. 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 2 workloads
-#   9. num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 67 workloads
+#   8. 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 67 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   10. num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   11. num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 3 workloads
+#   11. num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   12. num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   13. num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 1 workloads
+#   13. num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   14. 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8
 #   15. total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.31x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
 #   16. total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   17. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 4 workloads
+#   17. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   18. total_seq_len > 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: vllm_flashinfer_prefill (baseline), 2 workloads
+#   19. total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   20. total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   21. total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.17x (1.13x .. 1.19x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # regions     eager calls: `route_hinted_eager`
@@ -159,21 +168,21 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   20. 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   21. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
 #   22. total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   23. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads
+#   23. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   24. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
 #   25. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178: triton_prefill_fused.c16v64, 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 22 workloads
+#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   27. total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 28 workloads
-#   29. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 2 workloads
-#   30. total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads
+#   28. total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   29. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   30. total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   31. total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40: triton_prefill_fused.c16v64, 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 4 workloads
-#   33. total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: vllm_flashinfer_prefill (baseline), 1 workloads
+#   32. total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   34. total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
 #   35. total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   36. total_seq_len > 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads
+#   37. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   38. total_seq_len > 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
@@ -184,18 +193,18 @@ REGIONS_HINTED = (
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.2, 1.22), 'fallbacks': ()},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 79), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (79, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (22, None), 'num_seqs': (2, 34)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (6, None), 'num_seqs': (2, None)}, 'workloads': 67, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (22, None), 'num_seqs': (2, 34)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (6, None), 'num_seqs': (2, None)}, 'workloads': 67, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 5), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, None), 'num_seqs': (34, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, None), 'num_seqs': (34, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (90, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.31, 1.37, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 6), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.29, 1.34, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 22), 'num_seqs': (2, 34), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.13, 1.17, 1.19), 'fallbacks': (), 'hand_back': True},
 )
@@ -223,21 +232,21 @@ REGIONS_HINTED_EAGER = (
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (268, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
     {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (None, 23), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
     {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (23, 47), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (47, None), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (47, None), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 139), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 178), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.28, 1.4, 1.54), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 236), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 48), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 48), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (48, 90), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.77, 1.77, 1.77), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.25, 1.42, 1.73), 'fallbacks': ()},
     {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
     {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (45, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
@@ -268,12 +277,24 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 7: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
     if num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79:
         return 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 67 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 12: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
     if num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 14: 0 workloads, by estimated times (no measured workload in it)
     if 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -283,6 +304,12 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 16: 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 20: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
@@ -361,24 +388,48 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 22: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:
         return 'triton_prefill_fused.c16v64'
+    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 25: 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178:
         return 'triton_prefill_fused.c16v64'
+    # region 26: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 28: 28 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 31: 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40:
         return 'triton_prefill_fused.c16v64'
+    # region 32: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 34: 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
     if total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25:
         return 'cuda_prefill_pool_rows.k2c8'
     # region 35: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25:
         return 'triton_prefill_fused.c16v64'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 

@@ -38,32 +38,32 @@
 #   1. total_seq_len <= 76 and num_seqs <= 30 and mean_seq_len <= 53: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.95x (1.59x .. 9.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
 #   2. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53: triton_prefill_chunked.v64, 11 workloads, 1.50x (1.13x .. 1.77x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 53: triton_prefill_chunked.v64, 18 workloads, 1.88x (1.05x .. 2.82x) over vllm_flashinfer_prefill
-#   4. num_seqs > 30 and mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 31 workloads
+#   4. num_seqs > 30 and mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   5. total_seq_len > 76 and num_seqs <= 28 and mean_seq_len <= 53: triton_prefill_fused.c16v32, 13 workloads, 3.52x (1.24x .. 7.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   6. total_seq_len > 1448 and num_seqs <= 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 9 workloads
-#   7. total_seq_len > 3436 and num_seqs > 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 14 workloads
+#   6. total_seq_len > 1448 and num_seqs <= 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. total_seq_len > 3436 and num_seqs > 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 126 and num_seqs <= 225 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.23x (2.01x .. 14.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 362 and 6 < mean_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.71x (2.53x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1448 and 21 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.94x (1.29x .. 11.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   4. total_seq_len <= 1448 and 37 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 3.34x (1.41x .. 7.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   5. total_seq_len <= 1874 and mean_seq_len > 90: triton_prefill_fused.c16v64, 13 workloads, 2.46x (1.30x .. 3.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. num_seqs > 225 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads
+#   6. num_seqs > 225 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   7. total_seq_len > 126 and num_seqs <= 225 and mean_seq_len <= 5: cuda_prefill_pool_rows.k8c8, 7 workloads, 2.31x (1.23x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len > 362 and 6 < mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 9 workloads
-#   9. total_seq_len > 1448 and 21 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 7 workloads
+#   8. total_seq_len > 362 and 6 < mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len > 1448 and 21 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   10. 1874 < total_seq_len <= 3383 and mean_seq_len > 90: triton_prefill_chunked.v64, 11 workloads, 1.70x (1.10x .. 2.62x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 19 workloads
+#   11. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 30), 'total_seq_len': (None, 76)}, 'workloads': 6, 'speedup': (1.59, 4.95, 9.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 11, 'speedup': (1.13, 1.5, 1.77), 'fallbacks': ()},
     {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (4, None), 'total_seq_len': (None, 3436)}, 'workloads': 18, 'speedup': (1.05, 1.88, 2.82), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (30, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (30, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 28), 'total_seq_len': (76, None)}, 'workloads': 13, 'speedup': (1.24, 3.52, 7.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (4, None), 'total_seq_len': (3436, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (4, None), 'total_seq_len': (3436, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
@@ -72,12 +72,12 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (21, 37), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.29, 4.94, 11.56), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 90), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (1.41, 3.34, 7.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 1874)}, 'workloads': 13, 'speedup': (1.3, 2.46, 3.43), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (225, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (225, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 225), 'total_seq_len': (126, None)}, 'workloads': 7, 'speedup': (1.23, 2.31, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 21), 'total_seq_len': (362, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 90), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 21), 'total_seq_len': (362, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 90), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (1874, 3383)}, 'workloads': 11, 'speedup': (1.1, 1.7, 2.62), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -95,9 +95,18 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 18 workloads, 1.88x (1.05x .. 2.82x) over vllm_flashinfer_prefill
     if total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 53:
         return 'triton_prefill_chunked.v64'
+    # region 4: 31 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 30 and mean_seq_len <= 53:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 5: 13 workloads, 3.52x (1.24x .. 7.04x) over vllm_flashinfer_prefill
     if total_seq_len > 76 and num_seqs <= 28 and mean_seq_len <= 53:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs <= 4 and mean_seq_len > 53:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3436 and num_seqs > 4 and mean_seq_len > 53:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -119,12 +128,24 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 13 workloads, 2.46x (1.30x .. 3.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 1874 and mean_seq_len > 90:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 225 and mean_seq_len <= 6:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 7: 7 workloads, 2.31x (1.23x .. 2.90x) over vllm_flashinfer_prefill
     if total_seq_len > 126 and num_seqs <= 225 and mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and 6 < mean_seq_len <= 21:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 21 < mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 10: 11 workloads, 1.70x (1.10x .. 2.62x) over vllm_flashinfer_prefill
     if 1874 < total_seq_len <= 3383 and mean_seq_len > 90:
         return 'triton_prefill_chunked.v64'
+    # region 11: 19 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4089 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -142,35 +163,35 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   2. total_seq_len <= 45 and num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 1 workloads, 6.15x (6.15x .. 6.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   4. total_seq_len <= 181 and 21 < num_seqs <= 35 and 11 < max_seq_len <= 32: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads
+#   5. total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
 #   6. total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and 21 < max_seq_len <= 44: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads
+#   7. total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   8. total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 44: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
 #   9. total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 44: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   10. total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.49x (1.31x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   11. total_seq_len <= 1448 and 35 < num_seqs <= 90 and 9 < mean_seq_len <= 11 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 0 workloads
 #   12. total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len <= 80: triton_prefill_fused.c16v64, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 80: vllm_flashinfer_prefill (baseline), 2 workloads
+#   13. total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 80: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   14. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   15. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and 12 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads
+#   16. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   17. total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len <= 724 and max_seq_len > 210: triton_prefill_chunked.v64, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
 #   18. total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len > 724 and max_seq_len > 210: vllm_flashinfer_prefill (baseline), 0 workloads
 #   19. total_seq_len <= 2450 and 2 < num_seqs <= 21 and 210 < max_seq_len <= 1444: triton_prefill_chunked.v64, 20 workloads, 1.71x (1.13x .. 2.76x) over vllm_flashinfer_prefill
-#   20. total_seq_len <= 2450 and 2 < num_seqs <= 21 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads
+#   20. total_seq_len <= 2450 and 2 < num_seqs <= 21 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   21. num_seqs <= 21 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.83x (7.79x .. 9.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   22. num_seqs <= 21 and 18 < max_seq_len <= 210: triton_prefill_fused.c16v32, 20 workloads, 3.11x (1.41x .. 5.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   23. total_seq_len > 45 and num_seqs <= 21 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 2 workloads, 6.95x (6.85x .. 7.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   24. 181 < total_seq_len <= 1448 and 21 < num_seqs <= 35 and max_seq_len > 169: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
 #   25. 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 45: triton_prefill_fused.c16v64, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads
+#   26. 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   27. total_seq_len > 181 and 21 < num_seqs <= 35 and max_seq_len <= 169: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
 #   28. total_seq_len > 1448 and 21 < num_seqs <= 35 and max_seq_len > 169: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 1448 and num_seqs > 35: vllm_flashinfer_prefill (baseline), 17 workloads
+#   29. total_seq_len > 1448 and num_seqs > 35: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   30. 2450 < total_seq_len <= 3465 and num_seqs <= 21 and 210 < max_seq_len <= 1225: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 2450 < total_seq_len <= 3465 and num_seqs <= 21 and max_seq_len > 1225: vllm_flashinfer_prefill (baseline), 1 workloads
+#   31. 2450 < total_seq_len <= 3465 and num_seqs <= 21 and max_seq_len > 1225: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   32. total_seq_len > 3465 and num_seqs <= 21 and 210 < max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 3465 and num_seqs <= 21 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 11 workloads
+#   33. total_seq_len > 3465 and num_seqs <= 21 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 38 and num_seqs <= 2 and 7 < max_seq_len <= 97: cuda_prefill_pool_rows.k4c8, 1 workloads, 7.52x (7.52x .. 7.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   2. total_seq_len <= 38 and num_seqs <= 51 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.35x (3.01x .. 14.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
@@ -183,9 +204,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   9. total_seq_len <= 1448 and num_seqs <= 51 and 511 < max_seq_len <= 564: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   10. total_seq_len <= 2896 and 5 < num_seqs <= 51 and max_seq_len > 564: triton_prefill_chunked.v64, 5 workloads, 1.64x (1.33x .. 1.87x) over vllm_flashinfer_prefill
 #   11. num_seqs <= 2 and 564 < max_seq_len <= 3465: triton_prefill_chunked.v64, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-#   12. num_seqs <= 2 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads
+#   12. num_seqs <= 2 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   13. 2 < num_seqs <= 5 and 564 < max_seq_len <= 2046: triton_prefill_chunked.v64, 3 workloads, 1.81x (1.51x .. 2.14x) over vllm_flashinfer_prefill
-#   14. 2 < num_seqs <= 5 and max_seq_len > 2046: vllm_flashinfer_prefill (baseline), 4 workloads
+#   14. 2 < num_seqs <= 5 and max_seq_len > 2046: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   15. 38 < total_seq_len <= 181 and num_seqs <= 51 and 45 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 3 workloads, 3.07x (2.01x .. 6.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
 #   16. total_seq_len > 38 and num_seqs <= 51 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 2 workloads, 6.25x (5.43x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   17. total_seq_len > 38 and num_seqs <= 51 and 17 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.91x (5.70x .. 11.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -195,10 +216,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   21. 224 < total_seq_len <= 567 and num_seqs <= 51 and 97 < max_seq_len <= 511: triton_prefill_fused.c16v32, 11 workloads, 3.25x (1.52x .. 7.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   22. 362 < total_seq_len <= 724 and num_seqs > 51 and 64 < max_seq_len <= 198: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
 #   23. 362 < total_seq_len <= 2896 and num_seqs > 51 and 198 < max_seq_len <= 256: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   24. 362 < total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 6 workloads
+#   24. 362 < total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   25. total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.90x (1.25x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
 #   26. total_seq_len > 362 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 9 workloads, 1.97x (1.56x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   27. total_seq_len > 362 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 49: vllm_flashinfer_prefill (baseline), 1 workloads
+#   27. total_seq_len > 362 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 49: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   28. total_seq_len > 567 and num_seqs <= 51 and 97 < max_seq_len <= 511: triton_prefill_fused.c16v64, 12 workloads, 2.74x (1.59x .. 3.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   29. 724 < total_seq_len <= 5947 and 51 < num_seqs <= 90 and 64 < max_seq_len <= 198: triton_prefill_fused.c16v32, 2 workloads, 1.92x (1.48x .. 2.50x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
 #   30. 724 < total_seq_len <= 5947 and num_seqs > 90 and 64 < max_seq_len <= 198: triton_prefill_fused.c16v64, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -208,45 +229,45 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   34. total_seq_len > 1448 and 22 < num_seqs <= 51 and 511 < max_seq_len <= 564: vllm_flashinfer_prefill (baseline), 0 workloads
 #   35. 2896 < total_seq_len <= 5947 and num_seqs > 51 and max_seq_len > 198: vllm_flashinfer_prefill (baseline), 0 workloads
 #   36. total_seq_len > 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564: triton_prefill_fused.c16v64, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   37. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len <= 193 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 1 workloads
+#   37. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len <= 193 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   38. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and 564 < max_seq_len <= 854: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and max_seq_len > 854: vllm_flashinfer_prefill (baseline), 6 workloads
-#   40. total_seq_len > 5947 and num_seqs > 51 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 8 workloads
+#   39. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and max_seq_len > 854: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   40. total_seq_len > 5947 and num_seqs > 51 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (5, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.15, 6.15, 6.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 32), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 44), 'mean_seq_len': (None, 9), 'num_seqs': (35, 51), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 51), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 51), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 44), 'mean_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.31, 1.49, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (9, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 80), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (80, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (80, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 45), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 2), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
     {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (210, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 2450)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, 1444), 'num_seqs': (2, 21), 'total_seq_len': (None, 2450)}, 'workloads': 20, 'speedup': (1.13, 1.71, 2.76), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (2, 21), 'total_seq_len': (None, 2450)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (2, 21), 'total_seq_len': (None, 2450)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 21, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (7.79, 8.83, 9.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 210), 'num_seqs': (None, 21)}, 'workloads': 20, 'speedup': (1.41, 3.11, 5.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'num_seqs': (None, 21), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (6.85, 6.95, 7.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 24, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (169, None), 'num_seqs': (21, 35), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 45), 'mean_seq_len': (None, 9), 'num_seqs': (35, 90), 'total_seq_len': (181, 1448)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 90), 'total_seq_len': (181, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 90), 'total_seq_len': (181, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 169), 'num_seqs': (21, 35), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (169, None), 'num_seqs': (21, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 30, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, 1225), 'num_seqs': (None, 21), 'total_seq_len': (2450, 3465)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1225, None), 'num_seqs': (None, 21), 'total_seq_len': (2450, 3465)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1225, None), 'num_seqs': (None, 21), 'total_seq_len': (2450, 3465)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (210, 724), 'num_seqs': (None, 21), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (None, 21), 'total_seq_len': (3465, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (None, 21), 'total_seq_len': (3465, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -261,9 +282,9 @@ REGIONS_HINTED_EAGER = (
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (None, 51), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (5, 51), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.33, 1.64, 1.87), 'fallbacks': ()},
     {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, 3465), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, 2046), 'num_seqs': (2, 5)}, 'workloads': 3, 'speedup': (1.51, 1.81, 2.14), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2046, None), 'num_seqs': (2, 5)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2046, None), 'num_seqs': (2, 5)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 97), 'num_seqs': (None, 51), 'total_seq_len': (38, 181)}, 'workloads': 3, 'speedup': (2.01, 3.07, 6.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (None, 51), 'total_seq_len': (38, None)}, 'workloads': 2, 'speedup': (5.43, 6.25, 7.19), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 45), 'num_seqs': (None, 51), 'total_seq_len': (38, None)}, 'workloads': 5, 'speedup': (5.7, 7.91, 11.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
@@ -273,10 +294,10 @@ REGIONS_HINTED_EAGER = (
     {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 511), 'num_seqs': (None, 51), 'total_seq_len': (224, 567)}, 'workloads': 11, 'speedup': (1.52, 3.25, 7.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (51, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8'), 'hand_back': True},
     {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (198, 256), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (11, None), 'num_seqs': (51, 181), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.25, 1.9, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
     {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, None)}, 'workloads': 9, 'speedup': (1.56, 1.97, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 511), 'num_seqs': (None, 51), 'total_seq_len': (567, None)}, 'workloads': 12, 'speedup': (1.59, 2.74, 3.43), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (51, 90), 'total_seq_len': (724, 5947)}, 'workloads': 2, 'speedup': (1.48, 1.92, 2.5), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
     {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (90, None), 'total_seq_len': (724, 5947)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': (), 'hand_back': True},
@@ -286,10 +307,10 @@ REGIONS_HINTED_EAGER = (
     {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (22, 51), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (198, None), 'num_seqs': (51, None), 'total_seq_len': (2896, 5947)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (None, 193), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (None, 193), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (564, 854), 'mean_seq_len': (193, None), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (854, None), 'mean_seq_len': (193, None), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'num_seqs': (51, None), 'total_seq_len': (5947, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (854, None), 'mean_seq_len': (193, None), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'num_seqs': (51, None), 'total_seq_len': (5947, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -310,9 +331,15 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and 21 < num_seqs <= 35 and 11 < max_seq_len <= 32:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len > 32:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:
         return 'triton_prefill_fused.c16v64'
+    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and max_seq_len > 44:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -325,18 +352,27 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 12: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len <= 80:
         return 'triton_prefill_fused.c16v64'
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 80:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 14: 4 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 15: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and 12 < max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 17: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
     if total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len <= 724 and max_seq_len > 210:
         return 'triton_prefill_chunked.v64'
     # region 19: 20 workloads, 1.71x (1.13x .. 2.76x) over vllm_flashinfer_prefill
     if total_seq_len <= 2450 and 2 < num_seqs <= 21 and 210 < max_seq_len <= 1444:
         return 'triton_prefill_chunked.v64'
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2450 and 2 < num_seqs <= 21 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 21: 3 workloads, 8.83x (7.79x .. 9.86x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -352,15 +388,27 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
     if 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 45:
         return 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 181 and 21 < num_seqs <= 35 and max_seq_len <= 169:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 17 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 35:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 2450 < total_seq_len <= 3465 and num_seqs <= 21 and 210 < max_seq_len <= 1225:
         return 'triton_prefill_chunked.v64'
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 2450 < total_seq_len <= 3465 and num_seqs <= 21 and max_seq_len > 1225:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 32: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 3465 and num_seqs <= 21 and 210 < max_seq_len <= 724:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and num_seqs <= 21 and max_seq_len > 724:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -400,9 +448,15 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 11: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 564 < max_seq_len <= 3465:
         return 'triton_prefill_chunked.v64'
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and max_seq_len > 3465:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 13: 3 workloads, 1.81x (1.51x .. 2.14x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 5 and 564 < max_seq_len <= 2046:
         return 'triton_prefill_chunked.v64'
+    # region 14: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 5 and max_seq_len > 2046:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 15: 3 workloads, 3.07x (2.01x .. 6.86x) over vllm_flashinfer_prefill
     if 38 < total_seq_len <= 181 and num_seqs <= 51 and 45 < max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -430,12 +484,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 23: 0 workloads, by estimated times (no measured workload in it)
     if 362 < total_seq_len <= 2896 and num_seqs > 51 and 198 < max_seq_len <= 256:
         return 'triton_prefill_fused.c16v64'
+    # region 24: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 362 < total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 256:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 25: 2 workloads, 1.90x (1.25x .. 2.90x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 26: 9 workloads, 1.97x (1.56x .. 2.64x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 49:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 28: 12 workloads, 2.74x (1.59x .. 3.43x) over vllm_flashinfer_prefill
     if total_seq_len > 567 and num_seqs <= 51 and 97 < max_seq_len <= 511:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
@@ -454,9 +514,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 36: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len <= 193 and max_seq_len > 564:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 38: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and 564 < max_seq_len <= 854:
         return 'triton_prefill_fused.c16v64'
+    # region 39: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and max_seq_len > 854:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5947 and num_seqs > 51 and max_seq_len > 64:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 

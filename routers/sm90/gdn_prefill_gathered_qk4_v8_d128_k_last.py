@@ -39,8 +39,8 @@
 #   1. total_seq_len <= 78 and mean_seq_len <= 107: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.14x (1.72x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 1205 and mean_seq_len > 107: triton_prefill_chunked.v64, 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
 #   3. total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107: triton_prefill_fused.c16v32, 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 43 workloads
-#   5. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 32 workloads
+#   4. total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 164: cuda_prefill_pool_rows.k16c8, 8 workloads, 6.09x (3.71x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 181 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k16c8, 9 workloads, 2.68x (1.51x .. 3.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
@@ -50,19 +50,19 @@
 #   6. 181 < total_seq_len <= 399 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k8c8, 8 workloads, 2.33x (1.10x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8
 #   7. total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 164: triton_prefill_fused.c16v32, 12 workloads, 3.66x (1.88x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   8. 399 < total_seq_len <= 724 and 8 < num_seqs <= 94: triton_prefill_fused.c16v64, 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   9. total_seq_len > 724 and 8 < num_seqs <= 94: vllm_flashinfer_prefill (baseline), 21 workloads
-#   10. total_seq_len > 789 and num_seqs > 94: vllm_flashinfer_prefill (baseline), 11 workloads
+#   9. total_seq_len > 724 and 8 < num_seqs <= 94: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 789 and num_seqs > 94: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   11. 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164: triton_prefill_fused.c16v32, 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   12. total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 4 workloads
-#   13. total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 6 workloads
+#   12. total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (None, 78)}, 'workloads': 7, 'speedup': (1.72, 4.14, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
     {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 10, 'speedup': (1.47, 1.91, 2.73), 'fallbacks': ()},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (None, 11), 'total_seq_len': (78, None)}, 'workloads': 10, 'speedup': (1.29, 2.72, 5.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (11, None), 'total_seq_len': (78, None)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (11, None), 'total_seq_len': (78, None)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
@@ -74,11 +74,11 @@ REGIONS_EAGER = (
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (181, 399)}, 'workloads': 8, 'speedup': (1.1, 2.33, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8',)},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.88, 3.66, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (399, 724)}, 'workloads': 6, 'speedup': (1.35, 1.47, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (724, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (789, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (724, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (789, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (1704, 6292)}, 'workloads': 4, 'speedup': (1.27, 1.9, 2.98), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (4784, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (4784, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -96,6 +96,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill
     if total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 43 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 32 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1205 and mean_seq_len > 107:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -126,9 +132,21 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 8: 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill
     if 399 < total_seq_len <= 724 and 8 < num_seqs <= 94:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and 8 < num_seqs <= 94:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and num_seqs > 94:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 11: 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call
     if 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -158,27 +176,27 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   7. total_seq_len <= 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.27x (1.25x .. 1.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 #   8. total_seq_len <= 1448 and 5 < num_seqs <= 8 and max_seq_len > 203: triton_prefill_chunked.v64, 3 workloads, 2.02x (1.68x .. 2.32x) over vllm_flashinfer_prefill
 #   9. num_seqs <= 2 and 203 < max_seq_len <= 1127: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
-#   10. num_seqs <= 2 and max_seq_len > 1127: vllm_flashinfer_prefill (baseline), 3 workloads
+#   10. num_seqs <= 2 and max_seq_len > 1127: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. num_seqs <= 5 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   12. num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.65x (8.65x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   13. 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022: triton_prefill_chunked.v64, 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
-#   14. 2 < num_seqs <= 5 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 6 workloads
+#   14. 2 < num_seqs <= 5 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   15. 5 < num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   16. num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.61x (1.38x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   17. num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   18. num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads
-#   19. num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 20 workloads
+#   18. num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   19. num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   20. total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33: triton_prefill_fused.c16v64, 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33: vllm_flashinfer_prefill (baseline), 15 workloads
+#   21. total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   22. total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v32, 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   23. total_seq_len > 181 and 5 < num_seqs <= 8 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v64, 3 workloads, 3.18x (2.31x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   24. total_seq_len > 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.36x (1.28x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   25. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 3 workloads
+#   26. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   27. total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203: vllm_flashinfer_prefill (baseline), 2 workloads
+#   28. total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   29. total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 5 workloads
+#   30. total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 51 and mean_seq_len > 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.34x (3.43x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 90 and mean_seq_len <= 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -197,22 +215,22 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   15. 362 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
 #   16. 929 < total_seq_len <= 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v32, 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   17. 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: triton_prefill_chunked.v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-#   18. 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195: vllm_flashinfer_prefill (baseline), 2 workloads
+#   18. 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
 #   19. 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
 #   20. 929 < total_seq_len <= 2896 and num_seqs > 39 and 44 < max_seq_len <= 195: triton_prefill_fused.c16v64, 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
 #   21. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len <= 1127: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
 #   22. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127: triton_prefill_chunked.v64, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads
+#   23. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   24. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678: triton_prefill_chunked.v64, 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
 #   25. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355: triton_prefill_fused.c16v64, 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 2 workloads
+#   26. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   27. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094: triton_prefill_chunked.v64, 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094: vllm_flashinfer_prefill (baseline), 5 workloads
+#   28. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   29. total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
 #   30. 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 2 workloads
+#   31. 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
 #   32. total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v64, 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: vllm_flashinfer_prefill (baseline), 6 workloads
+#   33. total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   34. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   35. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 0 workloads
 #   36. 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
@@ -220,11 +238,11 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   38. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
 #   39. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
 #   40. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753: triton_prefill_fused.c16v64, 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 1 workloads
-#   42. 6128 < total_seq_len <= 11585 and num_seqs > 90: vllm_flashinfer_prefill (baseline), 3 workloads
-#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424: vllm_flashinfer_prefill (baseline), 1 workloads
+#   41. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashqla_chunk, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 6128 < total_seq_len <= 11585 and num_seqs > 90: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   44. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 1 workloads
+#   45. total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   46. total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
 #   47. total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
 
@@ -238,27 +256,27 @@ REGIONS_HINTED = (
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 378)}, 'workloads': 2, 'speedup': (1.25, 1.27, 1.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.68, 2.02, 2.32), 'fallbacks': ()},
     {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1127), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1127, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1127, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (7.78, 7.89, 8.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 8)}, 'workloads': 1, 'speedup': (8.65, 8.65, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1022), 'num_seqs': (2, 5)}, 'workloads': 9, 'speedup': (1.17, 1.63, 2.11), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'num_seqs': (2, 5)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'num_seqs': (2, 5)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 6, 'speedup': (1.38, 1.61, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 45), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (5, None), 'num_seqs': (23, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (5, None), 'num_seqs': (23, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (14, 33), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.08, 1.2, 1.28), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (33, None), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (33, None), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.64, 2.99, 3.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (5, 8), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.31, 3.18, 4.42), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.28, 1.36, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (378, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 7), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 7), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (203, 724), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (2.15, 2.15, 2.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -279,22 +297,22 @@ REGIONS_HINTED_EAGER = (
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 131), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
     {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, 1448)}, 'workloads': 4, 'speedup': (2.43, 3.23, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (929, 1448)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (195, None), 'num_seqs': (39, None), 'total_seq_len': (929, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (195, None), 'num_seqs': (39, None), 'total_seq_len': (929, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
     {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 6, 'speedup': (1.44, 1.73, 2.22), 'fallbacks': ()},
     {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 195), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 2, 'speedup': (1.49, 1.56, 1.64), 'fallbacks': ()},
     {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1127), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 22, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1127, None), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 24, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.42, 2.04, 3.06), 'fallbacks': ()},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1355), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (2.4, 2.75, 3.6), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, 2304), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, 2304), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2304, 4094), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.13, 1.28, 1.56), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4094, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4094, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 331), 'num_seqs': (13, 39), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.3, 1.66, 2.07), 'fallbacks': ()},
     {'region': 30, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (195, 1355), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
     {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.16, 1.92, 3.16), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
     {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (90, 141), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
@@ -302,11 +320,11 @@ REGIONS_HINTED_EAGER = (
     {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
     {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 753), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.35), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (90, None), 'total_seq_len': (6128, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5424), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (90, None), 'total_seq_len': (6128, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5424), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 44, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2896), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2896), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2896, 5424), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
     {'region': 47, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
 )
@@ -341,6 +359,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 9: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 2 and 203 < max_seq_len <= 1127:
         return 'triton_prefill_chunked.v64'
+    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and max_seq_len > 1127:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 11: 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and 2 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -350,6 +371,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 13: 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022:
         return 'triton_prefill_chunked.v64'
+    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 5 and max_seq_len > 1022:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 15: 0 workloads, by estimated times (no measured workload in it)
     if 5 < num_seqs <= 8 and 2 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -359,9 +383,18 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 17: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 20: 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33:
         return 'triton_prefill_fused.c16v64'
+    # region 21: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 22: 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
@@ -374,12 +407,21 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 27: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 29: 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -437,6 +479,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 17: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
     if 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331:
         return 'triton_prefill_chunked.v64'
+    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
     # region 19: 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
     if 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44:
         return 'cuda_prefill_pool_rows.k2c8'
@@ -449,24 +494,39 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 22: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127:
         return 'triton_prefill_chunked.v64'
+    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 24: 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678:
         return 'triton_prefill_chunked.v64'
     # region 25: 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355:
         return 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 27: 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094:
         return 'triton_prefill_chunked.v64'
+    # region 28: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 29: 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331:
         return 'triton_prefill_fused.c16v64'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355:
         return 'triton_prefill_chunked.v64'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
     # region 32: 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678:
         return 'triton_prefill_fused.c16v64'
+    # region 33: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 34: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448:
         return 'triton_prefill_fused.c16v64'
@@ -479,9 +539,21 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 40: 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call
     if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753:
         return 'triton_prefill_fused.c16v64'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 6128 < total_seq_len <= 11585 and num_seqs > 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 44: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 46: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'

@@ -37,9 +37,9 @@
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 111 and mean_seq_len <= 18: cuda_prefill_pool_rows.k4c8, 7 workloads, 3.17x (1.53x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   2. total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 11 workloads
-#   4. num_seqs > 4 and mean_seq_len > 18: vllm_flashinfer_prefill (baseline), 40 workloads
-#   5. total_seq_len > 111 and mean_seq_len <= 18: vllm_flashinfer_prefill (baseline), 30 workloads
+#   3. num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. num_seqs > 4 and mean_seq_len > 18: vllm_flashinfer_prefill (baseline), 40 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. total_seq_len > 111 and mean_seq_len <= 18: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   6. total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_chunked.v64, 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 2.40x (1.32x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
@@ -47,19 +47,19 @@
 #   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 462: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.97x (2.12x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 462: triton_prefill_chunked.v64, 5 workloads, 1.54x (1.18x .. 2.34x) over vllm_flashinfer_prefill
 #   5. 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   6. 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 16 workloads
+#   6. 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   7. total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   8. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 31 workloads
-#   10. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 6 workloads
+#   9. total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 111)}, 'workloads': 7, 'speedup': (1.53, 3.17, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 7, 'speedup': (1.91, 3.13, 4.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, None), 'num_seqs': (4, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (111, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, None), 'num_seqs': (4, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (111, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (1.09, 1.62, 2.36), 'fallbacks': ()},
 )
 
@@ -69,11 +69,11 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 10, 'speedup': (2.12, 5.97, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 5, 'speedup': (1.18, 1.54, 2.34), 'fallbacks': ()},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 11), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 6, 'speedup': (1.12, 1.28, 1.59), 'fallbacks': (), 'hand_back': True},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.18, 1.67, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (2.19, 2.91, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -88,6 +88,15 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill
     if total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 4 and mean_seq_len > 462:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 40 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 4 and mean_seq_len > 18:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 111 and mean_seq_len <= 18:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 6: 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
         return 'triton_prefill_chunked.v64'
@@ -112,12 +121,21 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call
     if 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:
         return 'triton_prefill_fused.c16v64'
+    # region 6: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 7: 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill
     if total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 31 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -143,26 +161,26 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   3. total_seq_len <= 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_chunked.v64, 2 workloads, 2.18x (2.14x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   4. total_seq_len <= 362 and 4 < num_seqs <= 11 and mean_seq_len > 5 and max_seq_len > 42: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
 #   5. total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42: triton_prefill_fused.c16v64, 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42: vllm_flashinfer_prefill (baseline), 3 workloads
+#   6. total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   7. total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378: triton_prefill_chunked.v64, 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
 #   8. num_seqs <= 1 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.45x (9.45x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   9. num_seqs <= 2 and mean_seq_len > 5 and max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
 #   10. 1 < num_seqs <= 4 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. 2 < num_seqs <= 4 and mean_seq_len > 5 and max_seq_len <= 40: triton_prefill_fused.c16v32, 2 workloads, 5.41x (4.85x .. 6.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   12. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
-#   13. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads
+#   13. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   14. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   15. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads
+#   15. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
 #   16. total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   17. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
 #   18. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
 #   19. total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 50 workloads
+#   20. total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 50 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   21. 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915: triton_prefill_chunked.v64, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915: vllm_flashinfer_prefill (baseline), 1 workloads
+#   22. 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   23. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   24. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   25. total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378: vllm_flashinfer_prefill (baseline), 10 workloads
+#   25. total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 116: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -173,7 +191,7 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   7. 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
 #   8. 462 < total_seq_len <= 724 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
 #   9. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369: triton_prefill_fused.c16v32, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369: vllm_flashinfer_prefill (baseline), 3 workloads
+#   10. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   11. 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: triton_prefill_fused.c16v32, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
 #   12. 462 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 901: triton_prefill_chunked.v64, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   13. 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
@@ -185,21 +203,21 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   19. total_seq_len > 462 and 4 < num_seqs <= 14 and 39 < max_seq_len <= 189: triton_prefill_fused.c16v64, 3 workloads, 1.57x (1.49x .. 1.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   20. total_seq_len > 462 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.67x (1.39x .. 1.92x) over vllm_flashinfer_prefill
 #   21. total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85: triton_prefill_fused.c16v64, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 1 workloads
-#   23. total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680: vllm_flashinfer_prefill (baseline), 4 workloads
+#   22. total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   23. total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   24. total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   25. 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   26. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   27. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 2 workloads
+#   27. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   28. 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
 #   29. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 14 workloads
-#   31. total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189: vllm_flashinfer_prefill (baseline), 7 workloads
+#   30. total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   31. total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   32. total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: vllm_flashinfer_prefill (baseline), 2 workloads
-#   34. total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 1 workloads
-#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 6 workloads
-#   36. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 1 workloads
+#   33. total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   34. total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   36. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
@@ -207,26 +225,26 @@ REGIONS_HINTED = (
     {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.14, 2.18, 2.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.08, 1.14, 1.17), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 685)}, 'workloads': 2, 'speedup': (1.41, 1.66, 1.95), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (9.45, 9.45, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (5, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.26, 4.26, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (1, 4)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (5, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (4.85, 5.41, 6.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 91), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 11, 'speedup': (1.3, 1.5, 1.99), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.28, 1.34, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 150), 'mean_seq_len': (5, None), 'num_seqs': (2, 4), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.79, 3.28, 3.87), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
     {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.57, 1.75, 1.91), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, 915), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (915, None), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (915, None), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
     {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -239,7 +257,7 @@ REGIONS_HINTED_EAGER = (
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (462, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (462, 724)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (189, 369), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (369, None), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (369, None), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
     {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (462, 2438)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (462, 2896)}, 'workloads': 1, 'speedup': (1.49, 1.49, 1.49), 'fallbacks': ('triton_prefill_fused.c16v64',)},
@@ -251,21 +269,21 @@ REGIONS_HINTED_EAGER = (
     {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 189), 'num_seqs': (4, 14), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (1.49, 1.57, 1.72), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (462, None)}, 'workloads': 7, 'speedup': (1.39, 1.67, 1.92), 'fallbacks': ()},
     {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 85), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (680, None), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (680, None), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (None, 2), 'num_seqs': (34, None), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (34, 90), 'total_seq_len': (724, 1233)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': (), 'hand_back': True},
     {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 362), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
     {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (1233, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (1233, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (21, 34), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (21, 34), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -289,6 +307,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 5: 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42:
         return 'triton_prefill_fused.c16v64'
+    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 7: 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378:
         return 'triton_prefill_chunked.v64'
@@ -307,9 +328,15 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 12: 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
     if num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91:
         return 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 14: 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 16: 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
@@ -319,12 +346,21 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 19: 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378:
         return 'triton_prefill_fused.c16v64'
+    # region 20: 50 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 21: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
     if 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915:
         return 'triton_prefill_chunked.v64'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -358,6 +394,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 9: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
     if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 11: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call
     if 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
@@ -391,6 +430,12 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 21: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
     if total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85:
         return 'triton_prefill_fused.c16v64'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 24: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
     if total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -400,15 +445,36 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 28: 0 workloads, by estimated times (no measured workload in it)
     if 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 29: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:
         return 'triton_prefill_fused.c16v64'
+    # region 30: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273:
         return 'triton_prefill_fused.c16v64'
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 

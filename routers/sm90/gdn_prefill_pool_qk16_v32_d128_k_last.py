@@ -54,19 +54,19 @@
 #   4. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 14 workloads, 2.19x (1.41x .. 2.75x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   5. 849 < total_seq_len <= 3428 and mean_seq_len > 202: flashinfer_pool_inplace, 10 workloads, 1.27x (1.14x .. 1.48x) over sglang_flashinfer_prefill
 #   6. total_seq_len > 849 and 28 < mean_seq_len <= 202: flashinfer_pool_inplace, 22 workloads, 1.34x (1.17x .. 1.50x) over sglang_flashinfer_prefill
-#   7. total_seq_len > 3428 and mean_seq_len > 202: sglang_flashinfer_prefill (baseline), 14 workloads
+#   7. total_seq_len > 3428 and mean_seq_len > 202: sglang_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 236 and num_seqs <= 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 12.73x (3.97x .. 19.92x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   2. total_seq_len <= 236 and num_seqs > 6: cuda_prefill_pool_rows.k2c8, 4 workloads, 5.67x (3.57x .. 6.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   3. 236 < total_seq_len <= 1781 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.99x (1.67x .. 3.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   4. 236 < total_seq_len <= 1781 and mean_seq_len > 10: triton_prefill_fused.c16v64, 26 workloads, 2.53x (1.13x .. 4.84x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   5. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362: flashinfer_pool_inplace, 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill
-#   6. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 4 workloads
-#   7. total_seq_len > 1781 and 21 < num_seqs <= 70 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 9 workloads
+#   6. 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len > 362: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
+#   7. total_seq_len > 1781 and 21 < num_seqs <= 70 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   8. total_seq_len > 1781 and num_seqs > 21 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 5 workloads, 2.05x (1.70x .. 2.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   9. total_seq_len > 1781 and num_seqs > 70 and mean_seq_len > 28: flashinfer_pool_inplace, 6 workloads, 1.38x (1.16x .. 1.64x) over sglang_flashinfer_prefill
 #   10. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990: flashinfer_pool_inplace, 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
-#   11. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990: sglang_flashinfer_prefill (baseline), 7 workloads
+#   11. total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990: sglang_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -76,7 +76,7 @@ REGIONS = (
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 14, 'speedup': (1.41, 2.19, 2.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (849, 3428)}, 'workloads': 10, 'speedup': (1.14, 1.27, 1.48), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 202), 'total_seq_len': (849, None)}, 'workloads': 22, 'speedup': (1.17, 1.34, 1.5), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (202, None), 'total_seq_len': (3428, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
 )
 
 REGIONS_EAGER = (
@@ -85,12 +85,12 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (236, 1781)}, 'workloads': 9, 'speedup': (1.67, 2.99, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (236, 1781)}, 'workloads': 26, 'speedup': (1.13, 2.53, 4.84), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 6, 'speedup': (1.47, 2.04, 3.37), 'fallbacks': ()},
-    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, 70), 'total_seq_len': (1781, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 21), 'total_seq_len': (1781, 6631)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 7, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, 70), 'total_seq_len': (1781, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (21, None), 'total_seq_len': (1781, None)}, 'workloads': 5, 'speedup': (1.7, 2.05, 2.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (70, None), 'total_seq_len': (1781, None)}, 'workloads': 6, 'speedup': (1.16, 1.38, 1.64), 'fallbacks': ()},
     {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 990), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 4, 'speedup': (1.27, 1.55, 1.9), 'fallbacks': ()},
-    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (990, None), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (990, None), 'num_seqs': (None, 21), 'total_seq_len': (6631, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -117,6 +117,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 6: 22 workloads, 1.34x (1.17x .. 1.50x) over sglang_flashinfer_prefill
     if total_seq_len > 849 and 28 < mean_seq_len <= 202:
         return 'flashinfer_pool_inplace'
+    # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3428 and mean_seq_len > 202:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -138,6 +141,12 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 5: 6 workloads, 2.04x (1.47x .. 3.37x) over sglang_flashinfer_prefill
     if 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len <= 362:
         return 'flashinfer_pool_inplace'
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 1781 < total_seq_len <= 6631 and num_seqs <= 21 and mean_seq_len > 362:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
+    # region 7: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1781 and 21 < num_seqs <= 70 and mean_seq_len > 28:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 8: 5 workloads, 2.05x (1.70x .. 2.57x) over sglang_flashinfer_prefill
     if total_seq_len > 1781 and num_seqs > 21 and mean_seq_len <= 28:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
@@ -147,6 +156,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 10: 4 workloads, 1.55x (1.27x .. 1.90x) over sglang_flashinfer_prefill
     if total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len <= 990:
         return 'flashinfer_pool_inplace'
+    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6631 and num_seqs <= 21 and mean_seq_len > 990:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -175,12 +187,12 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   13. 35 < mean_seq_len <= 90 and max_seq_len > 127: flashinfer_pool_inplace, 3 workloads, 1.43x (1.33x .. 1.50x) over sglang_flashinfer_prefill
 #   14. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.73x .. 3.90x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
 #   15. total_seq_len > 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127: flashinfer_pool_inplace, 21 workloads, 1.32x (1.11x .. 1.69x) over sglang_flashinfer_prefill
-#   16. 4847 < total_seq_len <= 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads
-#   17. total_seq_len > 4847 and mean_seq_len > 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads
+#   16. 4847 < total_seq_len <= 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
+#   17. total_seq_len > 4847 and mean_seq_len > 605 and 127 < max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
 #   18. 11585 < total_seq_len <= 23573 and num_seqs <= 21 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 0 workloads
 #   19. 11585 < total_seq_len <= 23573 and num_seqs > 21 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
 #   20. total_seq_len > 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   21. total_seq_len > 23573 and num_seqs <= 47 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 2 workloads
+#   21. total_seq_len > 23573 and num_seqs <= 47 and mean_seq_len > 424 and max_seq_len > 1365: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   22. total_seq_len > 23573 and num_seqs > 47 and mean_seq_len > 424 and max_seq_len > 1365: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 90 and num_seqs <= 2 and 13 < max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
@@ -203,14 +215,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   18. 2025 < total_seq_len <= 3493 and num_seqs > 45 and 62 < max_seq_len <= 204: triton_prefill_fused.c16v64, 1 workloads, 1.93x (1.93x .. 1.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, flashinfer_pool_inplace, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
 #   19. 2025 < total_seq_len <= 3493 and num_seqs > 181 and max_seq_len <= 62: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.16x (3.08x .. 3.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16
 #   20. total_seq_len > 2025 and num_seqs <= 2 and max_seq_len > 204: flashinfer_pool_inplace, 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
-#   21. total_seq_len > 2025 and 2 < num_seqs <= 5 and 204 < max_seq_len <= 1914: sglang_flashinfer_prefill (baseline), 3 workloads
+#   21. total_seq_len > 2025 and 2 < num_seqs <= 5 and 204 < max_seq_len <= 1914: sglang_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
 #   22. total_seq_len > 2025 and 2 < num_seqs <= 5 and max_seq_len > 1914: flashinfer_pool_inplace, 3 workloads, 1.62x (1.27x .. 2.15x) over sglang_flashinfer_prefill
 #   23. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and 204 < max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
 #   24. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len <= 35 and max_seq_len > 724: flashinfer_pool_inplace, 3 workloads, 1.44x (1.17x .. 1.64x) over sglang_flashinfer_prefill
 #   25. total_seq_len > 2025 and num_seqs > 5 and 35 < mean_seq_len <= 605 and max_seq_len > 204: flashinfer_pool_inplace, 12 workloads, 1.66x (1.16x .. 3.37x) over sglang_flashinfer_prefill
-#   26. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 204 < max_seq_len <= 1448: sglang_flashinfer_prefill (baseline), 2 workloads
+#   26. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 204 < max_seq_len <= 1448: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
 #   27. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 1448 < max_seq_len <= 2755: flashinfer_pool_inplace, 3 workloads, 1.46x (1.08x .. 1.82x) over sglang_flashinfer_prefill
-#   28. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 2755 < max_seq_len <= 7660: sglang_flashinfer_prefill (baseline), 2 workloads
+#   28. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 2755 < max_seq_len <= 7660: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   29. total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and max_seq_len > 7660: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 #   30. 3493 < total_seq_len <= 11585 and 124 < max_seq_len <= 204: triton_prefill_fused.c16v64, 2 workloads, 1.45x (1.13x .. 1.86x) over sglang_flashinfer_prefill
 #   31. total_seq_len > 3493 and max_seq_len <= 124: triton_prefill_fused.c16v64, 2 workloads, 1.46x (1.21x .. 1.74x) over sglang_flashinfer_prefill
@@ -232,12 +244,12 @@ REGIONS_HINTED = (
     {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (35, 90)}, 'workloads': 3, 'speedup': (1.33, 1.43, 1.5), 'fallbacks': ()},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 7, 'speedup': (2.73, 3.48, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
     {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (90, 424), 'total_seq_len': (391, None)}, 'workloads': 21, 'speedup': (1.11, 1.32, 1.69), 'fallbacks': ()},
-    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, 605), 'total_seq_len': (4847, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 17, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (605, None), 'total_seq_len': (4847, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, 605), 'total_seq_len': (4847, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (605, None), 'total_seq_len': (4847, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 18, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 21), 'total_seq_len': (11585, 23573)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 19, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (21, None), 'total_seq_len': (11585, 23573)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
     {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (127, 1365), 'mean_seq_len': (424, 605), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 47), 'total_seq_len': (23573, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 47), 'total_seq_len': (23573, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 22, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1365, None), 'mean_seq_len': (424, None), 'num_seqs': (47, None), 'total_seq_len': (23573, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
@@ -262,14 +274,14 @@ REGIONS_HINTED_EAGER = (
     {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (62, 204), 'num_seqs': (45, None), 'total_seq_len': (2025, 3493)}, 'workloads': 1, 'speedup': (1.93, 1.93, 1.93), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 62), 'num_seqs': (181, None), 'total_seq_len': (2025, 3493)}, 'workloads': 2, 'speedup': (3.08, 3.16, 3.24), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16')},
     {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (204, None), 'num_seqs': (None, 2), 'total_seq_len': (2025, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1914), 'num_seqs': (2, 5), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1914), 'num_seqs': (2, 5), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 22, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1914, None), 'num_seqs': (2, 5), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.27, 1.62, 2.15), 'fallbacks': ()},
     {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (204, 724), 'mean_seq_len': (None, 35), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 24, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 35), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.17, 1.44, 1.64), 'fallbacks': ()},
     {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (204, None), 'mean_seq_len': (35, 605), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 12, 'speedup': (1.16, 1.66, 3.37), 'fallbacks': ()},
-    {'region': 26, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1448), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 26, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (204, 1448), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1448, 2755), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 3, 'speedup': (1.08, 1.46, 1.82), 'fallbacks': ()},
-    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2755, 7660), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2755, 7660), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 29, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7660, None), 'mean_seq_len': (605, None), 'num_seqs': (5, None), 'total_seq_len': (2025, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (124, 204), 'total_seq_len': (3493, 11585)}, 'workloads': 2, 'speedup': (1.13, 1.45, 1.86), 'fallbacks': ()},
     {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 124), 'total_seq_len': (3493, None)}, 'workloads': 2, 'speedup': (1.21, 1.46, 1.74), 'fallbacks': ()},
@@ -327,12 +339,21 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 15: 21 workloads, 1.32x (1.11x .. 1.69x) over sglang_flashinfer_prefill
     if total_seq_len > 391 and 90 < mean_seq_len <= 424 and max_seq_len > 127:
         return 'flashinfer_pool_inplace'
+    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 4847 < total_seq_len <= 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'sglang_flashinfer_prefill'
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4847 and mean_seq_len > 605 and 127 < max_seq_len <= 1365:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'sglang_flashinfer_prefill'
     # region 19: 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
     if 11585 < total_seq_len <= 23573 and num_seqs > 21 and mean_seq_len > 424 and max_seq_len > 1365:
         return 'flashinfer_pool_inplace'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and 424 < mean_seq_len <= 605 and 127 < max_seq_len <= 1365:
         return 'flashinfer_pool_inplace'
+    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23573 and num_seqs <= 47 and mean_seq_len > 424 and max_seq_len > 1365:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 22: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23573 and num_seqs > 47 and mean_seq_len > 424 and max_seq_len > 1365:
         return 'flashinfer_pool_inplace'
@@ -402,6 +423,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 20: 1 workloads, 1.05x (1.05x .. 1.05x) over sglang_flashinfer_prefill
     if total_seq_len > 2025 and num_seqs <= 2 and max_seq_len > 204:
         return 'flashinfer_pool_inplace'
+    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2025 and 2 < num_seqs <= 5 and 204 < max_seq_len <= 1914:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
     # region 22: 3 workloads, 1.62x (1.27x .. 2.15x) over sglang_flashinfer_prefill
     if total_seq_len > 2025 and 2 < num_seqs <= 5 and max_seq_len > 1914:
         return 'flashinfer_pool_inplace'
@@ -414,9 +438,15 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 25: 12 workloads, 1.66x (1.16x .. 3.37x) over sglang_flashinfer_prefill
     if total_seq_len > 2025 and num_seqs > 5 and 35 < mean_seq_len <= 605 and max_seq_len > 204:
         return 'flashinfer_pool_inplace'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 204 < max_seq_len <= 1448:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'sglang_flashinfer_prefill'
     # region 27: 3 workloads, 1.46x (1.08x .. 1.82x) over sglang_flashinfer_prefill
     if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 1448 < max_seq_len <= 2755:
         return 'flashinfer_pool_inplace'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and 2755 < max_seq_len <= 7660:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 29: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2025 and num_seqs > 5 and mean_seq_len > 605 and max_seq_len > 7660:
         return 'flashinfer_pool_inplace'

@@ -56,7 +56,7 @@
 #   6. 1688 < total_seq_len <= 3130 and num_seqs <= 11: triton_prefill_chunked.v16, 7 workloads, 2.35x (1.49x .. 4.11x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   7. 1688 < total_seq_len <= 3130 and num_seqs > 11: triton_prefill_chunked.v64, 9 workloads, 1.82x (1.42x .. 3.71x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   8. total_seq_len > 3130 and num_seqs <= 43: flashinfer_pool_inplace, 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
-#   9. total_seq_len > 3130 and num_seqs > 43: sglang_flashinfer_prefill (baseline), 8 workloads
+#   9. total_seq_len > 3130 and num_seqs > 43: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 405 and mean_seq_len > 19: cuda_prefill_pool_rows.k16c8, 5 workloads, 11.58x (6.35x .. 17.48x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 528 and num_seqs <= 102 and mean_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 7 workloads, 9.97x (2.36x .. 20.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
@@ -66,7 +66,7 @@
 #   6. 528 < total_seq_len <= 5116 and num_seqs <= 9 and mean_seq_len <= 316: triton_prefill_fused.c16v32, 9 workloads, 6.00x (2.58x .. 10.54x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, flashinfer_pool_inplace
 #   7. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len <= 68: triton_prefill_fused.c16v32, 17 workloads, 3.21x (1.17x .. 8.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
 #   8. 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 68: triton_prefill_fused.c16v64, 7 workloads, 3.48x (1.42x .. 10.51x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   9. total_seq_len > 5116 and num_seqs <= 9: sglang_flashinfer_prefill (baseline), 10 workloads
+#   9. total_seq_len > 5116 and num_seqs <= 9: sglang_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   10. total_seq_len > 5116 and 9 < num_seqs <= 32: triton_prefill_chunked.v16, 4 workloads, 2.18x (1.15x .. 3.92x) over sglang_flashinfer_prefill
 #   11. total_seq_len > 5116 and 32 < num_seqs <= 160: triton_prefill_chunked.v64, 4 workloads, 1.74x (1.32x .. 2.24x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   12. total_seq_len > 5116 and num_seqs > 160: triton_prefill_fused.c16v64, 4 workloads, 2.40x (1.73x .. 4.96x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
@@ -81,7 +81,7 @@ REGIONS = (
     {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (1688, 3130)}, 'workloads': 7, 'speedup': (1.49, 2.35, 4.11), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
     {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (1688, 3130)}, 'workloads': 9, 'speedup': (1.42, 1.82, 3.71), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 43), 'total_seq_len': (3130, None)}, 'workloads': 16, 'speedup': (1.09, 1.21, 1.46), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (43, None), 'total_seq_len': (3130, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (43, None), 'total_seq_len': (3130, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -93,7 +93,7 @@ REGIONS_EAGER = (
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 316), 'num_seqs': (None, 9), 'total_seq_len': (528, 5116)}, 'workloads': 9, 'speedup': (2.58, 6.0, 10.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_pool_inplace')},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 68), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 17, 'speedup': (1.17, 3.21, 8.96), 'fallbacks': ('triton_prefill_chunked.v16',)},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (68, None), 'num_seqs': (9, None), 'total_seq_len': (528, 5116)}, 'workloads': 7, 'speedup': (1.42, 3.48, 10.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (5116, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (5116, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (9, 32), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (1.15, 2.18, 3.92), 'fallbacks': ()},
     {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (32, 160), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (1.32, 1.74, 2.24), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (160, None), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (1.73, 2.4, 4.96), 'fallbacks': ('triton_prefill_fused.c16v32',)},
@@ -129,6 +129,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 8: 16 workloads, 1.21x (1.09x .. 1.46x) over sglang_flashinfer_prefill
     if total_seq_len > 3130 and num_seqs <= 43:
         return 'flashinfer_pool_inplace'
+    # region 9: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3130 and num_seqs > 43:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -159,6 +162,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 8: 7 workloads, 3.48x (1.42x .. 10.51x) over sglang_flashinfer_prefill
     if 528 < total_seq_len <= 5116 and num_seqs > 9 and mean_seq_len > 68:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5116 and num_seqs <= 9:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     # region 10: 4 workloads, 2.18x (1.15x .. 3.92x) over sglang_flashinfer_prefill
     if total_seq_len > 5116 and 9 < num_seqs <= 32:
         return 'triton_prefill_chunked.v16'
@@ -198,7 +204,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   15. 2896 < total_seq_len <= 11585 and num_seqs > 90 and 187 < max_seq_len <= 328: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
 #   16. total_seq_len > 2896 and num_seqs <= 90 and 187 < max_seq_len <= 328: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
 #   17. 7092 < total_seq_len <= 8726 and num_seqs <= 45 and max_seq_len > 328: flashinfer_pool_inplace, 9 workloads, 1.20x (1.09x .. 1.31x) over sglang_flashinfer_prefill
-#   18. 7092 < total_seq_len <= 8726 and num_seqs > 45 and 328 < max_seq_len <= 724: sglang_flashinfer_prefill (baseline), 1 workloads
+#   18. 7092 < total_seq_len <= 8726 and num_seqs > 45 and 328 < max_seq_len <= 724: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
 #   19. 7092 < total_seq_len <= 8726 and num_seqs > 45 and max_seq_len > 724: flashinfer_pool_inplace, 1 workloads, 1.08x (1.08x .. 1.08x) over sglang_flashinfer_prefill
 #   20. total_seq_len > 8726 and num_seqs <= 22 and max_seq_len > 328: flashinfer_pool_inplace, 5 workloads, 1.15x (1.09x .. 1.23x) over sglang_flashinfer_prefill
 #   21. total_seq_len > 8726 and num_seqs > 22 and max_seq_len > 328: sglang_flashinfer_prefill (baseline), 0 workloads
@@ -219,11 +225,11 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   13. num_seqs <= 22 and 34 < max_seq_len <= 64: cuda_prefill_pool_rows.k16c8, 5 workloads, 11.80x (7.60x .. 13.51x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   14. mean_seq_len <= 157 and 523 < max_seq_len <= 900: triton_prefill_chunked.v64, 3 workloads, 3.12x (1.96x .. 5.84x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
 #   15. mean_seq_len > 157 and 523 < max_seq_len <= 900: triton_prefill_fused.c16v32, 5 workloads, 3.86x (2.58x .. 6.03x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   16. mean_seq_len > 362 and 5607 < max_seq_len <= 7170: sglang_flashinfer_prefill (baseline), 4 workloads
+#   16. mean_seq_len > 362 and 5607 < max_seq_len <= 7170: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   17. mean_seq_len > 362 and 7170 < max_seq_len <= 8189: triton_prefill_chunked.v16, 1 workloads, 1.15x (1.15x .. 1.15x) over sglang_flashinfer_prefill
 #   18. mean_seq_len > 362 and max_seq_len > 32756: flashinfer_pool_inplace, 1 workloads, 1.69x (1.69x .. 1.69x) over sglang_flashinfer_prefill
 #   19. 1 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 20.24x (20.24x .. 20.24x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   20. num_seqs > 2 and mean_seq_len > 362 and 8189 < max_seq_len <= 32756: sglang_flashinfer_prefill (baseline), 1 workloads
+#   20. num_seqs > 2 and mean_seq_len > 362 and 8189 < max_seq_len <= 32756: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   21. 8 < num_seqs <= 90 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   22. 8 < num_seqs <= 90 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.99x (6.81x .. 9.37x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   23. num_seqs > 11 and 255 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 3.15x (2.33x .. 4.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
@@ -258,7 +264,7 @@ REGIONS_HINTED = (
     {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (187, 328), 'num_seqs': (90, None), 'total_seq_len': (2896, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (187, 328), 'num_seqs': (None, 90), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 17, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (328, None), 'num_seqs': (None, 45), 'total_seq_len': (7092, 8726)}, 'workloads': 9, 'speedup': (1.09, 1.2, 1.31), 'fallbacks': ()},
-    {'region': 18, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 724), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 724), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 19, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
     {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (328, None), 'num_seqs': (None, 22), 'total_seq_len': (8726, None)}, 'workloads': 5, 'speedup': (1.09, 1.15, 1.23), 'fallbacks': ()},
     {'region': 21, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (328, None), 'num_seqs': (22, None), 'total_seq_len': (8726, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
@@ -281,11 +287,11 @@ REGIONS_HINTED_EAGER = (
     {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (34, 64), 'num_seqs': (None, 22)}, 'workloads': 5, 'speedup': (7.6, 11.8, 13.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 14, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (523, 900), 'mean_seq_len': (None, 157)}, 'workloads': 3, 'speedup': (1.96, 3.12, 5.84), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
     {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (523, 900), 'mean_seq_len': (157, None)}, 'workloads': 5, 'speedup': (2.58, 3.86, 6.03), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (5607, 7170), 'mean_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 16, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (5607, 7170), 'mean_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 17, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (7170, 8189), 'mean_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
     {'region': 18, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (32756, None), 'mean_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ()},
     {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (1, 8)}, 'workloads': 1, 'speedup': (20.24, 20.24, 20.24), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 32756), 'mean_seq_len': (362, None), 'num_seqs': (2, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 32756), 'mean_seq_len': (362, None), 'num_seqs': (2, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (8, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 16), 'num_seqs': (8, 90)}, 'workloads': 2, 'speedup': (6.81, 7.99, 9.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
     {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (255, 339), 'num_seqs': (11, None)}, 'workloads': 3, 'speedup': (2.33, 3.15, 4.73), 'fallbacks': ('triton_prefill_fused.c16v32',)},
@@ -360,6 +366,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 17: 9 workloads, 1.20x (1.09x .. 1.31x) over sglang_flashinfer_prefill
     if 7092 < total_seq_len <= 8726 and num_seqs <= 45 and max_seq_len > 328:
         return 'flashinfer_pool_inplace'
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 7092 < total_seq_len <= 8726 and num_seqs > 45 and 328 < max_seq_len <= 724:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
     # region 19: 1 workloads, 1.08x (1.08x .. 1.08x) over sglang_flashinfer_prefill
     if 7092 < total_seq_len <= 8726 and num_seqs > 45 and max_seq_len > 724:
         return 'flashinfer_pool_inplace'
@@ -417,6 +426,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 15: 5 workloads, 3.86x (2.58x .. 6.03x) over sglang_flashinfer_prefill
     if mean_seq_len > 157 and 523 < max_seq_len <= 900:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 362 and 5607 < max_seq_len <= 7170:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     # region 17: 1 workloads, 1.15x (1.15x .. 1.15x) over sglang_flashinfer_prefill
     if mean_seq_len > 362 and 7170 < max_seq_len <= 8189:
         return 'triton_prefill_chunked.v16'
@@ -426,6 +438,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 19: 1 workloads, 20.24x (20.24x .. 20.24x) over sglang_flashinfer_prefill
     if 1 < num_seqs <= 8 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and mean_seq_len > 362 and 8189 < max_seq_len <= 32756:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 8 < num_seqs <= 90 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'

@@ -56,7 +56,7 @@
 #   6. 1706 < total_seq_len <= 2248 and num_seqs <= 14: triton_prefill_chunked.v64, 6 workloads, 1.56x (1.04x .. 2.16x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   7. 1706 < total_seq_len <= 7435 and num_seqs > 14: flashinfer_pool_inplace, 11 workloads, 1.35x (1.13x .. 1.56x) over sglang_flashinfer_prefill
 #   8. total_seq_len > 2248 and num_seqs <= 14: flashinfer_pool_inplace, 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
-#   9. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 12 workloads
+#   9. total_seq_len > 7435 and num_seqs > 14: sglang_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 540 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c16, 5 workloads, 5.55x (3.36x .. 17.71x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 540 and 5 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.20x (1.57x .. 12.87x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_chunked.v16
@@ -67,7 +67,7 @@
 #   7. 1305 < total_seq_len <= 5282 and num_seqs <= 6: triton_prefill_chunked.v16, 6 workloads, 3.01x (2.50x .. 3.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace
 #   8. 5282 < total_seq_len <= 10420 and num_seqs <= 11: triton_prefill_chunked.v16, 6 workloads, 1.57x (1.07x .. 2.36x) over sglang_flashinfer_prefill
 #   9. total_seq_len > 5282 and num_seqs > 11 and mean_seq_len <= 110: triton_prefill_chunked.v64, 4 workloads, 1.16x (1.10x .. 1.23x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 5282 and num_seqs > 11 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 9 workloads
+#   10. total_seq_len > 5282 and num_seqs > 11 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. total_seq_len > 10420 and num_seqs <= 7: flashinfer_pool_inplace, 4 workloads, 2.07x (1.39x .. 3.00x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -80,7 +80,7 @@ REGIONS = (
     {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (1706, 2248)}, 'workloads': 6, 'speedup': (1.04, 1.56, 2.16), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (1706, 7435)}, 'workloads': 11, 'speedup': (1.13, 1.35, 1.56), 'fallbacks': ()},
     {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (2248, None)}, 'workloads': 13, 'speedup': (1.05, 1.14, 1.29), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (14, None), 'total_seq_len': (7435, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -93,7 +93,7 @@ REGIONS_EAGER = (
     {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (1305, 5282)}, 'workloads': 6, 'speedup': (2.5, 3.01, 3.81), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
     {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (5282, 10420)}, 'workloads': 6, 'speedup': (1.07, 1.57, 2.36), 'fallbacks': ()},
     {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 110), 'num_seqs': (11, None), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.1, 1.16, 1.23), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'num_seqs': (11, None), 'total_seq_len': (5282, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'num_seqs': (11, None), 'total_seq_len': (5282, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.39, 2.07, 3.0), 'fallbacks': ()},
 )
 
@@ -127,6 +127,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 8: 13 workloads, 1.14x (1.05x .. 1.29x) over sglang_flashinfer_prefill
     if total_seq_len > 2248 and num_seqs <= 14:
         return 'flashinfer_pool_inplace'
+    # region 9: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7435 and num_seqs > 14:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -160,6 +163,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 9: 4 workloads, 1.16x (1.10x .. 1.23x) over sglang_flashinfer_prefill
     if total_seq_len > 5282 and num_seqs > 11 and mean_seq_len <= 110:
         return 'triton_prefill_chunked.v64'
+    # region 10: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5282 and num_seqs > 11 and mean_seq_len > 110:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     # region 11: 4 workloads, 2.07x (1.39x .. 3.00x) over sglang_flashinfer_prefill
     if total_seq_len > 10420 and num_seqs <= 7:
         return 'flashinfer_pool_inplace'
@@ -204,7 +210,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   26. 1448 < total_seq_len <= 7435 and num_seqs > 10 and 174 < max_seq_len <= 287: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
 #   27. 1448 < total_seq_len <= 7435 and num_seqs > 10 and max_seq_len > 287: flashinfer_pool_inplace, 6 workloads, 1.31x (1.13x .. 1.56x) over sglang_flashinfer_prefill
 #   28. 2746 < total_seq_len <= 7435 and 2 < num_seqs <= 10 and max_seq_len > 453: flashinfer_pool_inplace, 1 workloads, 1.19x (1.19x .. 1.19x) over sglang_flashinfer_prefill
-#   29. 7435 < total_seq_len <= 15732 and num_seqs <= 45 and 174 < max_seq_len <= 560: sglang_flashinfer_prefill (baseline), 2 workloads
+#   29. 7435 < total_seq_len <= 15732 and num_seqs <= 45 and 174 < max_seq_len <= 560: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   30. 7435 < total_seq_len <= 15732 and max_seq_len > 560: flashinfer_pool_inplace, 13 workloads, 1.12x (1.04x .. 1.26x) over sglang_flashinfer_prefill
 #   31. 7435 < total_seq_len <= 15732 and num_seqs > 45 and 174 < max_seq_len <= 560: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 #   32. 15732 < total_seq_len <= 19095 and num_seqs <= 181 and 174 < max_seq_len <= 5792: sglang_flashinfer_prefill (baseline), 0 workloads
@@ -249,13 +255,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   32. 7435 < total_seq_len <= 9504 and 11 < num_seqs <= 90 and max_seq_len <= 1702: triton_prefill_fused.c16v32, 4 workloads, 1.33x (1.16x .. 1.68x) over sglang_flashinfer_prefill
 #   33. 7435 < total_seq_len <= 9504 and 11 < num_seqs <= 90 and max_seq_len > 1702: triton_prefill_chunked.v16, 2 workloads, 1.23x (1.23x .. 1.23x) over sglang_flashinfer_prefill
 #   34. 7435 < total_seq_len <= 9504 and num_seqs > 90 and max_seq_len <= 724: triton_prefill_fused.c16v64, 2 workloads, 2.26x (2.19x .. 2.32x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   35. 7435 < total_seq_len <= 9504 and num_seqs > 90 and max_seq_len > 724: sglang_flashinfer_prefill (baseline), 1 workloads
+#   35. 7435 < total_seq_len <= 9504 and num_seqs > 90 and max_seq_len > 724: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k1c8
 #   36. 7435 < total_seq_len <= 10420 and num_seqs <= 11 and max_seq_len <= 2457: triton_prefill_fused.c16v32, 2 workloads, 2.42x (2.40x .. 2.43x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
 #   37. 7435 < total_seq_len <= 10420 and num_seqs <= 11 and 2457 < max_seq_len <= 7660: triton_prefill_chunked.v16, 4 workloads, 1.41x (1.07x .. 1.75x) over sglang_flashinfer_prefill
 #   38. 7435 < total_seq_len <= 10420 and num_seqs <= 11 and max_seq_len > 7660: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   39. total_seq_len > 9504 and num_seqs > 11 and mean_seq_len <= 136 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
 #   40. total_seq_len > 9504 and num_seqs > 11 and mean_seq_len <= 136 and max_seq_len > 181: sglang_flashinfer_prefill (baseline), 0 workloads
-#   41. total_seq_len > 9504 and num_seqs > 11 and mean_seq_len > 136 and max_seq_len <= 16336: sglang_flashinfer_prefill (baseline), 1 workloads
+#   41. total_seq_len > 9504 and num_seqs > 11 and mean_seq_len > 136 and max_seq_len <= 16336: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   42. total_seq_len > 9504 and num_seqs > 11 and mean_seq_len > 136 and max_seq_len > 16336: flashinfer_pool_inplace, 1 workloads, 1.22x (1.22x .. 1.22x) over sglang_flashinfer_prefill
 #   43. total_seq_len > 10420 and num_seqs <= 11: flashinfer_pool_inplace, 4 workloads, 2.07x (1.39x .. 3.00x) over sglang_flashinfer_prefill
 
@@ -288,7 +294,7 @@ REGIONS_HINTED = (
     {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (174, 287), 'num_seqs': (10, None), 'total_seq_len': (1448, 7435)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (287, None), 'num_seqs': (10, None), 'total_seq_len': (1448, 7435)}, 'workloads': 6, 'speedup': (1.13, 1.31, 1.56), 'fallbacks': ()},
     {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (453, None), 'num_seqs': (2, 10), 'total_seq_len': (2746, 7435)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
-    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (174, 560), 'num_seqs': (None, 45), 'total_seq_len': (7435, 15732)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (174, 560), 'num_seqs': (None, 45), 'total_seq_len': (7435, 15732)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 30, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (560, None), 'total_seq_len': (7435, 15732)}, 'workloads': 13, 'speedup': (1.04, 1.12, 1.26), 'fallbacks': ()},
     {'region': 31, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (174, 560), 'num_seqs': (45, None), 'total_seq_len': (7435, 15732)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (174, 5792), 'num_seqs': (None, 181), 'total_seq_len': (15732, 19095)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
@@ -335,13 +341,13 @@ REGIONS_HINTED_EAGER = (
     {'region': 32, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1702), 'num_seqs': (11, 90), 'total_seq_len': (7435, 9504)}, 'workloads': 4, 'speedup': (1.16, 1.33, 1.68), 'fallbacks': ()},
     {'region': 33, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1702, None), 'num_seqs': (11, 90), 'total_seq_len': (7435, 9504)}, 'workloads': 2, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ()},
     {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (90, None), 'total_seq_len': (7435, 9504)}, 'workloads': 2, 'speedup': (2.19, 2.26, 2.32), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 35, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (90, None), 'total_seq_len': (7435, 9504)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 35, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (90, None), 'total_seq_len': (7435, 9504)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 36, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 2457), 'num_seqs': (None, 11), 'total_seq_len': (7435, 10420)}, 'workloads': 2, 'speedup': (2.4, 2.42, 2.43), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
     {'region': 37, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (2457, 7660), 'num_seqs': (None, 11), 'total_seq_len': (7435, 10420)}, 'workloads': 4, 'speedup': (1.07, 1.41, 1.75), 'fallbacks': ()},
     {'region': 38, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7660, None), 'num_seqs': (None, 11), 'total_seq_len': (7435, 10420)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 136), 'num_seqs': (11, None), 'total_seq_len': (9504, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
     {'region': 40, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 136), 'num_seqs': (11, None), 'total_seq_len': (9504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16336), 'mean_seq_len': (136, None), 'num_seqs': (11, None), 'total_seq_len': (9504, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 41, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16336), 'mean_seq_len': (136, None), 'num_seqs': (11, None), 'total_seq_len': (9504, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 42, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (16336, None), 'mean_seq_len': (136, None), 'num_seqs': (11, None), 'total_seq_len': (9504, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ()},
     {'region': 43, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (10420, None)}, 'workloads': 4, 'speedup': (1.39, 2.07, 3.0), 'fallbacks': ()},
 )
@@ -436,6 +442,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 28: 1 workloads, 1.19x (1.19x .. 1.19x) over sglang_flashinfer_prefill
     if 2746 < total_seq_len <= 7435 and 2 < num_seqs <= 10 and max_seq_len > 453:
         return 'flashinfer_pool_inplace'
+    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 7435 < total_seq_len <= 15732 and num_seqs <= 45 and 174 < max_seq_len <= 560:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 30: 13 workloads, 1.12x (1.04x .. 1.26x) over sglang_flashinfer_prefill
     if 7435 < total_seq_len <= 15732 and max_seq_len > 560:
         return 'flashinfer_pool_inplace'
@@ -562,6 +571,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 34: 2 workloads, 2.26x (2.19x .. 2.32x) over sglang_flashinfer_prefill
     if 7435 < total_seq_len <= 9504 and num_seqs > 90 and max_seq_len <= 724:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 7435 < total_seq_len <= 9504 and num_seqs > 90 and max_seq_len > 724:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
     # region 36: 2 workloads, 2.42x (2.40x .. 2.43x) over sglang_flashinfer_prefill
     if 7435 < total_seq_len <= 10420 and num_seqs <= 11 and max_seq_len <= 2457:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
@@ -574,6 +586,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over sglang_flashinfer_prefill
     if total_seq_len > 9504 and num_seqs > 11 and mean_seq_len <= 136 and max_seq_len <= 181:
         return 'triton_prefill_fused.c16v64'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9504 and num_seqs > 11 and mean_seq_len > 136 and max_seq_len <= 16336:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 42: 1 workloads, 1.22x (1.22x .. 1.22x) over sglang_flashinfer_prefill
     if total_seq_len > 9504 and num_seqs > 11 and mean_seq_len > 136 and max_seq_len > 16336:
         return 'flashinfer_pool_inplace'

@@ -56,7 +56,7 @@
 #   5. 496 < total_seq_len <= 2288 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.18x (2.21x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16
 #   6. 1174 < total_seq_len <= 2288 and mean_seq_len > 27: flashinfer_pool_inplace, 13 workloads, 1.29x (1.05x .. 1.50x) over sglang_flashinfer_prefill
 #   7. total_seq_len > 2288 and mean_seq_len <= 148: flashinfer_pool_inplace, 11 workloads, 1.26x (1.10x .. 1.42x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 2288 and mean_seq_len > 148: sglang_flashinfer_prefill (baseline), 14 workloads
+#   8. total_seq_len > 2288 and mean_seq_len > 148: sglang_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 218 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 6 workloads, 21.36x (15.85x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   2. total_seq_len <= 676 and num_seqs > 5 and mean_seq_len > 34: triton_prefill_fused.c16v32, 4 workloads, 4.97x (3.34x .. 7.66x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, flashinfer_pool_inplace, triton_prefill_chunked.v16
@@ -69,7 +69,7 @@
 #   9. 1660 < total_seq_len <= 4889 and 47 < num_seqs <= 138: triton_prefill_chunked.v64, 4 workloads, 1.25x (1.11x .. 1.53x) over sglang_flashinfer_prefill
 #   10. 1660 < total_seq_len <= 4889 and num_seqs > 138: triton_prefill_fused.c16v64, 4 workloads, 1.89x (1.31x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   11. total_seq_len > 3670 and num_seqs <= 11: flashinfer_pool_inplace, 8 workloads, 1.52x (1.29x .. 1.69x) over sglang_flashinfer_prefill
-#   12. total_seq_len > 3670 and 11 < num_seqs <= 47: sglang_flashinfer_prefill (baseline), 4 workloads
+#   12. total_seq_len > 3670 and 11 < num_seqs <= 47: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashqla_chunk
 #   13. total_seq_len > 4889 and num_seqs > 47: flashinfer_pool_inplace, 10 workloads, 1.44x (1.30x .. 1.79x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -81,7 +81,7 @@ REGIONS = (
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (496, 2288)}, 'workloads': 6, 'speedup': (2.21, 3.18, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
     {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (27, None), 'total_seq_len': (1174, 2288)}, 'workloads': 13, 'speedup': (1.05, 1.29, 1.5), 'fallbacks': ()},
     {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (None, 148), 'total_seq_len': (2288, None)}, 'workloads': 11, 'speedup': (1.1, 1.26, 1.42), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (148, None), 'total_seq_len': (2288, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (148, None), 'total_seq_len': (2288, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -96,7 +96,7 @@ REGIONS_EAGER = (
     {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (47, 138), 'total_seq_len': (1660, 4889)}, 'workloads': 4, 'speedup': (1.11, 1.25, 1.53), 'fallbacks': ()},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (138, None), 'total_seq_len': (1660, 4889)}, 'workloads': 4, 'speedup': (1.31, 1.89, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (3670, None)}, 'workloads': 8, 'speedup': (1.29, 1.52, 1.69), 'fallbacks': ()},
-    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (11, 47), 'total_seq_len': (3670, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (11, 47), 'total_seq_len': (3670, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashqla_chunk')},
     {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (47, None), 'total_seq_len': (4889, None)}, 'workloads': 10, 'speedup': (1.3, 1.44, 1.79), 'fallbacks': ()},
 )
 
@@ -127,6 +127,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 7: 11 workloads, 1.26x (1.10x .. 1.42x) over sglang_flashinfer_prefill
     if total_seq_len > 2288 and mean_seq_len <= 148:
         return 'flashinfer_pool_inplace'
+    # region 8: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2288 and mean_seq_len > 148:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -166,6 +169,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 11: 8 workloads, 1.52x (1.29x .. 1.69x) over sglang_flashinfer_prefill
     if total_seq_len > 3670 and num_seqs <= 11:
         return 'flashinfer_pool_inplace'
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3670 and 11 < num_seqs <= 47:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashqla_chunk') if inside else 'sglang_flashinfer_prefill'
     # region 13: 10 workloads, 1.44x (1.30x .. 1.79x) over sglang_flashinfer_prefill
     if total_seq_len > 4889 and num_seqs > 47:
         return 'flashinfer_pool_inplace'
@@ -200,8 +206,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   16. 724 < total_seq_len <= 6247 and 5 < num_seqs <= 90 and max_seq_len > 184: flashinfer_pool_inplace, 11 workloads, 1.33x (1.05x .. 1.50x) over sglang_flashinfer_prefill
 #   17. 1174 < total_seq_len <= 6247 and num_seqs <= 5 and max_seq_len > 509: flashinfer_pool_inplace, 6 workloads, 1.21x (1.17x .. 1.25x) over sglang_flashinfer_prefill
 #   18. 1448 < total_seq_len <= 6247 and num_seqs > 90 and max_seq_len > 314: flashinfer_pool_inplace, 2 workloads, 1.46x (1.38x .. 1.55x) over sglang_flashinfer_prefill
-#   19. 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 11 and mean_seq_len > 126 and max_seq_len > 1312: sglang_flashinfer_prefill (baseline), 2 workloads
-#   20. 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 22 and mean_seq_len > 126 and max_seq_len <= 1312: sglang_flashinfer_prefill (baseline), 2 workloads
+#   19. 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 11 and mean_seq_len > 126 and max_seq_len > 1312: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
+#   20. 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 22 and mean_seq_len > 126 and max_seq_len <= 1312: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
 #   21. 6247 < total_seq_len <= 11235 and num_seqs > 11 and mean_seq_len > 126 and max_seq_len > 1312: flashinfer_pool_inplace, 3 workloads, 1.13x (1.05x .. 1.20x) over sglang_flashinfer_prefill
 #   22. 6247 < total_seq_len <= 11235 and num_seqs > 22 and mean_seq_len > 126 and max_seq_len <= 1312: flashinfer_pool_inplace, 2 workloads, 1.11x (1.11x .. 1.12x) over sglang_flashinfer_prefill
 #   23. 6247 < total_seq_len <= 11585 and num_seqs <= 5 and mean_seq_len > 126: flashinfer_pool_inplace, 3 workloads, 1.09x (1.09x .. 1.11x) over sglang_flashinfer_prefill
@@ -209,9 +215,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   25. total_seq_len > 6247 and mean_seq_len <= 126 and max_seq_len > 399: flashinfer_pool_inplace, 2 workloads, 1.29x (1.17x .. 1.42x) over sglang_flashinfer_prefill
 #   26. total_seq_len > 11235 and num_seqs > 5 and 126 < mean_seq_len <= 148 and max_seq_len <= 5792: flashinfer_pool_inplace, 1 workloads, 1.10x (1.10x .. 1.10x) over sglang_flashinfer_prefill
 #   27. total_seq_len > 11235 and num_seqs > 5 and 126 < mean_seq_len <= 362 and max_seq_len > 5792: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 11235 and num_seqs > 5 and mean_seq_len > 148 and max_seq_len <= 5792: sglang_flashinfer_prefill (baseline), 2 workloads
+#   28. total_seq_len > 11235 and num_seqs > 5 and mean_seq_len > 148 and max_seq_len <= 5792: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   29. total_seq_len > 11235 and num_seqs > 5 and mean_seq_len > 362 and max_seq_len > 5792: sglang_flashinfer_prefill (baseline), 0 workloads
-#   30. total_seq_len > 11585 and num_seqs <= 5 and mean_seq_len > 126: sglang_flashinfer_prefill (baseline), 1 workloads
+#   30. total_seq_len > 11585 and num_seqs <= 5 and mean_seq_len > 126: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 5 and num_seqs <= 1 and max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 1 workloads, 43.42x (43.42x .. 43.42x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 5 and num_seqs > 1 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 1 workloads, 19.33x (19.33x .. 19.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
@@ -225,7 +231,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   10. total_seq_len <= 3403 and num_seqs <= 11 and 1023 < max_seq_len <= 1125: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   11. total_seq_len <= 3403 and num_seqs <= 11 and 1125 < max_seq_len <= 7170: triton_prefill_chunked.v16, 5 workloads, 2.58x (2.04x .. 3.45x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   12. total_seq_len <= 3403 and num_seqs > 11 and 1023 < max_seq_len <= 7170: flashinfer_pool_inplace, 4 workloads, 1.61x (1.58x .. 1.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   13. num_seqs <= 65 and 7170 < max_seq_len <= 8168: sglang_flashinfer_prefill (baseline), 2 workloads
+#   13. num_seqs <= 65 and 7170 < max_seq_len <= 8168: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashqla_chunk, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
 #   14. max_seq_len > 8168: flashinfer_pool_inplace, 1 workloads, 1.29x (1.29x .. 1.29x) over sglang_flashinfer_prefill
 #   15. num_seqs > 65 and 7170 < max_seq_len <= 8168: flashinfer_pool_inplace, 2 workloads, 1.39x (1.33x .. 1.47x) over sglang_flashinfer_prefill
 #   16. 5 < total_seq_len <= 1448 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 9 workloads, 5.84x (3.30x .. 20.15x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
@@ -261,8 +267,8 @@ REGIONS_HINTED = (
     {'region': 16, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (184, None), 'num_seqs': (5, 90), 'total_seq_len': (724, 6247)}, 'workloads': 11, 'speedup': (1.05, 1.33, 1.5), 'fallbacks': ()},
     {'region': 17, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (509, None), 'num_seqs': (None, 5), 'total_seq_len': (1174, 6247)}, 'workloads': 6, 'speedup': (1.17, 1.21, 1.25), 'fallbacks': ()},
     {'region': 18, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (314, None), 'num_seqs': (90, None), 'total_seq_len': (1448, 6247)}, 'workloads': 2, 'speedup': (1.38, 1.46, 1.55), 'fallbacks': ()},
-    {'region': 19, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1312, None), 'mean_seq_len': (126, None), 'num_seqs': (5, 11), 'total_seq_len': (6247, 11235)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1312), 'mean_seq_len': (126, None), 'num_seqs': (5, 22), 'total_seq_len': (6247, 11235)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 19, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1312, None), 'mean_seq_len': (126, None), 'num_seqs': (5, 11), 'total_seq_len': (6247, 11235)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1312), 'mean_seq_len': (126, None), 'num_seqs': (5, 22), 'total_seq_len': (6247, 11235)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 21, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1312, None), 'mean_seq_len': (126, None), 'num_seqs': (11, None), 'total_seq_len': (6247, 11235)}, 'workloads': 3, 'speedup': (1.05, 1.13, 1.2), 'fallbacks': ()},
     {'region': 22, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 1312), 'mean_seq_len': (126, None), 'num_seqs': (22, None), 'total_seq_len': (6247, 11235)}, 'workloads': 2, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
     {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (126, None), 'num_seqs': (None, 5), 'total_seq_len': (6247, 11585)}, 'workloads': 3, 'speedup': (1.09, 1.09, 1.11), 'fallbacks': ()},
@@ -270,9 +276,9 @@ REGIONS_HINTED = (
     {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (399, None), 'mean_seq_len': (None, 126), 'total_seq_len': (6247, None)}, 'workloads': 2, 'speedup': (1.17, 1.29, 1.42), 'fallbacks': ()},
     {'region': 26, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (126, 148), 'num_seqs': (5, None), 'total_seq_len': (11235, None)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ()},
     {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (126, 362), 'num_seqs': (5, None), 'total_seq_len': (11235, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (148, None), 'num_seqs': (5, None), 'total_seq_len': (11235, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (148, None), 'num_seqs': (5, None), 'total_seq_len': (11235, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (362, None), 'num_seqs': (5, None), 'total_seq_len': (11235, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (126, None), 'num_seqs': (None, 5), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (126, None), 'num_seqs': (None, 5), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -288,7 +294,7 @@ REGIONS_HINTED_EAGER = (
     {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (1023, 1125), 'num_seqs': (None, 11), 'total_seq_len': (None, 3403)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
     {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1125, 7170), 'num_seqs': (None, 11), 'total_seq_len': (None, 3403)}, 'workloads': 5, 'speedup': (2.04, 2.58, 3.45), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1023, 7170), 'num_seqs': (11, None), 'total_seq_len': (None, 3403)}, 'workloads': 4, 'speedup': (1.58, 1.61, 1.65), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7170, 8168), 'num_seqs': (None, 65)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7170, 8168), 'num_seqs': (None, 65)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 14, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (8168, None)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
     {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7170, 8168), 'num_seqs': (65, None)}, 'workloads': 2, 'speedup': (1.33, 1.39, 1.47), 'fallbacks': ()},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'total_seq_len': (5, 1448)}, 'workloads': 9, 'speedup': (3.3, 5.84, 20.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
@@ -366,6 +372,12 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 18: 2 workloads, 1.46x (1.38x .. 1.55x) over sglang_flashinfer_prefill
     if 1448 < total_seq_len <= 6247 and num_seqs > 90 and max_seq_len > 314:
         return 'flashinfer_pool_inplace'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 11 and mean_seq_len > 126 and max_seq_len > 1312:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
+    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 6247 < total_seq_len <= 11235 and 5 < num_seqs <= 22 and mean_seq_len > 126 and max_seq_len <= 1312:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'sglang_flashinfer_prefill'
     # region 21: 3 workloads, 1.13x (1.05x .. 1.20x) over sglang_flashinfer_prefill
     if 6247 < total_seq_len <= 11235 and num_seqs > 11 and mean_seq_len > 126 and max_seq_len > 1312:
         return 'flashinfer_pool_inplace'
@@ -387,6 +399,12 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11235 and num_seqs > 5 and 126 < mean_seq_len <= 362 and max_seq_len > 5792:
         return 'flashinfer_pool_inplace'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11235 and num_seqs > 5 and mean_seq_len > 148 and max_seq_len <= 5792:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
+    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 5 and mean_seq_len > 126:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -429,6 +447,9 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 12: 4 workloads, 1.61x (1.58x .. 1.65x) over sglang_flashinfer_prefill
     if total_seq_len <= 3403 and num_seqs > 11 and 1023 < max_seq_len <= 7170:
         return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'flashinfer_pool_inplace'
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 65 and 7170 < max_seq_len <= 8168:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
     # region 14: 1 workloads, 1.29x (1.29x .. 1.29x) over sglang_flashinfer_prefill
     if max_seq_len > 8168:
         return 'flashinfer_pool_inplace'

@@ -32,7 +32,7 @@
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.37x (1.23x .. 1.52x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 1 < num_seqs <= 3: cuda_verify_rows.r4, 3 workloads, 1.24x (1.19x .. 1.34x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
 #   3. 3 < num_seqs <= 25: cuda_verify_rows.r8, 6 workloads, 1.11x (1.04x .. 1.25x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   4. num_seqs > 25: sglang_verify (baseline), 9 workloads
+#   4. num_seqs > 25: sglang_verify (baseline), 9 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 4.38x (3.50x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r4
 #   2. 1 < num_seqs <= 86: cuda_verify_rows.r4, 12 workloads, 2.29x (1.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
@@ -44,7 +44,7 @@ REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (1.23, 1.37, 1.52), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 3)}, 'workloads': 3, 'speedup': (1.19, 1.24, 1.34), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
     {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (3, 25)}, 'workloads': 6, 'speedup': (1.04, 1.11, 1.25), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -68,6 +68,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
     # region 3: 6 workloads, 1.11x (1.04x .. 1.25x) over sglang_verify's guarded call
     if 3 < num_seqs <= 25:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 4: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 25:
+        return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 

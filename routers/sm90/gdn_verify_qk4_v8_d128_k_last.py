@@ -31,7 +31,7 @@
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.51x (1.23x .. 1.75x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 6 < num_seqs <= 98: cuda_verify_rows.r4, 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. num_seqs > 98: sglang_verify (baseline), 5 workloads
+#   3. num_seqs > 98: sglang_verify (baseline), 5 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 2 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 4.01x (2.42x .. 6.06x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4
 #   2. num_seqs <= 11 and cache_steps > 4: cuda_verify_rows.r4, 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r8
@@ -43,7 +43,7 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 8, 'speedup': (1.23, 1.51, 1.75), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 98)}, 'workloads': 8, 'speedup': (1.03, 1.13, 1.34), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -65,6 +65,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
     # region 2: 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call
     if 6 < num_seqs <= 98:
         return 'cuda_verify_rows.r4'
+    # region 3: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 98:
+        return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 

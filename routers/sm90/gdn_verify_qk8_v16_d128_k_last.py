@@ -31,7 +31,7 @@
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. num_seqs > 43: sglang_verify (baseline), 8 workloads
+#   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. every shape: cuda_verify_rows.r8, 20 workloads, 2.23x (1.06x .. 5.40x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
@@ -39,7 +39,7 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.37, 1.48, 1.62), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.12, 1.19), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -57,6 +57,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
     # region 2: 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call
     if 2 < num_seqs <= 43:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 43:
+        return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 
