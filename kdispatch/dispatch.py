@@ -262,6 +262,10 @@ class Dispatcher:
 
     def _hint_values(self, hints: dict) -> tuple | None:
         """The call's hint values in the spec's order, or None where it passes none (all None)."""
+        if len(self.hints) == 1 and len(hints) == 1:  # the common call, checked in a few attribute reads
+            v = hints.get(self.hints[0], -1)
+            if type(v) is int and v >= 0:
+                return (v,)
         unknown = set(hints) - set(self.hints)
         if unknown:
             raise TypeError(f"kdispatch.ops.{self.short}: unexpected keyword argument(s) {sorted(unknown)} "

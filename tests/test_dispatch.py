@@ -325,8 +325,9 @@ def test_a_call_passing_the_hints_is_routed_with_them():
                                  "max_seq_len": 7}).variant.name == "fake_hinted"
         with pytest.raises(TypeError, match="max_len"):
             d(*args, max_len=6)
-        with pytest.raises(ValueError, match="non-negative"):
-            call(max_seq_len=-1)
+        for bad in (-1, True, 6.0):
+            with pytest.raises(ValueError, match="non-negative"):
+                call(max_seq_len=bad)
         d.set_router("cpu", lambda **axes: "fake_plain")  # a router fitted without hints: they are ignored
         call(max_seq_len=6)
         assert served[-1] == "fake_plain"
