@@ -390,7 +390,8 @@ class _Matrix:
         torch reference, which the dispatcher falls back to anyway."""
         if not len(idx):
             return []
-        good = self.runs[1:, idx].all(axis=1) & np.array([n != registry.REFERENCE for n in self.names[1:]])
+        named = np.array([n != registry.REFERENCE for n in self.names[1:]], dtype=bool)
+        good = self.runs[1:, idx].all(axis=1) & named
         ratio = (self.lat[1:, idx] / np.maximum(self.lat[0, idx], 1e-9)).sum(axis=1)
         return [self.names[j + 1] for j in sorted(np.flatnonzero(good), key=lambda j: (ratio[j], self.names[j + 1]))]
 
