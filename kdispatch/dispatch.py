@@ -169,6 +169,10 @@ class _Entry:
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
+        if variant is None:  # a one-off call its hints route (Dispatcher._one_off): `hinted` decides
+            self.variant = self.fn = self.eager = self.eager_fn = None
+            self.base = self.eager_base = False
+            return
         graph_back, eager_back = self.hand_back
         self.variant, self.fn, self.base = variant, variant.fn, variant.baseline or graph_back
         self.eager = None if eager is variant and graph_back == eager_back else eager
@@ -233,6 +237,7 @@ class Dispatcher:
         self.reset()
 
     def __call__(self, *args, **hints):
+        values = self._hint_values(hints) if hints else None
         if self._per_call is not None:
             self._per_call(args)
         try:
@@ -243,12 +248,10 @@ class Dispatcher:
         except (IndexError, AttributeError, TypeError):  # too few arguments, or not a tensor: the checker says which
             e = None
         if e is None:
-            e = self._new_signature(args, bool(hints))  # hints: they decide whether a call is handed back
+            e = self._new_signature(args, values is not None)  # hints: they decide the call
         self._last = e
-        if hints:
-            values = self._hint_values(hints)
-            if values is not None:
-                return self._hinted_call(e, values, args)
+        if values is not None:
+            return self._hinted_call(e, values, args)
         if e.eager_fn is None or capturing():
             fn, base = e.fn, e.base
         else:
@@ -353,7 +356,8 @@ class Dispatcher:
     def _one_off(self, args, hinted: bool = False) -> _Entry:
         """This call's decision, for its call mode only, with a guard that never matches. Inside
         `handing_back_baseline()` a call the router gives back raises BaselineChosen before any
-        argument is checked: the engine's own kernel serves it, as without kdispatch."""
+        argument is checked: the engine's own kernel serves it, as without kdispatch. A call passing
+        its hints (`hinted`) is routed by them (`_hinted_call`): its entry carries no plain choice."""
         mode = "graph" if capturing() else "eager"
         decided = None
         if _HAND_BACK.get() and not hinted:
@@ -365,6 +369,9 @@ class Dispatcher:
                 if decided.base:
                     raise BaselineChosen(self.short)
         axes = self.checker.check(args)  # ValueError on bad input, before any kernel runs
+        if hinted:
+            arch = _arch.arch_of(self._tensors(args)[0].device)
+            return _Entry(_never, None, None, tuple(axes.items()), arch, self.checker.is_strided(args))
         if decided is None or decided.axes != tuple(axes.items()):
             decided = self._decide(axes, args, mode)
         return decided
