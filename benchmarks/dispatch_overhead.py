@@ -12,6 +12,8 @@ no data), so the only time measured is dispatch itself:
     new shape   = a call whose shapes the dispatcher has not seen (validation, routing of both modes,
                   the guard), each call another size of NEW_SHAPE_AXIS: what an engine pays on most
                   prefill calls, whose token count changes from call to call
+    hinted      = for an op with call-time hints (prefill's max_seq_len, which the engine plugins
+                  pass): a call passing them, on a seen signature and on new shapes
 FlashInfer-Bench is timed on its cheapest path (the dataset holds no solution, so it builds the
 lookup key, misses and calls the fallback). Medians over repeated timing rounds, one process.
 
@@ -139,6 +141,15 @@ def main() -> None:
         row = {"direct_us": direct, "kdispatch_added_us": kd, "two_modes_added_us": two,
                "custom_op_added_us": custom_op_added_us(d, SMALL[op], opts),
                "new_shape_added_us": new_shape_us(op_fn, op, max(opts.calls // 10, 50)) - direct}
+        if d.hints:
+            d.set_router("meta", lambda **axes: "noop", route_hinted=lambda **axes: "noop")
+            kw = {h: 1 for h in d.hints}
+            hinted_fn = lambda *a: op_fn(*a, **kw)  # noqa: E731
+            hinted_fn(*args)
+            row["hinted_added_us"] = per_call_us(hinted_fn, args, opts.calls, opts.rounds) - direct
+            row["new_shape_hinted_added_us"] = new_shape_us(hinted_fn, op, max(opts.calls // 10, 50)) - direct
+            print(f"{op}: passing {', '.join(d.hints)}: +{row['hinted_added_us']:.2f} us, new shape "
+                  f"+{row['new_shape_hinted_added_us']:.2f} us")
         if fib_apply is not None:
             fib_call = lambda *a, _n=d.definition: fib_apply(_n, args=a, fallback=noop)  # noqa: E731
             fib_call(*args)

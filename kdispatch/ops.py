@@ -172,7 +172,7 @@ def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
     return _CALL["gdn_decode"](q, k, v, state, A_log, a, dt_bias, b, _scale("gdn_decode", scale))
 
 
-def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *, max_seq_len=None):
     """Gated DeltaNet (Qwen3-Next) prefill over sequences packed along the token axis.
 
     Args:
@@ -190,13 +190,17 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
             on the device without a host sync: any other values zero the output and leave every
             state untouched (KDISPATCH_CHECK=1: ValueError naming the first bad entry).
         scale: float, output scale, honoured as given; None means 1/sqrt(128); 0 raises ValueError.
+        max_seq_len: int, the longest sequence's token count if the caller knows it on the host, or
+            None: routing only, as for `gdn_prefill_pool` (a wrong value costs time, never correctness).
 
     Returns:
         (output bfloat16 [T, 8, 128], new_state float32 [N, 8, 128, 128]); new_state is `state`.
     """
     if state is None:
         state = _zero_state("gdn_prefill", cu_seqlens.shape[0] - 1, q.device)
-    return _CALL["gdn_prefill"](q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, _scale("gdn_prefill", scale))
+    args = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, _scale("gdn_prefill", scale))
+    call = _CALL["gdn_prefill"]
+    return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 
 
 def gdn_decode_packed(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out=None, scale=None):

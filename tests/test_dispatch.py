@@ -335,3 +335,25 @@ def test_a_call_passing_the_hints_is_routed_with_them():
         d.set_router("cpu", None)
         for name in ("fake_plain", "fake_hinted"):
             registry.unregister(POOL, name)
+
+
+def test_the_contest_prefill_takes_the_hint_too():
+    """kdispatch.ops.gdn_prefill(..., max_seq_len=n) is answered by the router's hinted function."""
+    registry.discover()
+    name = "gdn_prefill_qk4_v8_d128_k_last"
+    served = []
+    registry.register(Variant(name, "fake_hinted", lambda *a: served.append(a[0].shape[0]) or
+                              (torch.zeros(a[0].shape[0], 8, 128, dtype=torch.bfloat16), a[3]), "torch", ("cpu",)))
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill"]
+    asked = []
+    try:
+        d.set_router("cpu", lambda **axes: "reference",
+                     route_hinted=lambda max_seq_len, **axes: asked.append(max_seq_len) or "fake_hinted")
+        args = materialize(name, {"axes": {"total_seq_len": 8, "num_seqs": 2}, "inputs": {}, "uuid": "hint"})
+        kdispatch.ops.gdn_prefill(*args, max_seq_len=5)
+        assert asked == [5] and served == [8]
+        kdispatch.ops.gdn_prefill(*args)
+        assert served == [8], "without the hint: the plain answer (the reference)"
+    finally:
+        d.set_router("cpu", None)
+        registry.unregister(name, "fake_hinted")
