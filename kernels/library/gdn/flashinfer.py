@@ -27,8 +27,10 @@ def gdn_decode_flashinfer(q, k, v, state, A_log, a, dt_bias, b, scale):
     return out, state
 
 
-@variant("gdn_prefill", "flashinfer", **{**_FLASHINFER, "requires": ("flashinfer", "cuda.core")})
-def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+_PREFILL = {**_FLASHINFER, "requires": ("flashinfer", "cuda.core")}
+
+
+def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, use_cp="auto"):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
     from kdispatch.kernels.cuda.gdn import prefill_guard
@@ -37,5 +39,14 @@ def gdn_prefill_flashinfer(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     cu, _, alpha, beta = prefill_guard.guard(cu_seqlens, q.shape[0], gates=(A_log, a, dt_bias, b), out=out,
                                              malformed="empty")
     chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state,
-                           output_final_state=True, cu_seqlens=cu, output=out, output_state=state)
+                           output_final_state=True, cu_seqlens=cu, output=out, output_state=state, use_cp=use_cp)
     return out, state
+
+
+variant("gdn_prefill", "flashinfer", **_PREFILL)(gdn_prefill_flashinfer)
+# FlashInfer's "auto" takes its context-parallel path whenever sequences x heads is below about one
+# wave of SMs, however short the sequences: at 8 value heads, 2-8 sequences of 100-1,000 tokens took
+# 50-86 us where 18-20 sequences of 1,100-1,300 tokens took 25-28 (H100 rows, 2026-11-27). Without
+# CP, a launch configuration measured like any other.
+variant("gdn_prefill", "flashinfer", **{**_PREFILL, "baseline": False},
+        configs={"cp_off": {"use_cp": False}})(gdn_prefill_flashinfer)

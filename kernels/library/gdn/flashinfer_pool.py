@@ -22,7 +22,7 @@ from kdispatch.registry import variant
 
 
 def gdn_prefill_pool_flashinfer_inplace(q, k, v, g, beta, state_pool, state_indices, has_initial_state,
-                                        cu_seqlens, out, scale):
+                                        cu_seqlens, out, scale, use_cp="auto"):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
     q, k, v, alpha, beta, cu, slots = pool_prefill_prepare.prepare(q, k, v, g, beta, state_pool, state_indices,
@@ -30,10 +30,13 @@ def gdn_prefill_pool_flashinfer_inplace(q, k, v, g, beta, state_pool, state_indi
     if q.shape[0] and slots.shape[0]:  # FlashInfer refuses zero sequences; no tokens leave only fresh rows
         chunk_gated_delta_rule(q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state_pool,
                                output_final_state=True, cu_seqlens=cu, output=out, output_state=state_pool,
-                               state_indices=slots)
+                               state_indices=slots, use_cp=use_cp)
     return out, state_pool
 
 
 for _hq, _hv in PACKED_HEADS.values():
-    variant(pool_prefill_name(_hq, _hv), "flashinfer_pool_inplace", backend="library", archs=("sm90",),
-            requires=("flashinfer", "cuda.core"), strided=True)(gdn_prefill_pool_flashinfer_inplace)
+    _kw = dict(backend="library", archs=("sm90",), requires=("flashinfer", "cuda.core"), strided=True)
+    variant(pool_prefill_name(_hq, _hv), "flashinfer_pool_inplace", **_kw)(gdn_prefill_pool_flashinfer_inplace)
+    # without FlashInfer's context-parallel path (kernels/library/gdn/flashinfer.py says why)
+    variant(pool_prefill_name(_hq, _hv), "flashinfer_pool_inplace", configs={"cp_off": {"use_cp": False}},
+            **_kw)(gdn_prefill_pool_flashinfer_inplace)

@@ -21,13 +21,13 @@ from kdispatch.kernels.cuda.gdn import prefill_guard
 from kdispatch.registry import variant
 
 
-def gdn_prefill_gathered_vllm(q, k, v, g, beta, initial_state, cu_seqlens, out, scale):
+def gdn_prefill_gathered_vllm(q, k, v, g, beta, initial_state, cu_seqlens, out, scale, use_cp="auto"):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
     cu, _, alpha, _ = prefill_guard.guard(cu_seqlens, q.shape[0], log_decay=g, out=out, malformed="empty")
     chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), g=alpha, beta=beta, scale=scale,
                            initial_state=initial_state, output_final_state=True, cu_seqlens=cu, output=out,
-                           output_state=initial_state)
+                           output_state=initial_state, use_cp=use_cp)
     return out, initial_state
 
 
@@ -45,3 +45,6 @@ def vllm_call(q, k, v, g, beta, initial_state, cu_seqlens, out, scale):
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "vllm_flashinfer_prefill", backend="library", archs=("sm90",),
             requires=("flashinfer", "cuda.core"), baseline=True, engine=vllm_call)(gdn_prefill_gathered_vllm)
+    # the same call without FlashInfer's context-parallel path (kernels/library/gdn/flashinfer.py says why)
+    variant(gathered_prefill_name(_hq, _hv), "vllm_flashinfer_prefill", backend="library", archs=("sm90",),
+            requires=("flashinfer", "cuda.core"), configs={"cp_off": {"use_cp": False}})(gdn_prefill_gathered_vllm)
