@@ -311,7 +311,12 @@ def test_pool_prefill_hint_is_the_longest_sequence_materialised():
         padded_longest += int(lens[slots >= 0].max() < lens.max())
         kinds.add("safetensors" in str(w.inputs.get("cu_seqlens")))
     assert kinds == {True, False} and padded_longest > 0
-    assert W.hint_values("gdn_prefill", ws[0]) == {}  # a definition without hints
+    assert W.hint_values("gdn_decode", ws[0]) == {}  # a definition without hints
+    for w in W.load_workloads(TRACES / "coverage", "gdn_prefill")[:12]:  # the contest convention's hint
+        args = dict(zip(definitions.get("gdn_prefill").inputs,
+                        W.materialize("gdn_prefill", w, trace_root=TRACES / "coverage")))
+        lens = args["cu_seqlens"][1:] - args["cu_seqlens"][:-1]
+        assert W.hint_values("gdn_prefill", w, trace_root=TRACES / "coverage") == {"max_seq_len": int(lens.max())}
 
 
 def test_shipped_definitions_are_the_kdispatch_definitions():
