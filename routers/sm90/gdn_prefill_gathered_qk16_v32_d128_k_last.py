@@ -5,65 +5,77 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T14:14:10Z
-# workloads   102 (workload-set digest b0b5c144dc322d6c)
+# measured    up to 2026-11-27T16:26:58Z
+# workloads   112 (workload-set digest 390d7ebab861b1ec)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  97/97  0.25x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  97/97  0.33x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  97/97  0.31x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  97/97  0.30x
-#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.44x
-#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.51x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.62x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  112/112  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  107/107  0.26x
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  107/107  0.33x
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  107/107  0.32x
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  107/107  0.31x
+#   triton_prefill_chunked.v64      2a710645e644b88e  112/112  0.48x
+#   triton_prefill_fused.c16v32     49496897c400beaa  112/112  0.55x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  112/112  0.65x
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  112/112  1.14x
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
-#   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
-#   cuda_prefill_pool_rows.k4c8   cfg=(4, 32, 8)
-#   cuda_prefill_pool_rows.k8c8   cfg=(8, 16, 8)
-#   triton_prefill_chunked.v64    cfg=(64, 4)
-#   triton_prefill_fused.c16v32   cfg=(16, 32, 4)
-#   triton_prefill_fused.c16v64   cfg=(16, 64, 4)
+#   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
+#   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
+#   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
+#   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   triton_prefill_chunked.v64      cfg=(64, 4)
+#   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 15.02% mean, 535.39% max;
-#             1.019x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.26% mean, 130.95% max;
-#             1.075x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.30% mean, 64.04% max;
+#             1.006x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.61% mean, 152.06% max;
+#             1.112x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 106: triton_prefill_fused.c16v64, 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   2. 106 < total_seq_len <= 678 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
-#   3. 106 < total_seq_len <= 678 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len > 678: vllm_flashinfer_prefill (baseline), 59 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
+#   6. 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 4165: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 106 and num_seqs <= 5: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.92x (3.62x .. 13.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   2. total_seq_len <= 212 and 5 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.05x (1.43x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 212 and num_seqs > 23: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.27x (1.91x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 106 < total_seq_len <= 268 and num_seqs <= 5: triton_prefill_fused.c16v64, 6 workloads, 2.08x (1.43x .. 4.63x) over vllm_flashinfer_prefill
-#   5. 212 < total_seq_len <= 268 and num_seqs > 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.88x (1.57x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   6. total_seq_len > 268 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 268 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 73 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   2. total_seq_len <= 212 and num_seqs > 2: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.05x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   4. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   5. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   6. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (1.17, 2.89, 5.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (106, 678)}, 'workloads': 11, 'speedup': (1.18, 1.3, 1.43), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (106, 678)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (678, None)}, 'workloads': 59, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 451)}, 'workloads': 17, 'speedup': (1.03, 1.77, 3.63), 'fallbacks': ()},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, None), 'total_seq_len': (None, 451)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 217), 'total_seq_len': (None, 4165)}, 'workloads': 10, 'speedup': (1.17, 1.54, 8.31), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (217, None), 'total_seq_len': (None, 4165)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (451, 4165)}, 'workloads': 8, 'speedup': (1.05, 1.64, 2.45), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (451, 4165)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (4165, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 106)}, 'workloads': 4, 'speedup': (3.62, 6.92, 13.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (5, 23), 'total_seq_len': (None, 212)}, 'workloads': 5, 'speedup': (1.43, 2.05, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 212)}, 'workloads': 4, 'speedup': (1.91, 2.27, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (106, 268)}, 'workloads': 6, 'speedup': (1.43, 2.08, 4.63), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.57, 1.88, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.46, 1.48, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, None)}, 'workloads': 73, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 4, 'speedup': (3.76, 6.82, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 12, 'speedup': (1.19, 2.05, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 875), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -72,45 +84,60 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 2.89x (1.17x .. 5.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 2: 11 workloads, 1.30x (1.18x .. 1.43x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 678 and mean_seq_len <= 6:
+    # region 1: 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 2: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 3: 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if 106 < total_seq_len <= 678 and mean_seq_len > 6:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 4: 59 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 678:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
+    if 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 43 workloads, the baseline; its stand-ins where it cannot run here
+    if 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4165:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.92x (3.62x .. 13.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 2.05x (1.43x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and 5 < num_seqs <= 23:
+    # region 1: 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 12 workloads, 2.05x (1.19x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 4 workloads, 2.27x (1.91x .. 3.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 23:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 6 workloads, 2.08x (1.43x .. 4.63x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 268 and num_seqs <= 5:
-        return 'triton_prefill_fused.c16v64'
-    # region 5: 6 workloads, 1.88x (1.57x .. 2.29x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 268 and num_seqs > 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 1.48x (1.46x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and mean_seq_len <= 3:
+    # region 3: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 2:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 212 < total_seq_len <= 335 and 2 < num_seqs <= 8:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 335 and num_seqs > 8:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 73 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 68 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -119,135 +146,153 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.26% mean, 212.64% max;
-#             1.057x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.73% mean, 101.74% max;
-#             1.162x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.05% mean, 64.04% max;
+#             1.052x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.72% mean, 83.92% max;
+#             1.212x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.28x (1.23x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   3. total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   4. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   5. total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.20x (1.17x .. 1.22x) over vllm_flashinfer_prefill
-#   6. num_seqs <= 90 and mean_seq_len <= 6 and 56 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   7. num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   8. 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 67 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   11. num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   13. num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.31x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   16. total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   17. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. total_seq_len > 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   20. total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   21. total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.17x (1.13x .. 1.19x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 91 and num_seqs <= 2 and 6 < mean_seq_len <= 20: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len <= 30: triton_prefill_fused.c16v64, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len > 30: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   5. total_seq_len <= 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 5792 and num_seqs <= 2 and 20 < mean_seq_len <= 37: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 37: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   8. mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   9. 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. 2 < num_seqs <= 4 and mean_seq_len > 20 and max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
+#   11. 2 < num_seqs <= 4 and mean_seq_len > 20 and 254 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   12. num_seqs > 2 and mean_seq_len > 20 and max_seq_len > 457: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   13. 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8
+#   14. total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.31x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   15. total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.33x (1.28x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   16. 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   17. 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. total_seq_len > 91 and num_seqs <= 11 and 6 < mean_seq_len <= 20: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   19. total_seq_len > 91 and 11 < num_seqs <= 177 and 6 < mean_seq_len <= 20: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   20. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   21. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   25. total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   26. total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   27. total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
+#   28. total_seq_len > 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   29. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 20: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 41 and mean_seq_len <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 13.61x (13.61x .. 13.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 41 and 1 < mean_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 90 and mean_seq_len > 20 and max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and 20 < mean_seq_len <= 53 and max_seq_len > 63: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.67x (1.69x .. 4.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. 41 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   7. 41 < total_seq_len <= 268 and mean_seq_len <= 5 and 15 < max_seq_len <= 42: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   8. 41 < total_seq_len <= 268 and mean_seq_len <= 20 and max_seq_len > 42: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.95x (1.57x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   9. 41 < total_seq_len <= 268 and 2 < mean_seq_len <= 20 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.30x (1.99x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. 41 < total_seq_len <= 268 and 5 < mean_seq_len <= 20 and 15 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   11. 90 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.92x (2.19x .. 3.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. 181 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len > 63: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.43x .. 1.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   13. 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   14. 268 < total_seq_len <= 721 and num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.26x (1.13x .. 1.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   15. 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   16. 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 268 < total_seq_len <= 791 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.51x (1.48x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   18. 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   20. 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   22. total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   23. total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   24. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   25. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178: triton_prefill_fused.c16v64, 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   29. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   31. total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40: triton_prefill_fused.c16v64, 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   38. total_seq_len > 2896 and num_seqs > 181 and 40 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 45 and max_seq_len > 83: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.52x (1.35x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   3. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   5. total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.46x (2.46x .. 2.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 559 and num_seqs > 11 and mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 10 workloads, 1.80x (1.36x .. 3.99x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.15x (1.83x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   10. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
+#   11. num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.58x (7.56x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   12. num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. 2 < num_seqs <= 34 and mean_seq_len > 20 and 12 < max_seq_len <= 43: triton_prefill_fused.c16v64, 3 workloads, 1.69x (1.42x .. 1.91x) over vllm_flashinfer_prefill
+#   15. num_seqs > 2 and mean_seq_len > 7 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.98x (1.29x .. 4.28x) over vllm_flashinfer_prefill
+#   16. 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   17. 34 < num_seqs <= 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   18. num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   20. 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   21. 268 < total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 47 and 43 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   22. total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   23. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   24. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   25. total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   27. total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 268 and 4 < num_seqs <= 90 and mean_seq_len > 7 and max_seq_len > 8096: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   29. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   31. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 236 < max_seq_len <= 8096: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 268 and num_seqs > 4 and mean_seq_len > 7 and 67 < max_seq_len <= 8096: vllm_flashinfer_prefill (baseline), 40 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   33. total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   36. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   37. total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 1448 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.23, 3.28, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.13, 4.65, 6.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 22), 'num_seqs': (2, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.2, 1.22), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 79), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (79, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (22, None), 'num_seqs': (2, 34)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (6, None), 'num_seqs': (2, None)}, 'workloads': 67, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 5), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, None), 'num_seqs': (34, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (90, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.31, 1.37, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 6), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.29, 1.34, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 32), 'mean_seq_len': (6, 22), 'num_seqs': (2, 34), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 21), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.13, 1.17, 1.19), 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.24, 3.2, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (None, 2), 'total_seq_len': (None, 91)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (6, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 91)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, None), 'mean_seq_len': (6, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 91)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 457), 'mean_seq_len': (20, None), 'num_seqs': (4, None), 'total_seq_len': (None, 451)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (20, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (1.3, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 254), 'mean_seq_len': (20, None), 'num_seqs': (2, 4)}, 'workloads': 8, 'speedup': (1.06, 1.07, 1.08), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 457), 'mean_seq_len': (20, None), 'num_seqs': (2, 4)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, None), 'mean_seq_len': (20, None), 'num_seqs': (2, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (90, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.31, 1.37, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 6), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.28, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (91, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (91, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (None, 11), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (11, 177), 'total_seq_len': (91, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, 91), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (6, 20), 'num_seqs': (177, None), 'total_seq_len': (91, None)}, 'workloads': 2, 'speedup': (1.13, 1.15, 1.17), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (6, 20), 'num_seqs': (177, None), 'total_seq_len': (91, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 457), 'mean_seq_len': (20, None), 'num_seqs': (4, None), 'total_seq_len': (451, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 1), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (13.61, 13.61, 13.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (1, 20), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (7.43, 7.43, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (20, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.4, 6.4, 6.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (20, 53), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.69, 2.67, 4.24), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (53, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.91, 1.91, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (15, 42), 'mean_seq_len': (None, 5), 'total_seq_len': (41, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (None, 20), 'total_seq_len': (41, 268)}, 'workloads': 5, 'speedup': (1.57, 1.95, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (2, 20), 'total_seq_len': (41, 268)}, 'workloads': 6, 'speedup': (1.99, 2.3, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 42), 'mean_seq_len': (5, 20), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.75, 1.95, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (20, None), 'total_seq_len': (90, 268)}, 'workloads': 2, 'speedup': (2.19, 2.92, 3.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (20, None), 'total_seq_len': (181, 268)}, 'workloads': 3, 'speedup': (1.43, 1.66, 1.89), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.13, 1.26, 1.41), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.48, 1.51, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (45, 181), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (268, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (None, 23), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (23, 47), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'mean_seq_len': (47, None), 'num_seqs': (None, 45), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 139), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 178), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.28, 1.4, 1.54), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (74, None), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 236), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (None, 48), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (48, 90), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.77, 1.77, 1.77), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, None), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.25, 1.42, 1.73), 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (45, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 67), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (7, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 1), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (9.35, 9.35, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (1, 11), 'total_seq_len': (None, 559)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'num_seqs': (1, 11), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (2.46, 2.46, 2.46), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (11, None), 'total_seq_len': (None, 559)}, 'workloads': 10, 'speedup': (1.36, 1.8, 3.99), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (7, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.83, 2.15, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.55, 2.23, 2.66), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (7.56, 7.58, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 34)}, 'workloads': 3, 'speedup': (1.42, 1.69, 1.91), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (7, None), 'num_seqs': (2, None)}, 'workloads': 4, 'speedup': (1.29, 1.98, 4.28), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, 20), 'num_seqs': (34, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (34, 90)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (11, 47), 'num_seqs': (2, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (47, None), 'num_seqs': (2, None), 'total_seq_len': (268, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (7, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 2), 'num_seqs': (2, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8096, None), 'mean_seq_len': (7, None), 'num_seqs': (4, 90), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 8096), 'mean_seq_len': (7, 2), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 236), 'mean_seq_len': (7, 5), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, 8096), 'mean_seq_len': (7, 5), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, 8096), 'mean_seq_len': (7, None), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8096, None), 'mean_seq_len': (7, None), 'num_seqs': (90, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (379, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (7, 20), 'num_seqs': (2, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -256,220 +301,245 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.28x (1.23x .. 8.73x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill
     if total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 4.65x (3.13x .. 6.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32:
-        return 'triton_prefill_fused.c16v64'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 91 and num_seqs <= 2 and 6 < mean_seq_len <= 20:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len <= 30:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21:
-        return 'triton_prefill_fused.c16v64'
-    # region 5: 2 workloads, 1.20x (1.17x .. 1.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if num_seqs <= 90 and mean_seq_len <= 6 and 56 < max_seq_len <= 79:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 34 and mean_seq_len > 22 and 21 < max_seq_len <= 32:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 67 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 2 and mean_seq_len > 6 and max_seq_len > 32:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 34 and mean_seq_len > 6 and 21 < max_seq_len <= 32:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
-    if num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 56:
+    if total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len > 30:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 2 and 20 < mean_seq_len <= 37:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 37:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2 and max_seq_len > 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and 2 < mean_seq_len <= 6 and max_seq_len > 56:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < mean_seq_len <= 6 and max_seq_len > 56:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len > 20 and max_seq_len <= 254:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and mean_seq_len > 20 and 254 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 29 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and mean_seq_len > 20 and max_seq_len > 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
     if 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 4 workloads, 1.37x (1.31x .. 1.43x) over vllm_flashinfer_prefill
+    # region 14: 4 workloads, 1.37x (1.31x .. 1.44x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 5 workloads, 1.34x (1.29x .. 1.38x) over vllm_flashinfer_prefill
+    # region 15: 5 workloads, 1.33x (1.28x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 6:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 2 and mean_seq_len > 6 and 12 < max_seq_len <= 21:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 91 and num_seqs <= 11 and 6 < mean_seq_len <= 20:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 91 and 11 < num_seqs <= 177 and 6 < mean_seq_len <= 20:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 23: 2 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len > 22:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 3 workloads, 1.17x (1.13x .. 1.19x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:
-        return 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 20:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 13.61x (13.61x .. 13.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and mean_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 7.43x (7.43x .. 7.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and 1 < mean_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 6.40x (6.40x .. 6.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and mean_seq_len > 20 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 2.67x (1.69x .. 4.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 20 < mean_seq_len <= 53 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and mean_seq_len > 53 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if 41 < total_seq_len <= 268 and mean_seq_len <= 5 and 15 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 5 workloads, 1.95x (1.57x .. 3.47x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and mean_seq_len <= 20 and max_seq_len > 42:
+    # region 1: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and 43 < max_seq_len <= 83:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 1.52x (1.35x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 45 and max_seq_len > 83:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 6 workloads, 2.30x (1.99x .. 2.68x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and 2 < mean_seq_len <= 20 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 2 workloads, 1.95x (1.75x .. 2.16x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and 5 < mean_seq_len <= 20 and 15 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 2 workloads, 2.92x (2.19x .. 3.90x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 3 workloads, 1.66x (1.43x .. 1.89x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 268 and mean_seq_len > 20 and max_seq_len > 63:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 2 workloads, 1.26x (1.13x .. 1.41x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 721 and num_seqs <= 90 and 25 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:
+    # region 3: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 2.46x (2.46x .. 2.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 10 workloads, 1.80x (1.36x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and num_seqs > 11 and mean_seq_len <= 7:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 4 workloads, 1.51x (1.48x .. 1.55x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 791 and max_seq_len <= 25:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67:
+    # region 9: 3 workloads, 2.15x (1.83x .. 2.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:
+    # region 10: 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 2 workloads, 7.58x (7.56x .. 7.61x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 3 workloads, 1.69x (1.42x .. 1.91x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 34 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
         return 'triton_prefill_fused.c16v64'
-    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len > 47 and 40 < max_seq_len <= 67:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178:
-        return 'triton_prefill_fused.c16v64'
-    # region 26: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and max_seq_len > 178:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 28 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 67:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 721 and num_seqs <= 48 and 25 < max_seq_len <= 40:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 2 and max_seq_len > 67:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 4 workloads, 1.42x (1.25x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 791 and mean_seq_len <= 11 and max_seq_len <= 25:
+    # region 15: 4 workloads, 1.98x (1.29x .. 4.28x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len > 7 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25:
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 34 < num_seqs <= 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 47 and 43 < max_seq_len <= 67:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 23: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510:
+        return 'triton_prefill_fused.c16v64'
+    # region 26: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 4 < num_seqs <= 90 and mean_seq_len > 7 and max_seq_len > 8096:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 32: 40 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and num_seqs > 4 and mean_seq_len > 7 and 67 < max_seq_len <= 8096:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
+        return 'triton_prefill_fused.c16v64'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 181 and 2 < num_seqs <= 34 and 6 < mean_seq_len <= 22 and 21 < max_seq_len <= 32:  # region 3
+    if 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22:  # region 16
         return True
-    if num_seqs <= 90 and mean_seq_len <= 6 and max_seq_len > 79:  # region 7
+    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45:  # region 20
         return True
-    if num_seqs > 34 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 32:  # region 10
+    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91:  # region 21
         return True
-    if total_seq_len > 362 and num_seqs > 2 and mean_seq_len > 6 and max_seq_len <= 12:  # region 21
+    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22:  # region 23
+        return True
+    if total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 26
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:  # region 13
+    if 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:  # region 16
         return True
-    if 268 < total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 67:  # region 15
+    if num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:  # region 18
         return True
-    if 268 < total_seq_len <= 724 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 236:  # region 16
+    if 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:  # region 19
         return True
-    if 268 < total_seq_len <= 1448 and 45 < num_seqs <= 181 and 40 < max_seq_len <= 67:  # region 18
+    if 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67:  # region 20
         return True
-    if 268 < total_seq_len <= 2896 and num_seqs > 181 and 40 < max_seq_len <= 67:  # region 20
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67:  # region 22
         return True
-    if total_seq_len > 268 and num_seqs <= 45 and mean_seq_len <= 23 and 40 < max_seq_len <= 67:  # region 21
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178:  # region 23
         return True
-    if total_seq_len > 268 and num_seqs <= 45 and 23 < mean_seq_len <= 47 and 40 < max_seq_len <= 67:  # region 22
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510:  # region 25
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and 67 < max_seq_len <= 139:  # region 24
+    if total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67:  # region 27
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and mean_seq_len > 74 and 67 < max_seq_len <= 178:  # region 25
+    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096:  # region 29
         return True
-    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 5 and 67 < max_seq_len <= 236:  # region 27
+    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236:  # region 30
         return True
-    if total_seq_len > 721 and 48 < num_seqs <= 90 and 25 < max_seq_len <= 40:  # region 31
+    if total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096:  # region 33
         return True
-    if total_seq_len > 791 and mean_seq_len > 11 and max_seq_len <= 25:  # region 35
+    if total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:  # region 34
+        return True
+    if total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:  # region 37
         return True
     return False

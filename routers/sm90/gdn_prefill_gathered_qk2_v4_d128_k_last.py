@@ -5,79 +5,91 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T14:14:49Z
-# workloads   102 (workload-set digest f286896835f58b1c)
+# measured    up to 2026-11-27T16:28:36Z
+# workloads   112 (workload-set digest 4a48c8992834fbba)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  96/96  0.58x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  96/96  0.47x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  96/96  0.53x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  96/96  0.59x
-#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.98x
-#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.97x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.96x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  112/112  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  106/106  0.56x
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  106/106  0.44x
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  106/106  0.50x
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  106/106  0.57x
+#   triton_prefill_chunked.v64      2a710645e644b88e  112/112  1.00x
+#   triton_prefill_fused.c16v32     49496897c400beaa  112/112  0.96x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  112/112  0.94x
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  112/112  1.60x
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
-#   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
-#   cuda_prefill_pool_rows.k4c8   cfg=(4, 32, 8)
-#   cuda_prefill_pool_rows.k8c8   cfg=(8, 16, 8)
-#   triton_prefill_chunked.v64    cfg=(64, 4)
-#   triton_prefill_fused.c16v32   cfg=(16, 32, 4)
-#   triton_prefill_fused.c16v64   cfg=(16, 64, 4)
+#   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
+#   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
+#   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
+#   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   triton_prefill_chunked.v64      cfg=(64, 4)
+#   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 17.17% mean, 134.55% max;
-#             1.174x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.71% mean, 189.55% max;
-#             1.624x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 23.75% mean, 340.01% max;
+#             1.214x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 54.23% mean, 840.91% max;
+#             1.888x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 76 and num_seqs <= 30 and mean_seq_len <= 53: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.95x (1.59x .. 9.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53: triton_prefill_chunked.v64, 11 workloads, 1.50x (1.13x .. 1.77x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 53: triton_prefill_chunked.v64, 18 workloads, 1.88x (1.05x .. 2.82x) over vllm_flashinfer_prefill
-#   4. num_seqs > 30 and mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len > 76 and num_seqs <= 28 and mean_seq_len <= 53: triton_prefill_fused.c16v32, 13 workloads, 3.52x (1.24x .. 7.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   6. total_seq_len > 1448 and num_seqs <= 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. total_seq_len > 3436 and num_seqs > 4 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   4. num_seqs <= 2 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. num_seqs > 2 and 245 < mean_seq_len <= 419: triton_prefill_chunked.v64, 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+#   7. num_seqs > 2 and 419 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 126 and num_seqs <= 225 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.23x (2.01x .. 14.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 362 and 6 < mean_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.71x (2.53x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1448 and 21 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.94x (1.29x .. 11.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. total_seq_len <= 1448 and 37 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 3.34x (1.41x .. 7.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. total_seq_len <= 1874 and mean_seq_len > 90: triton_prefill_fused.c16v64, 13 workloads, 2.46x (1.30x .. 3.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. num_seqs > 225 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len > 126 and num_seqs <= 225 and mean_seq_len <= 5: cuda_prefill_pool_rows.k8c8, 7 workloads, 2.31x (1.23x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len > 362 and 6 < mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len > 1448 and 21 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. 1874 < total_seq_len <= 3383 and mean_seq_len > 90: triton_prefill_chunked.v64, 11 workloads, 1.70x (1.10x .. 2.62x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. num_seqs <= 21 and mean_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   4. num_seqs <= 21 and 9 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 21 and 37 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   6. num_seqs <= 21 and 90 < mean_seq_len <= 419: triton_prefill_fused.c16v64, 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. num_seqs <= 21 and 844 < mean_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
+#   8. num_seqs <= 21 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. 362 < total_seq_len <= 533 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 533 < total_seq_len <= 1448 and num_seqs > 21: triton_prefill_fused.c16v32, 7 workloads, 1.75x (1.12x .. 3.57x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.92x (1.64x .. 2.90x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 30: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. total_seq_len > 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 30), 'total_seq_len': (None, 76)}, 'workloads': 6, 'speedup': (1.59, 4.95, 9.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 11, 'speedup': (1.13, 1.5, 1.77), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (4, None), 'total_seq_len': (None, 3436)}, 'workloads': 18, 'speedup': (1.05, 1.88, 2.82), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (30, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 28), 'total_seq_len': (76, None)}, 'workloads': 13, 'speedup': (1.24, 3.52, 7.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'num_seqs': (4, None), 'total_seq_len': (3436, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (None, 61)}, 'workloads': 6, 'speedup': (1.6, 4.89, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.03, 1.04, 1.07), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 128), 'total_seq_len': (None, 2973)}, 'workloads': 15, 'speedup': (1.04, 1.11, 1.13), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (245, 596), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.09, 1.56, 2.17), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (245, 419), 'num_seqs': (2, None)}, 'workloads': 7, 'speedup': (1.04, 1.53, 2.13), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, 596), 'num_seqs': (2, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (61, None)}, 'workloads': 41, 'speedup': (1.03, 2.81, 5.8), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 169), 'total_seq_len': (2973, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 225), 'total_seq_len': (None, 126)}, 'workloads': 6, 'speedup': (2.01, 5.23, 14.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 21), 'total_seq_len': (None, 362)}, 'workloads': 8, 'speedup': (2.53, 5.71, 8.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (21, 37), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.29, 4.94, 11.56), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 90), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (1.41, 3.34, 7.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 1874)}, 'workloads': 13, 'speedup': (1.3, 2.46, 3.43), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (225, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 225), 'total_seq_len': (126, None)}, 'workloads': 7, 'speedup': (1.23, 2.31, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 21), 'total_seq_len': (362, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 90), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (1874, 3383)}, 'workloads': 11, 'speedup': (1.1, 1.7, 2.62), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (1.14, 2.6, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.26, 2.49, 3.77), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (3.68, 8.66, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (9, 37), 'num_seqs': (None, 21)}, 'workloads': 11, 'speedup': (2.24, 4.8, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 90), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (3.2, 4.8, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 21)}, 'workloads': 25, 'speedup': (1.65, 3.82, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (844, 1448), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.16, 2.03, 3.5), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (362, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (533, 1448)}, 'workloads': 7, 'speedup': (1.12, 1.75, 3.57), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.64, 1.92, 2.9), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (4096, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -86,66 +98,81 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.95x (1.59x .. 9.86x) over vllm_flashinfer_prefill
-    if total_seq_len <= 76 and num_seqs <= 30 and mean_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 11 workloads, 1.50x (1.13x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53:
+    # region 1: 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 3: 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 245 < mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 596:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and 245 < mean_seq_len <= 419:
         return 'triton_prefill_chunked.v64'
-    # region 3: 18 workloads, 1.88x (1.05x .. 2.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 53:
-        return 'triton_prefill_chunked.v64'
-    # region 4: 31 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 30 and mean_seq_len <= 53:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 13 workloads, 3.52x (1.24x .. 7.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 76 and num_seqs <= 28 and mean_seq_len <= 53:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs <= 4 and mean_seq_len > 53:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3436 and num_seqs > 4 and mean_seq_len > 53:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and 419 < mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 5.23x (2.01x .. 14.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 126 and num_seqs <= 225 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 8 workloads, 5.71x (2.53x .. 8.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 6 < mean_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 4.94x (1.29x .. 11.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 21 < mean_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 10 workloads, 3.34x (1.41x .. 7.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 37 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 13 workloads, 2.46x (1.30x .. 3.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and mean_seq_len > 90:
+    # region 1: 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 21:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 3: 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 9 < mean_seq_len <= 37:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 37 < mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 90 < mean_seq_len <= 419:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 225 and mean_seq_len <= 6:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 7 workloads, 2.31x (1.23x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len > 126 and num_seqs <= 225 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and 6 < mean_seq_len <= 21:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 21 < mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 11 workloads, 1.70x (1.10x .. 2.62x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 3383 and mean_seq_len > 90:
-        return 'triton_prefill_chunked.v64'
-    # region 11: 19 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4089 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 844 < mean_seq_len <= 1448:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 21 and mean_seq_len > 1448:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 362 < total_seq_len <= 533 and num_seqs > 21:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 7 workloads, 1.75x (1.12x .. 3.57x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and num_seqs > 21:
+        return 'triton_prefill_fused.c16v32'
+    # region 11: 4 workloads, 1.92x (1.64x .. 2.90x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 30:
+        return 'triton_prefill_fused.c16v64'
+    # region 12: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 30:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -154,163 +181,161 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.67% mean, 44.20% max;
-#             1.249x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.03% mean, 55.65% max;
-#             1.837x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.03% mean, 73.88% max;
+#             1.343x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.19% mean, 168.94% max;
+#             2.412x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 45 and num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 1 workloads, 6.15x (6.15x .. 6.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and 21 < num_seqs <= 35 and 11 < max_seq_len <= 32: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and 21 < max_seq_len <= 44: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 44: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   9. total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 44: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.49x (1.31x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   11. total_seq_len <= 1448 and 35 < num_seqs <= 90 and 9 < mean_seq_len <= 11 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 0 workloads
-#   12. total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len <= 80: triton_prefill_fused.c16v64, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 80: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   15. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and 12 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   17. total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len <= 724 and max_seq_len > 210: triton_prefill_chunked.v64, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-#   18. total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len > 724 and max_seq_len > 210: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. total_seq_len <= 2450 and 2 < num_seqs <= 21 and 210 < max_seq_len <= 1444: triton_prefill_chunked.v64, 20 workloads, 1.71x (1.13x .. 2.76x) over vllm_flashinfer_prefill
-#   20. total_seq_len <= 2450 and 2 < num_seqs <= 21 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   21. num_seqs <= 21 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.83x (7.79x .. 9.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   22. num_seqs <= 21 and 18 < max_seq_len <= 210: triton_prefill_fused.c16v32, 20 workloads, 3.11x (1.41x .. 5.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   23. total_seq_len > 45 and num_seqs <= 21 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 2 workloads, 6.95x (6.85x .. 7.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. 181 < total_seq_len <= 1448 and 21 < num_seqs <= 35 and max_seq_len > 169: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
-#   25. 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 45: triton_prefill_fused.c16v64, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 181 and 21 < num_seqs <= 35 and max_seq_len <= 169: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   28. total_seq_len > 1448 and 21 < num_seqs <= 35 and max_seq_len > 169: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 1448 and num_seqs > 35: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   30. 2450 < total_seq_len <= 3465 and num_seqs <= 21 and 210 < max_seq_len <= 1225: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 2450 < total_seq_len <= 3465 and num_seqs <= 21 and max_seq_len > 1225: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 3465 and num_seqs <= 21 and 210 < max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 3465 and num_seqs <= 21 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 181 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 362 and 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 362 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 0 workloads
+#   4. total_seq_len <= 1299 and num_seqs <= 51 and 54 < max_seq_len <= 1018: vllm_flashinfer_prefill.cp_off, 37 workloads, 2.35x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 1299 and num_seqs <= 51 and max_seq_len > 1018: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 2059 and num_seqs <= 11 and mean_seq_len <= 22 and 31 < max_seq_len <= 54: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 2059 and 11 < num_seqs <= 51 and mean_seq_len <= 22 and 31 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.45x (1.15x .. 5.24x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 4205 and 51 < num_seqs <= 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 4205 and num_seqs > 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill (baseline), 0 workloads
+#   10. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   11. num_seqs <= 21 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 21 and 18 < max_seq_len <= 31: triton_prefill_fused.c16v32, 1 workloads, 5.83x (5.83x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   13. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 3 workloads, 6.68x (6.19x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. 21 < num_seqs <= 51 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   15. 21 < num_seqs <= 51 and 11 < max_seq_len <= 31: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   16. 51 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+#   17. num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.47x (1.32x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   18. num_seqs > 51 and mean_seq_len > 5 and max_seq_len > 571: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   20. 181 < total_seq_len <= 2059 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   21. total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   22. total_seq_len > 362 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. 1299 < total_seq_len <= 2059 and num_seqs <= 51 and 54 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.44x (1.10x .. 5.16x) over vllm_flashinfer_prefill
+#   24. 1299 < total_seq_len <= 2059 and num_seqs <= 51 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 2059 and num_seqs <= 51 and 31 < max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.11x (1.04x .. 4.40x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 2059 and num_seqs <= 51 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   27. total_seq_len > 4205 and num_seqs > 51 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 38 and num_seqs <= 2 and 7 < max_seq_len <= 97: cuda_prefill_pool_rows.k4c8, 1 workloads, 7.52x (7.52x .. 7.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   2. total_seq_len <= 38 and num_seqs <= 51 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.35x (3.01x .. 14.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 38 and 2 < num_seqs <= 51 and 7 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.11x (3.11x .. 3.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 224 and num_seqs <= 51 and 97 < max_seq_len <= 511: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.84x (2.87x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 362 and num_seqs > 51 and max_seq_len > 64: cuda_prefill_pool_rows.k16c8, 2 workloads, 1.88x (1.28x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32
-#   8. total_seq_len <= 724 and num_seqs > 51 and 49 < max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   9. total_seq_len <= 1448 and num_seqs <= 51 and 511 < max_seq_len <= 564: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   10. total_seq_len <= 2896 and 5 < num_seqs <= 51 and max_seq_len > 564: triton_prefill_chunked.v64, 5 workloads, 1.64x (1.33x .. 1.87x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 2 and 564 < max_seq_len <= 3465: triton_prefill_chunked.v64, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-#   12. num_seqs <= 2 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. 2 < num_seqs <= 5 and 564 < max_seq_len <= 2046: triton_prefill_chunked.v64, 3 workloads, 1.81x (1.51x .. 2.14x) over vllm_flashinfer_prefill
-#   14. 2 < num_seqs <= 5 and max_seq_len > 2046: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   15. 38 < total_seq_len <= 181 and num_seqs <= 51 and 45 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 3 workloads, 3.07x (2.01x .. 6.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len > 38 and num_seqs <= 51 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 2 workloads, 6.25x (5.43x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   17. total_seq_len > 38 and num_seqs <= 51 and 17 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.91x (5.70x .. 11.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   18. 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   19. 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.59x (2.59x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   20. total_seq_len > 181 and num_seqs <= 51 and 45 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.41x (3.68x .. 5.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   21. 224 < total_seq_len <= 567 and num_seqs <= 51 and 97 < max_seq_len <= 511: triton_prefill_fused.c16v32, 11 workloads, 3.25x (1.52x .. 7.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   22. 362 < total_seq_len <= 724 and num_seqs > 51 and 64 < max_seq_len <= 198: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
-#   23. 362 < total_seq_len <= 2896 and num_seqs > 51 and 198 < max_seq_len <= 256: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   24. 362 < total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.90x (1.25x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   26. total_seq_len > 362 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 9 workloads, 1.97x (1.56x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   27. total_seq_len > 362 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 49: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   28. total_seq_len > 567 and num_seqs <= 51 and 97 < max_seq_len <= 511: triton_prefill_fused.c16v64, 12 workloads, 2.74x (1.59x .. 3.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   29. 724 < total_seq_len <= 5947 and 51 < num_seqs <= 90 and 64 < max_seq_len <= 198: triton_prefill_fused.c16v32, 2 workloads, 1.92x (1.48x .. 2.50x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 724 < total_seq_len <= 5947 and num_seqs > 90 and 64 < max_seq_len <= 198: triton_prefill_fused.c16v64, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   31. total_seq_len > 724 and 51 < num_seqs <= 181 and 49 < max_seq_len <= 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 724 and num_seqs > 181 and 49 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. 1448 < total_seq_len <= 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564: triton_prefill_fused.c16v32, 1 workloads, 3.95x (3.95x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   34. total_seq_len > 1448 and 22 < num_seqs <= 51 and 511 < max_seq_len <= 564: vllm_flashinfer_prefill (baseline), 0 workloads
-#   35. 2896 < total_seq_len <= 5947 and num_seqs > 51 and max_seq_len > 198: vllm_flashinfer_prefill (baseline), 0 workloads
-#   36. total_seq_len > 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564: triton_prefill_fused.c16v64, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   37. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len <= 193 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and 564 < max_seq_len <= 854: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and max_seq_len > 854: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   40. total_seq_len > 5947 and num_seqs > 51 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 45 and mean_seq_len <= 13 and max_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 5 workloads, 9.61x (5.65x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and mean_seq_len > 13 and max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.36x (2.22x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 181 and mean_seq_len > 13 and 68 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   6. total_seq_len <= 724 and mean_seq_len <= 13 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 724 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 1 workloads, 5.57x (5.57x .. 5.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 803 and 13 < mean_seq_len <= 181 and max_seq_len > 209: triton_prefill_fused.c16v32, 8 workloads, 3.58x (2.55x .. 4.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   9. total_seq_len <= 803 and mean_seq_len > 181 and max_seq_len > 209: triton_prefill_fused.c16v64, 3 workloads, 2.84x (2.47x .. 3.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   10. num_seqs <= 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256: triton_prefill_fused.c16v64, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   11. 5 < mean_seq_len <= 13 and 120 < max_seq_len <= 256: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
+#   12. num_seqs > 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 0 workloads
+#   13. 45 < total_seq_len <= 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.07x (2.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   14. total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 13 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.74x (6.74x .. 6.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 13 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.70x (2.26x .. 3.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   16. 90 < total_seq_len <= 724 and mean_seq_len > 13 and max_seq_len <= 68: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.59x (4.33x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   17. 181 < total_seq_len <= 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   18. 181 < total_seq_len <= 3465 and mean_seq_len > 13 and 68 < max_seq_len <= 125: triton_prefill_fused.c16v32, 4 workloads, 3.47x (1.66x .. 5.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   19. total_seq_len > 181 and num_seqs <= 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   20. total_seq_len > 181 and num_seqs > 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   21. 362 < total_seq_len <= 3465 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v64, 3 workloads, 7.12x (5.77x .. 8.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. total_seq_len > 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.41x (1.88x .. 3.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   23. 724 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   24. 724 < total_seq_len <= 3465 and mean_seq_len > 13 and 45 < max_seq_len <= 68: triton_prefill_fused.c16v64, 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   25. 724 < total_seq_len <= 3465 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v64, 2 workloads, 11.30x (6.61x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 724 and mean_seq_len <= 13 and max_seq_len > 256: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
+#   28. 803 < total_seq_len <= 3465 and mean_seq_len > 13 and 209 < max_seq_len <= 726: triton_prefill_fused.c16v64, 11 workloads, 3.82x (1.62x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   29. 803 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len > 726: triton_prefill_chunked.v64, 13 workloads, 2.79x (1.13x .. 4.66x) over vllm_flashinfer_prefill
+#   30. 3465 < total_seq_len <= 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. 3465 < total_seq_len <= 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   32. 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len <= 2891: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   33. 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len > 2891: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 3465 and num_seqs <= 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 3465 and num_seqs <= 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171: triton_prefill_fused.c16v64, 2 workloads, 1.58x (1.50x .. 1.66x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and 90 < max_seq_len <= 171: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   40. 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.01x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   41. 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   44. total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (5, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.15, 6.15, 6.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 32), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'num_seqs': (21, 35), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 44), 'mean_seq_len': (None, 9), 'num_seqs': (35, 51), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 51), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 44), 'mean_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.31, 1.49, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (9, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 80), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (80, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 45), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 2), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (210, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 2450)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, 1444), 'num_seqs': (2, 21), 'total_seq_len': (None, 2450)}, 'workloads': 20, 'speedup': (1.13, 1.71, 2.76), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (2, 21), 'total_seq_len': (None, 2450)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (7.79, 8.83, 9.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 210), 'num_seqs': (None, 21)}, 'workloads': 20, 'speedup': (1.41, 3.11, 5.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'num_seqs': (None, 21), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (6.85, 6.95, 7.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (169, None), 'num_seqs': (21, 35), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 45), 'mean_seq_len': (None, 9), 'num_seqs': (35, 90), 'total_seq_len': (181, 1448)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 9), 'num_seqs': (35, 90), 'total_seq_len': (181, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 169), 'num_seqs': (21, 35), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (169, None), 'num_seqs': (21, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 30, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (210, 1225), 'num_seqs': (None, 21), 'total_seq_len': (2450, 3465)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1225, None), 'num_seqs': (None, 21), 'total_seq_len': (2450, 3465)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (210, 724), 'num_seqs': (None, 21), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (None, 21), 'total_seq_len': (3465, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (22, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 90), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, 1018), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 37, 'speedup': (1.07, 2.35, 5.8), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1018, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (None, 22), 'num_seqs': (None, 11), 'total_seq_len': (None, 2059)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (None, 22), 'num_seqs': (11, 51), 'total_seq_len': (None, 2059)}, 'workloads': 2, 'speedup': (1.15, 2.45, 5.24), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 4205)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (7.62, 8.66, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 31), 'num_seqs': (None, 21)}, 'workloads': 1, 'speedup': (5.83, 5.83, 5.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (6.19, 6.68, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 31), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 125), 'mean_seq_len': (5, None), 'num_seqs': (51, 181)}, 'workloads': 6, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 5), 'num_seqs': (51, None)}, 'workloads': 8, 'speedup': (1.32, 1.47, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (5, None), 'num_seqs': (51, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 125), 'mean_seq_len': (5, None), 'num_seqs': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (22, None), 'num_seqs': (None, 51), 'total_seq_len': (181, 2059)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 181), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (181, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1299, 2059)}, 'workloads': 8, 'speedup': (1.1, 2.44, 5.16), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 51), 'total_seq_len': (1299, 2059)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 2000), 'num_seqs': (None, 51), 'total_seq_len': (2059, None)}, 'workloads': 6, 'speedup': (1.04, 2.11, 4.4), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 51), 'total_seq_len': (2059, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (51, None), 'total_seq_len': (4205, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (7, 97), 'num_seqs': (None, 2), 'total_seq_len': (None, 38)}, 'workloads': 1, 'speedup': (7.52, 7.52, 7.52), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 51), 'total_seq_len': (None, 38)}, 'workloads': 4, 'speedup': (3.01, 8.35, 14.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 97), 'num_seqs': (2, 51), 'total_seq_len': (None, 38)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.11, 3.11, 3.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 511), 'num_seqs': (None, 51), 'total_seq_len': (None, 224)}, 'workloads': 3, 'speedup': (2.87, 4.84, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, None), 'num_seqs': (51, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.28, 1.88, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 64), 'num_seqs': (51, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (None, 51), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (5, 51), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.33, 1.64, 1.87), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, 3465), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (564, 2046), 'num_seqs': (2, 5)}, 'workloads': 3, 'speedup': (1.51, 1.81, 2.14), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2046, None), 'num_seqs': (2, 5)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 97), 'num_seqs': (None, 51), 'total_seq_len': (38, 181)}, 'workloads': 3, 'speedup': (2.01, 3.07, 6.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (None, 51), 'total_seq_len': (38, None)}, 'workloads': 2, 'speedup': (5.43, 6.25, 7.19), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 45), 'num_seqs': (None, 51), 'total_seq_len': (38, None)}, 'workloads': 5, 'speedup': (5.7, 7.91, 11.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.9, 2.9, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 49), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.59, 2.59, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 97), 'num_seqs': (None, 51), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (3.68, 4.41, 5.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 511), 'num_seqs': (None, 51), 'total_seq_len': (224, 567)}, 'workloads': 11, 'speedup': (1.52, 3.25, 7.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (51, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8'), 'hand_back': True},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (198, 256), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (11, None), 'num_seqs': (51, 181), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.25, 1.9, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, None)}, 'workloads': 9, 'speedup': (1.56, 1.97, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 511), 'num_seqs': (None, 51), 'total_seq_len': (567, None)}, 'workloads': 12, 'speedup': (1.59, 2.74, 3.43), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (51, 90), 'total_seq_len': (724, 5947)}, 'workloads': 2, 'speedup': (1.48, 1.92, 2.5), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 198), 'num_seqs': (90, None), 'total_seq_len': (724, 5947)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 64), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, 64), 'num_seqs': (181, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (None, 22), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (3.95, 3.95, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (22, 51), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (198, None), 'num_seqs': (51, None), 'total_seq_len': (2896, 5947)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (511, 564), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (None, 193), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (564, 854), 'mean_seq_len': (193, None), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (854, None), 'mean_seq_len': (193, None), 'num_seqs': (5, 51), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'num_seqs': (51, None), 'total_seq_len': (5947, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 45)}, 'workloads': 5, 'speedup': (5.65, 9.61, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 68), 'mean_seq_len': (13, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.22, 3.36, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 125), 'mean_seq_len': (13, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.66, 3.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (10, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (5.57, 5.57, 5.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (13, 181), 'total_seq_len': (None, 803)}, 'workloads': 8, 'speedup': (2.55, 3.58, 4.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (181, None), 'total_seq_len': (None, 803)}, 'workloads': 3, 'speedup': (2.47, 2.84, 3.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (None, 5), 'num_seqs': (None, 181)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (5, 13)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (2.58, 5.07, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 13), 'num_seqs': (None, 45), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (6.74, 6.74, 6.74), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 13), 'num_seqs': (45, None), 'total_seq_len': (45, None)}, 'workloads': 8, 'speedup': (2.26, 2.7, 3.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 68), 'mean_seq_len': (13, None), 'total_seq_len': (90, 724)}, 'workloads': 6, 'speedup': (4.33, 6.59, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (5, 13), 'total_seq_len': (181, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (68, 125), 'mean_seq_len': (13, None), 'total_seq_len': (181, 3465)}, 'workloads': 4, 'speedup': (1.66, 3.47, 5.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 5), 'num_seqs': (None, 181), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 5), 'num_seqs': (181, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (None, 10), 'total_seq_len': (362, 3465)}, 'workloads': 3, 'speedup': (5.77, 7.12, 8.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.88, 2.41, 3.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (13, None), 'total_seq_len': (724, 3465)}, 'workloads': 2, 'speedup': (1.41, 2.35, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 68), 'mean_seq_len': (13, None), 'total_seq_len': (724, 3465)}, 'workloads': 1, 'speedup': (6.88, 6.88, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (10, None), 'total_seq_len': (724, 3465)}, 'workloads': 2, 'speedup': (6.61, 11.3, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, None), 'mean_seq_len': (None, 13), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.31, 1.78, 2.44), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (5, 13), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (3.52, 3.52, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 726), 'mean_seq_len': (13, None), 'total_seq_len': (803, 3465)}, 'workloads': 11, 'speedup': (1.62, 3.82, 7.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'mean_seq_len': (13, None), 'total_seq_len': (803, 3465)}, 'workloads': 13, 'speedup': (1.13, 2.79, 4.66), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (13, 136), 'total_seq_len': (3465, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 171), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (3465, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2891), 'mean_seq_len': (136, None), 'total_seq_len': (3465, 6835)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 33, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2891, None), 'mean_seq_len': (136, None), 'total_seq_len': (3465, 6835)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (171, 571), 'mean_seq_len': (13, 136), 'num_seqs': (None, 181), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 171), 'mean_seq_len': (13, 136), 'num_seqs': (None, 192), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.5, 1.58, 1.66), 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (171, 571), 'mean_seq_len': (13, 136), 'num_seqs': (181, None), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (13, 136), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 171), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5267), 'mean_seq_len': (136, None), 'total_seq_len': (6835, 9553)}, 'workloads': 5, 'speedup': (1.4, 2.01, 3.5), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (136, None), 'total_seq_len': (6835, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (136, 596), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (136, 596), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2896), 'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -319,245 +344,226 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 6.15x (6.15x .. 6.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 21 < num_seqs <= 35 and 11 < max_seq_len <= 32:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 1: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 13:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 37 workloads, 2.35x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 51 and 54 < max_seq_len <= 1018:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 5: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 181 and 21 < num_seqs <= 35 and max_seq_len > 32:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:
-        return 'triton_prefill_fused.c16v64'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and max_seq_len > 44:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 44:
-        return 'triton_prefill_fused.c16v64'
-    # region 10: 5 workloads, 1.49x (1.31x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len <= 80:
-        return 'triton_prefill_fused.c16v64'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 80:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 4 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and 12 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2450 and num_seqs <= 2 and mean_seq_len <= 724 and max_seq_len > 210:
-        return 'triton_prefill_chunked.v64'
-    # region 19: 20 workloads, 1.71x (1.13x .. 2.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2450 and 2 < num_seqs <= 21 and 210 < max_seq_len <= 1444:
-        return 'triton_prefill_chunked.v64'
-    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2450 and 2 < num_seqs <= 21 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 3 workloads, 8.83x (7.79x .. 9.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 51 and max_seq_len > 1018:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2059 and num_seqs <= 11 and mean_seq_len <= 22 and 31 < max_seq_len <= 54:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 2 workloads, 2.45x (1.15x .. 5.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2059 and 11 < num_seqs <= 51 and mean_seq_len <= 22 and 31 < max_seq_len <= 54:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4205 and 51 < num_seqs <= 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 11: 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 22: 20 workloads, 3.11x (1.41x .. 5.92x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 18 < max_seq_len <= 210:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 2 workloads, 6.95x (6.85x .. 7.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 21 and 7 < max_seq_len <= 18:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 1448 and 21 < num_seqs <= 35 and max_seq_len > 169:
-        return 'triton_prefill_chunked.v64'
-    # region 25: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
-    if 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 45:
-        return 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and 21 < num_seqs <= 35 and max_seq_len <= 169:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 17 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 35:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 2450 < total_seq_len <= 3465 and num_seqs <= 21 and 210 < max_seq_len <= 1225:
-        return 'triton_prefill_chunked.v64'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 2450 < total_seq_len <= 3465 and num_seqs <= 21 and max_seq_len > 1225:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 3465 and num_seqs <= 21 and 210 < max_seq_len <= 724:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and num_seqs <= 21 and max_seq_len > 724:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 1 workloads, 5.83x (5.83x .. 5.83x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 18 < max_seq_len <= 31:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 3 workloads, 6.68x (6.19x .. 6.97x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 51 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 21 < num_seqs <= 51 and 11 < max_seq_len <= 31:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 16: 6 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 125:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 8 workloads, 1.47x (1.32x .. 1.66x) over vllm_flashinfer_prefill
+    if num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 51 and mean_seq_len > 5 and max_seq_len > 571:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 125:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 2059 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 13:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 22: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 13:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 8 workloads, 2.44x (1.10x .. 5.16x) over vllm_flashinfer_prefill
+    if 1299 < total_seq_len <= 2059 and num_seqs <= 51 and 54 < max_seq_len <= 1444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 2059 and num_seqs <= 51 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 6 workloads, 2.11x (1.04x .. 4.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 2059 and num_seqs <= 51 and 31 < max_seq_len <= 2000:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2059 and num_seqs <= 51 and max_seq_len > 2000:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4205 and num_seqs > 51 and mean_seq_len > 5 and 125 < max_seq_len <= 571:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.52x (7.52x .. 7.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 38 and num_seqs <= 2 and 7 < max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 4 workloads, 8.35x (3.01x .. 14.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 38 and num_seqs <= 51 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 38 and 2 < num_seqs <= 51 and 7 < max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 3.11x (3.11x .. 3.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 49:
+    # region 1: 5 workloads, 9.61x (5.65x .. 20.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len <= 13 and max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and mean_seq_len > 13 and max_seq_len <= 68:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 3.36x (2.22x .. 6.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 13 and 30 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len > 13 and 68 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and mean_seq_len <= 13 and max_seq_len > 256:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 1 workloads, 5.57x (5.57x .. 5.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 8 workloads, 3.58x (2.55x .. 4.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and 13 < mean_seq_len <= 181 and max_seq_len > 209:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 3 workloads, 2.84x (2.47x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and mean_seq_len > 181 and max_seq_len > 209:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    if num_seqs <= 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 5 < mean_seq_len <= 13 and 120 < max_seq_len <= 256:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 13: 2 workloads, 5.07x (2.58x .. 9.95x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 3 workloads, 4.84x (2.87x .. 6.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 224 and num_seqs <= 51 and 97 < max_seq_len <= 511:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 2 workloads, 1.88x (1.28x .. 2.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 51 and max_seq_len > 64:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 51 and 49 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and num_seqs <= 51 and 511 < max_seq_len <= 564:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 5 workloads, 1.64x (1.33x .. 1.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 5 < num_seqs <= 51 and max_seq_len > 564:
-        return 'triton_prefill_chunked.v64'
-    # region 11: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 564 < max_seq_len <= 3465:
-        return 'triton_prefill_chunked.v64'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and max_seq_len > 3465:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 3 workloads, 1.81x (1.51x .. 2.14x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 5 and 564 < max_seq_len <= 2046:
-        return 'triton_prefill_chunked.v64'
-    # region 14: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 5 and max_seq_len > 2046:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 3 workloads, 3.07x (2.01x .. 6.86x) over vllm_flashinfer_prefill
-    if 38 < total_seq_len <= 181 and num_seqs <= 51 and 45 < max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 16: 2 workloads, 6.25x (5.43x .. 7.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 38 and num_seqs <= 51 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 5 workloads, 7.91x (5.70x .. 11.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 38 and num_seqs <= 51 and 17 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9:
+    # region 14: 1 workloads, 6.74x (6.74x .. 6.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 13 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 8 workloads, 2.70x (2.26x .. 3.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 13 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, 2.59x (2.59x .. 2.59x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 3 workloads, 4.41x (3.68x .. 5.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 51 and 45 < max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 21: 11 workloads, 3.25x (1.52x .. 7.20x) over vllm_flashinfer_prefill
-    if 224 < total_seq_len <= 567 and num_seqs <= 51 and 97 < max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 724 and num_seqs > 51 and 64 < max_seq_len <= 198:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and 198 < max_seq_len <= 256:
-        return 'triton_prefill_fused.c16v64'
-    # region 24: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 256:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 2 workloads, 1.90x (1.25x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 9 workloads, 1.97x (1.56x .. 2.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 49:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 12 workloads, 2.74x (1.59x .. 3.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 567 and num_seqs <= 51 and 97 < max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 2 workloads, 1.92x (1.48x .. 2.50x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 5947 and 51 < num_seqs <= 90 and 64 < max_seq_len <= 198:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 30: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 5947 and num_seqs > 90 and 64 < max_seq_len <= 198:
-        return 'triton_prefill_fused.c16v64'
+    # region 16: 6 workloads, 6.59x (4.33x .. 9.41x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 724 and mean_seq_len > 13 and max_seq_len <= 68:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 18: 4 workloads, 3.47x (1.66x .. 5.99x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3465 and mean_seq_len > 13 and 68 < max_seq_len <= 125:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 181 and num_seqs <= 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 181 and num_seqs > 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 3 workloads, 7.12x (5.77x .. 8.75x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3465 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 3 workloads, 2.41x (1.88x .. 3.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3465 and mean_seq_len > 13 and 45 < max_seq_len <= 68:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 2 workloads, 11.30x (6.61x .. 19.31x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3465 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and mean_seq_len <= 13 and max_seq_len > 256:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 11 workloads, 3.82x (1.62x .. 7.46x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 3465 and mean_seq_len > 13 and 209 < max_seq_len <= 726:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 13 workloads, 2.79x (1.13x .. 4.66x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len > 726:
+        return 'triton_prefill_chunked.v64'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 3465 < total_seq_len <= 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and 51 < num_seqs <= 181 and 49 < max_seq_len <= 64:
+    if 3465 < total_seq_len <= 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 1 workloads, 3.95x (3.95x .. 3.95x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 36: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 22 and 511 < max_seq_len <= 564:
+    # region 32: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+    if 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len <= 2891:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len > 2891:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3465 and num_seqs <= 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 2 workloads, 1.58x (1.50x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len <= 193 and max_seq_len > 564:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and 564 < max_seq_len <= 854:
+    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90:
         return 'triton_prefill_fused.c16v64'
-    # region 39: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and max_seq_len > 854:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5947 and num_seqs > 51 and max_seq_len > 64:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and 90 < max_seq_len <= 171:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 5 workloads, 2.01x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len <= 5267:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len > 5267:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len <= 5792:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len <= 2896:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 181 and 35 < num_seqs <= 51 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:  # region 6
-        return True
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 44:  # region 8
-        return True
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and mean_seq_len <= 9 and max_seq_len > 44:  # region 9
-        return True
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 11 and 12 < max_seq_len <= 45:  # region 15
-        return True
-    if 181 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len <= 9 and 21 < max_seq_len <= 45:  # region 25
-        return True
-    if 2450 < total_seq_len <= 3465 and num_seqs <= 21 and 210 < max_seq_len <= 1225:  # region 30
-        return True
-    if total_seq_len > 3465 and num_seqs <= 21 and 210 < max_seq_len <= 724:  # region 32
-        return True
-    return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 724 and num_seqs > 51 and 64 < max_seq_len <= 198:  # region 22
+    if total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:  # region 36
         return True
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and 198 < max_seq_len <= 256:  # region 23
-        return True
-    if 724 < total_seq_len <= 5947 and 51 < num_seqs <= 90 and 64 < max_seq_len <= 198:  # region 29
-        return True
-    if 724 < total_seq_len <= 5947 and num_seqs > 90 and 64 < max_seq_len <= 198:  # region 30
-        return True
-    if total_seq_len > 2896 and 5 < num_seqs <= 51 and mean_seq_len > 193 and 564 < max_seq_len <= 854:  # region 38
+    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90:  # region 38
         return True
     return False

@@ -5,80 +5,78 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T14:13:25Z
-# workloads   102 (workload-set digest 38a75cce9fbca2c5)
+# measured    up to 2026-11-27T16:42:04Z
+# workloads   112 (workload-set digest dd7efd53e9a91711)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  96/96  0.44x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  96/96  0.41x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  96/96  0.45x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  96/96  0.47x
-#   flashqla_chunk                5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
-#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.73x
-#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.76x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.79x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  112/112  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  106/106  0.44x
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  106/106  0.40x
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  106/106  0.43x
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  106/106  0.47x
+#   flashqla_chunk                  5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
+#   triton_prefill_chunked.v64      2a710645e644b88e  112/112  0.77x
+#   triton_prefill_fused.c16v32     49496897c400beaa  112/112  0.77x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  112/112  0.80x
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  112/112  1.37x
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
-#   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
-#   cuda_prefill_pool_rows.k4c8   cfg=(4, 32, 8)
-#   cuda_prefill_pool_rows.k8c8   cfg=(8, 16, 8)
-#   triton_prefill_chunked.v64    cfg=(64, 4)
-#   triton_prefill_fused.c16v32   cfg=(16, 32, 4)
-#   triton_prefill_fused.c16v64   cfg=(16, 64, 4)
+#   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
+#   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
+#   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
+#   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   triton_prefill_chunked.v64      cfg=(64, 4)
+#   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 12.98% mean, 182.63% max;
-#             1.089x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.08% mean, 160.21% max;
-#             1.363x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 16.56% mean, 334.84% max;
+#             1.124x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.43% mean, 194.36% max;
+#             1.507x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 78 and mean_seq_len <= 107: cuda_prefill_pool_rows.k4c8, 7 workloads, 4.14x (1.72x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 1205 and mean_seq_len > 107: triton_prefill_chunked.v64, 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
-#   3. total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107: triton_prefill_fused.c16v32, 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len > 1205 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 107 and num_seqs <= 13: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.44x (1.39x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 1448 and 13 < num_seqs <= 188: vllm_flashinfer_prefill.cp_off, 29 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 1448 and num_seqs > 188: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   4. 107 < total_seq_len <= 929 and num_seqs <= 13: vllm_flashinfer_prefill.cp_off, 19 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. total_seq_len > 929 and num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.13x (1.08x .. 4.98x) over vllm_flashinfer_prefill
+#   6. total_seq_len > 929 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. total_seq_len > 1448 and num_seqs > 13: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 164: cuda_prefill_pool_rows.k16c8, 8 workloads, 6.09x (3.71x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 181 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k16c8, 9 workloads, 2.68x (1.51x .. 3.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   3. total_seq_len <= 789 and num_seqs > 94: cuda_prefill_pool_rows.k8c8, 4 workloads, 1.50x (1.14x .. 1.89x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1704 and num_seqs <= 5 and mean_seq_len > 164: triton_prefill_chunked.v64, 5 workloads, 2.29x (1.57x .. 3.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 4772 and 5 < num_seqs <= 8 and mean_seq_len > 164: triton_prefill_chunked.v64, 4 workloads, 1.38x (1.13x .. 1.69x) over vllm_flashinfer_prefill
-#   6. 181 < total_seq_len <= 399 and 8 < num_seqs <= 94: cuda_prefill_pool_rows.k8c8, 8 workloads, 2.33x (1.10x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 164: triton_prefill_fused.c16v32, 12 workloads, 3.66x (1.88x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   8. 399 < total_seq_len <= 724 and 8 < num_seqs <= 94: triton_prefill_fused.c16v64, 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   9. total_seq_len > 724 and 8 < num_seqs <= 94: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 789 and num_seqs > 94: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   11. 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164: triton_prefill_fused.c16v32, 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   12. total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 399 and 2 < mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 1448 and num_seqs <= 2 and 45 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.51x (2.49x .. 4.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 16 workloads, 2.72x (1.20x .. 6.29x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 5258 and 237 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 5258 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
+#   6. mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len > 399 and 2 < mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   8. total_seq_len > 1448 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 5258 and mean_seq_len > 237: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (None, 78)}, 'workloads': 7, 'speedup': (1.72, 4.14, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (None, 1205)}, 'workloads': 10, 'speedup': (1.47, 1.91, 2.73), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (None, 11), 'total_seq_len': (78, None)}, 'workloads': 10, 'speedup': (1.29, 2.72, 5.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (11, None), 'total_seq_len': (78, None)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (1.39, 4.44, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 188), 'total_seq_len': (None, 1448)}, 'workloads': 29, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (188, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (107, 929)}, 'workloads': 19, 'speedup': (1.5, 2.89, 5.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (929, None)}, 'workloads': 10, 'speedup': (1.08, 2.13, 4.98), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (929, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (13, None), 'total_seq_len': (1448, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (3.71, 6.09, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (1.51, 2.68, 3.97), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (None, 789)}, 'workloads': 4, 'speedup': (1.14, 1.5, 1.89), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 5, 'speedup': (1.57, 2.29, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 4772)}, 'workloads': 4, 'speedup': (1.13, 1.38, 1.69), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (181, 399)}, 'workloads': 8, 'speedup': (1.1, 2.33, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 164), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.88, 3.66, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (399, 724)}, 'workloads': 6, 'speedup': (1.35, 1.47, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (8, 94), 'total_seq_len': (724, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (94, None), 'total_seq_len': (789, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (1704, 6292)}, 'workloads': 4, 'speedup': (1.27, 1.9, 2.98), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (5, 8), 'total_seq_len': (4784, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (164, None), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (None, 399)}, 'workloads': 18, 'speedup': (1.14, 3.39, 17.75), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (2.49, 3.51, 4.63), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 16, 'speedup': (1.2, 2.72, 6.29), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (237, 362), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.32, 2.64, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.29, 1.89, 3.08), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2)}, 'workloads': 9, 'speedup': (1.24, 2.51, 8.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -87,74 +85,61 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 4.14x (1.72x .. 8.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and mean_seq_len <= 107:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 10 workloads, 1.91x (1.47x .. 2.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and mean_seq_len > 107:
-        return 'triton_prefill_chunked.v64'
-    # region 3: 10 workloads, 2.72x (1.29x .. 5.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 78 and num_seqs <= 11 and mean_seq_len <= 107:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 43 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 78 and num_seqs > 11 and mean_seq_len <= 107:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 32 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1205 and mean_seq_len > 107:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 1: 6 workloads, 4.44x (1.39x .. 8.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs <= 13:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 29 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 13 < num_seqs <= 188:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 3: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 188:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 19 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 929 and num_seqs <= 13:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 10 workloads, 2.13x (1.08x .. 4.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 13 and mean_seq_len <= 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs <= 13 and mean_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 13:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 6.09x (3.71x .. 12.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 164:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 9 workloads, 2.68x (1.51x .. 3.97x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 94:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 1.50x (1.14x .. 1.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 789 and num_seqs > 94:
-        return 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 5 workloads, 2.29x (1.57x .. 3.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 5 and mean_seq_len > 164:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 4 workloads, 1.38x (1.13x .. 1.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4772 and 5 < num_seqs <= 8 and mean_seq_len > 164:
-        return 'triton_prefill_chunked.v64'
-    # region 6: 8 workloads, 2.33x (1.10x .. 8.60x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 399 and 8 < num_seqs <= 94:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 12 workloads, 3.66x (1.88x .. 7.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 164:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 6 workloads, 1.47x (1.35x .. 1.96x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 724 and 8 < num_seqs <= 94:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and 8 < num_seqs <= 94:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and num_seqs > 94:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 1.90x (1.27x .. 2.98x) over vllm_flashinfer_prefill's guarded call
-    if 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4784 and 5 < num_seqs <= 8 and mean_seq_len > 164:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6292 and num_seqs <= 5 and mean_seq_len > 164:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 1: 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and 2 < mean_seq_len <= 45:
+        return 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 3.51x (2.49x .. 4.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 2 and 45 < mean_seq_len <= 237:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 16 workloads, 2.72x (1.20x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237:
+        return 'triton_prefill_fused.c16v32'
+    # region 4: 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and 237 < mean_seq_len <= 362:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and mean_seq_len > 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 23 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 399 and 2 < mean_seq_len <= 45:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 45 < mean_seq_len <= 237:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and mean_seq_len > 237:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 1704 < total_seq_len <= 6292 and num_seqs <= 5 and mean_seq_len > 164:  # region 11
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -162,171 +147,157 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.22% mean, 143.15% max;
-#             1.129x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.53% mean, 153.59% max;
-#             1.531x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.17% mean, 71.66% max;
+#             1.204x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.43% mean, 228.88% max;
+#             1.622x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 14: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 203: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len > 5 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v32, 4 workloads, 3.22x (2.50x .. 5.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   6. total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
-#   7. total_seq_len <= 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.27x (1.25x .. 1.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 1448 and 5 < num_seqs <= 8 and max_seq_len > 203: triton_prefill_chunked.v64, 3 workloads, 2.02x (1.68x .. 2.32x) over vllm_flashinfer_prefill
-#   9. num_seqs <= 2 and 203 < max_seq_len <= 1127: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it)
-#   10. num_seqs <= 2 and max_seq_len > 1127: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. num_seqs <= 5 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   12. num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.65x (8.65x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022: triton_prefill_chunked.v64, 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
-#   14. 2 < num_seqs <= 5 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   15. 5 < num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   16. num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.61x (1.38x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   17. num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   18. num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   20. total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33: triton_prefill_fused.c16v64, 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   22. total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v32, 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   23. total_seq_len > 181 and 5 < num_seqs <= 8 and 8 < max_seq_len <= 203: triton_prefill_fused.c16v64, 3 workloads, 3.18x (2.31x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   24. total_seq_len > 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.36x (1.28x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   25. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   1. total_seq_len <= 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.84x (7.84x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.51x (7.36x .. 7.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and 10 < max_seq_len <= 28: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 28: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   5. total_seq_len <= 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.22x (1.50x .. 2.79x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   7. total_seq_len <= 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   9. total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 1412: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 5258 and 1 < num_seqs <= 2 and mean_seq_len > 6 and max_seq_len > 1190: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 31: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   12. num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.21x (2.11x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. 1 < num_seqs <= 9 and mean_seq_len > 6 and 31 < max_seq_len <= 1190: vllm_flashinfer_prefill.cp_off, 30 workloads, 2.67x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+#   14. 5 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len <= 31: triton_prefill_fused.c16v64, 4 workloads, 1.26x (1.17x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. 32 < num_seqs <= 90 and mean_seq_len > 6 and max_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   16. num_seqs > 32 and mean_seq_len > 6 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   17. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.46x (1.36x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   18. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   19. num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   20. num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. num_seqs > 90 and mean_seq_len > 10 and max_seq_len <= 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   22. total_seq_len > 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.71x (1.68x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 10: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   25. total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   27. total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   28. total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and 31 < max_seq_len <= 617: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.07x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   30. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   31. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 51 and mean_seq_len > 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.34x (3.43x .. 12.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 90 and mean_seq_len <= 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 181 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.96x (2.83x .. 7.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 181 and mean_seq_len > 45 and max_seq_len > 63: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and mean_seq_len <= 45 and max_seq_len > 63: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.03x (1.18x .. 3.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   6. total_seq_len <= 929 and num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   7. total_seq_len <= 929 and 5 < num_seqs <= 45 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 929 and num_seqs > 45 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.66x (2.14x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. 51 < total_seq_len <= 929 and mean_seq_len > 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   10. 90 < total_seq_len <= 929 and mean_seq_len <= 2 and 2 < max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   11. 181 < total_seq_len <= 929 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.82x (1.99x .. 9.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. 181 < total_seq_len <= 929 and mean_seq_len > 45 and max_seq_len > 63: triton_prefill_fused.c16v32, 10 workloads, 3.70x (2.01x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   13. 362 < total_seq_len <= 929 and num_seqs <= 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   14. 362 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 131: triton_prefill_fused.c16v64, 5 workloads, 1.34x (1.26x .. 1.39x) over vllm_flashinfer_prefill
-#   15. 362 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   16. 929 < total_seq_len <= 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v32, 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   17. 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: triton_prefill_chunked.v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-#   18. 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   19. 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
-#   20. 929 < total_seq_len <= 2896 and num_seqs > 39 and 44 < max_seq_len <= 195: triton_prefill_fused.c16v64, 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len <= 1127: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   22. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127: triton_prefill_chunked.v64, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   24. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678: triton_prefill_chunked.v64, 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355: triton_prefill_fused.c16v64, 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094: triton_prefill_chunked.v64, 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
-#   30. 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   32. total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678: triton_prefill_fused.c16v64, 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   35. 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 0 workloads
-#   36. 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   37. 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   39. 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753: triton_prefill_fused.c16v64, 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashqla_chunk, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 6128 < total_seq_len <= 11585 and num_seqs > 90: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   44. total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   46. total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.18x (1.87x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 75: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.10x (4.10x .. 4.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242: triton_prefill_fused.c16v32, 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615: triton_prefill_fused.c16v32, 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615: triton_prefill_chunked.v64, 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   10. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   11. total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
+#   14. num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v32, 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
+#   16. num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047: triton_prefill_chunked.v64, 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340: triton_prefill_fused.c16v64, 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   19. num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   20. num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222: triton_prefill_fused.c16v64, 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+#   21. 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132: triton_prefill_fused.c16v32, 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
+#   23. 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   24. 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 75: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   25. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   26. total_seq_len > 362 and num_seqs > 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. 724 < total_seq_len <= 1448 and mean_seq_len <= 45 and 29 < max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   28. total_seq_len > 724 and num_seqs <= 90 and mean_seq_len <= 45 and 33 < max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   29. total_seq_len > 724 and num_seqs > 90 and mean_seq_len <= 45 and 33 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 617: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   32. total_seq_len > 1448 and mean_seq_len <= 45 and 29 < max_seq_len <= 33: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, flashqla_chunk
+#   33. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   34. total_seq_len > 2232 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   36. total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   37. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, None), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 203), 'mean_seq_len': (None, 5), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 203), 'mean_seq_len': (5, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.5, 3.22, 5.45), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (14, 45), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 378)}, 'workloads': 2, 'speedup': (1.25, 1.27, 1.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.68, 2.02, 2.32), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1127), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1127, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (7.78, 7.89, 8.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 8)}, 'workloads': 1, 'speedup': (8.65, 8.65, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (203, 1022), 'num_seqs': (2, 5)}, 'workloads': 9, 'speedup': (1.17, 1.63, 2.11), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'num_seqs': (2, 5)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 6, 'speedup': (1.38, 1.61, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 45), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'num_seqs': (23, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (5, None), 'num_seqs': (23, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (14, 33), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.08, 1.2, 1.28), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (33, None), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.64, 2.99, 3.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 203), 'num_seqs': (5, 8), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.31, 3.18, 4.42), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.28, 1.36, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 5), 'num_seqs': (23, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (378, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (203, None), 'num_seqs': (5, 7), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (203, 724), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (2.15, 2.15, 2.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (7, 8), 'total_seq_len': (1448, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 11)}, 'workloads': 1, 'speedup': (7.84, 7.84, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (7.36, 7.51, 7.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 28), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.5, 2.22, 2.79), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 1412), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1412, None), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1190, None), 'mean_seq_len': (6, None), 'num_seqs': (1, 2), 'total_seq_len': (None, 5258)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62)}, 'workloads': 2, 'speedup': (2.11, 4.21, 8.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 1190), 'mean_seq_len': (6, None), 'num_seqs': (1, 9)}, 'workloads': 30, 'speedup': (1.19, 2.67, 5.78), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (6, None), 'num_seqs': (5, 32)}, 'workloads': 4, 'speedup': (1.17, 1.26, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (6, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (6, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.36, 1.46, 1.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 6), 'num_seqs': (62, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (6, 10), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.04, 1.09, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (10, None), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (1.68, 1.71, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 617), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.04, 1.07, 1.12), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 2304), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 3947), 'mean_seq_len': (6, None), 'num_seqs': (1, 9), 'total_seq_len': (5258, None)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (6, None), 'num_seqs': (1, 9), 'total_seq_len': (5258, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (2, None), 'total_seq_len': (None, 51)}, 'workloads': 3, 'speedup': (3.43, 6.34, 12.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 63), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.83, 3.96, 7.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.18, 2.03, 3.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (11.85, 11.85, 11.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 45), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (3.09, 3.09, 3.09), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (2.14, 2.66, 3.3), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (2, None), 'total_seq_len': (51, 929)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 5), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 929)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 63), 'total_seq_len': (181, 929)}, 'workloads': 9, 'speedup': (1.99, 2.82, 9.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (45, None), 'total_seq_len': (181, 929)}, 'workloads': 10, 'speedup': (2.01, 3.7, 7.46), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 131), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (131, None), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 929)}, 'workloads': 5, 'speedup': (1.26, 1.34, 1.39), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 131), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, 1448)}, 'workloads': 4, 'speedup': (2.43, 3.23, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (929, 1448)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (195, None), 'num_seqs': (39, None), 'total_seq_len': (929, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 6, 'speedup': (1.44, 1.73, 2.22), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 195), 'num_seqs': (39, None), 'total_seq_len': (929, 2896)}, 'workloads': 2, 'speedup': (1.49, 1.56, 1.64), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1127), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 22, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1127, None), 'mean_seq_len': (None, 2896), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.42, 2.04, 3.06), 'fallbacks': ()},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1355), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (2.4, 2.75, 3.6), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, 2304), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2304, 4094), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.13, 1.28, 1.56), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4094, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (929, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 331), 'num_seqs': (13, 39), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (1.3, 1.66, 2.07), 'fallbacks': ()},
-    {'region': 30, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (195, 1355), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (39, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.16, 1.92, 3.16), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, None), 'num_seqs': (13, 39), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'num_seqs': (39, 90), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (90, 141), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'num_seqs': (90, 141), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (141, None), 'total_seq_len': (2896, 6128)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 753), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.35), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'num_seqs': (39, 90), 'total_seq_len': (6128, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (90, None), 'total_seq_len': (6128, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5424), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 44, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2896), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2896, 5424), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 47, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5424, None), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (1.87, 5.18, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (75, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.85, 4.22, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (29, 132), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.62, 2.74, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (4.1, 4.1, 4.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 242), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.2, 2.54, 3.69), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (242, 315), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 615), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.7, 2.39, 3.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (615, None), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 627), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.38, 2.0, 2.88), 'fallbacks': (), 'hand_back': True},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (None, 5258)}, 'workloads': 2, 'speedup': (1.29, 1.59, 1.96), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (None, 10278)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (None, 19714)}, 'workloads': 2, 'speedup': (1.22, 1.89, 2.94), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (2.82, 4.16, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 1794), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 12, 'speedup': (1.32, 1.97, 3.08), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2047), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.27, 2.27, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2047, 2304), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 340), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.3, 1.43, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 222), 'mean_seq_len': (None, 45), 'num_seqs': (45, None)}, 'workloads': 3, 'speedup': (1.16, 1.51, 1.92), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (75, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (3.23, 4.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.55, 2.29, 3.52), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.39, 1.83, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (45, 237), 'total_seq_len': (362, 1448)}, 'workloads': 2, 'speedup': (4.54, 5.01, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 33), 'mean_seq_len': (None, 45), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (33, 64), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (33, 64), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 617), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 33), 'mean_seq_len': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (2232, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -335,265 +306,241 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 14:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 203:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 3.22x (2.50x .. 5.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len > 5 and 8 < max_seq_len <= 203:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45:
-        return 'triton_prefill_fused.c16v64'
-    # region 7: 2 workloads, 1.27x (1.25x .. 1.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 3 workloads, 2.02x (1.68x .. 2.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 5 < num_seqs <= 8 and max_seq_len > 203:
-        return 'triton_prefill_chunked.v64'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and 203 < max_seq_len <= 1127:
-        return 'triton_prefill_chunked.v64'
-    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and max_seq_len > 1127:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 3 workloads, 7.89x (7.78x .. 8.03x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 1 workloads, 8.65x (8.65x .. 8.65x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 9 workloads, 1.63x (1.17x .. 2.11x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 5 and 203 < max_seq_len <= 1022:
-        return 'triton_prefill_chunked.v64'
-    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 5 and max_seq_len > 1022:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 8 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 6 workloads, 1.61x (1.38x .. 2.14x) over vllm_flashinfer_prefill
-    if num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45:
+    # region 1: 1 workloads, 7.84x (7.84x .. 7.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 7.51x (7.36x .. 7.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and 10 < max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 28:
+        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 14:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 4 workloads, 2.22x (1.50x .. 2.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 9 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 31:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 1412:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5258 and 1 < num_seqs <= 2 and mean_seq_len > 6 and max_seq_len > 1190:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 31:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 2 workloads, 4.21x (2.11x .. 8.41x) over vllm_flashinfer_prefill
+    if num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 30 workloads, 2.67x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 9 and mean_seq_len > 6 and 31 < max_seq_len <= 1190:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 4 workloads, 1.26x (1.17x .. 1.29x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len <= 31:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 15: 6 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if 32 < num_seqs <= 90 and mean_seq_len > 6 and max_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 32 and mean_seq_len > 6 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 4 workloads, 1.46x (1.36x .. 1.57x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 23 and mean_seq_len <= 2 and max_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 23 and mean_seq_len > 5 and max_seq_len > 14:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 4 workloads, 1.20x (1.08x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 8 < num_seqs <= 23 and 14 < max_seq_len <= 33:
-        return 'triton_prefill_fused.c16v64'
-    # region 21: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 90 and 8 < num_seqs <= 23 and max_seq_len > 33:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 3 workloads, 2.99x (2.64x .. 3.76x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 5 and 8 < max_seq_len <= 203:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 3 workloads, 3.18x (2.31x .. 4.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 5 < num_seqs <= 8 and 8 < max_seq_len <= 203:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 3 workloads, 1.36x (1.28x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
+    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len > 22:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and max_seq_len > 23:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:
+    # region 20: 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 5 < num_seqs <= 7 and max_seq_len > 203:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 2.15x (2.15x .. 2.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 7 < num_seqs <= 8 and max_seq_len > 724:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 10 and max_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 23: 2 workloads, 1.71x (1.68x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 10:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 4 workloads, 1.07x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and 31 < max_seq_len <= 617:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 617:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 2304:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 3947:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 6.34x (3.43x .. 12.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and mean_seq_len > 2 and 2 < max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and mean_seq_len <= 2 and 2 < max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 3.96x (2.83x .. 7.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 5 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len > 45 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 6 workloads, 2.03x (1.18x .. 3.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and mean_seq_len <= 45 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 11.85x (11.85x .. 11.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and num_seqs <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 1 workloads, 3.09x (3.09x .. 3.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and 5 < num_seqs <= 45 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 2.66x (2.14x .. 3.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and num_seqs > 45 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 929 and mean_seq_len > 2 and 2 < max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 929 and mean_seq_len <= 2 and 2 < max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 9 workloads, 2.82x (1.99x .. 9.89x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and 5 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 10 workloads, 3.70x (2.01x .. 7.46x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and mean_seq_len > 45 and max_seq_len > 63:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 929 and num_seqs <= 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 5 workloads, 1.34x (1.26x .. 1.39x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 131:
-        return 'triton_prefill_fused.c16v64'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 45 and 63 < max_seq_len <= 131:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 4 workloads, 3.23x (2.43x .. 4.26x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1448 and 13 < num_seqs <= 39 and max_seq_len > 331:
-        return 'triton_prefill_chunked.v64'
-    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 929 < total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 195:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 6 workloads, 1.73x (1.44x .. 2.22x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len <= 44:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 1.56x (1.49x .. 1.64x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 2896 and num_seqs > 39 and 44 < max_seq_len <= 195:
-        return 'triton_prefill_fused.c16v64'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len <= 1127:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len <= 2896 and max_seq_len > 1127:
-        return 'triton_prefill_chunked.v64'
-    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 929 and num_seqs <= 2 and mean_seq_len > 2896:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 4 workloads, 2.04x (1.42x .. 3.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len > 678:
-        return 'triton_prefill_chunked.v64'
-    # region 25: 3 workloads, 2.75x (2.40x .. 3.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len <= 1355:
-        return 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 1355 < max_seq_len <= 2304:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 3 workloads, 1.28x (1.13x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and 2304 < max_seq_len <= 4094:
-        return 'triton_prefill_chunked.v64'
-    # region 28: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 929 and 2 < num_seqs <= 13 and mean_seq_len > 362 and max_seq_len > 4094:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 3 workloads, 1.66x (1.30x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 13 < num_seqs <= 39 and max_seq_len <= 331:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355:
-        return 'triton_prefill_chunked.v64'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and max_seq_len > 1355:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.92x (1.16x .. 3.16x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 2 < num_seqs <= 13 and mean_seq_len <= 362 and max_seq_len <= 678:
-        return 'triton_prefill_fused.c16v64'
-    # region 33: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 13 < num_seqs <= 39 and max_seq_len > 331:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448:
-        return 'triton_prefill_fused.c16v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724:
-        return 'triton_prefill_fused.c16v64'
-    # region 38: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill's guarded call
-    if 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362:
+    # region 1: 11 workloads, 5.18x (1.87x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 4.10x (4.10x .. 4.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 75:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242:
+        return 'triton_prefill_fused.c16v32'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 17: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill
+    if num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 40: 2 workloads, 1.26x (1.17x .. 1.35x) over vllm_flashinfer_prefill's guarded call
-    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753:
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222:
         return 'triton_prefill_fused.c16v64'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len > 753:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 6128 < total_seq_len <= 11585 and num_seqs > 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len <= 5424:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424:
+    # region 21: 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 75:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132:
+        return 'triton_prefill_fused.c16v64'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 1448 and mean_seq_len <= 45 and 29 < max_seq_len <= 33:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 90 and mean_seq_len <= 45 and 33 < max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 724 and num_seqs > 90 and mean_seq_len <= 45 and 33 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len <= 2896:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 617:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and mean_seq_len <= 45 and 29 < max_seq_len <= 33:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2232 and 45 < mean_seq_len <= 237:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 45:  # region 5
+    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412:  # region 8
         return True
-    if num_seqs > 23 and mean_seq_len <= 2 and 14 < max_seq_len <= 45:  # region 17
+    if num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90:  # region 20
         return True
-    if total_seq_len > 181 and num_seqs > 23 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:  # region 25
+    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23:  # region 25
         return True
-    if total_seq_len > 378 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 14:  # region 27
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304:  # region 30
         return True
-    if total_seq_len > 1448 and 7 < num_seqs <= 8 and 203 < max_seq_len <= 724:  # region 29
+    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947:  # region 32
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 1448 < total_seq_len <= 2896 and num_seqs > 39 and 195 < max_seq_len <= 1355:  # region 30
+    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:  # region 10
         return True
-    if 2896 < total_seq_len <= 6128 and 39 < num_seqs <= 90 and max_seq_len <= 1448:  # region 34
-        return True
-    if 2896 < total_seq_len <= 6128 and 90 < num_seqs <= 141 and max_seq_len <= 724:  # region 36
-        return True
-    if 2896 < total_seq_len <= 6128 and num_seqs > 141 and max_seq_len <= 362:  # region 38
-        return True
-    if 6128 < total_seq_len <= 11585 and 39 < num_seqs <= 90 and max_seq_len <= 753:  # region 40
-        return True
-    if total_seq_len > 11585 and 39 < num_seqs <= 90 and max_seq_len > 5424:  # region 44
-        return True
-    if total_seq_len > 11585 and num_seqs > 90 and 2896 < max_seq_len <= 5424:  # region 46
-        return True
-    if total_seq_len > 11585 and num_seqs > 90 and max_seq_len > 5424:  # region 47
+    if total_seq_len > 724 and num_seqs > 90 and mean_seq_len <= 45 and 33 < max_seq_len <= 64:  # region 29
         return True
     return False

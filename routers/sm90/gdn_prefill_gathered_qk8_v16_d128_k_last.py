@@ -5,75 +5,79 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T14:15:30Z
-# workloads   102 (workload-set digest c2e4addfe6b4975b)
+# measured    up to 2026-11-27T16:40:31Z
+# workloads   112 (workload-set digest 2a4bc79b574f92ca)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill       fcd218f6f0770f6e  102/102  1.00x
-#   cuda_prefill_pool_rows.k16c8  416ee1218b1e5ad5  96/96  0.37x
-#   cuda_prefill_pool_rows.k2c8   b99448ef57b4cc86  96/96  0.41x
-#   cuda_prefill_pool_rows.k4c8   f46c6761f0f75d4c  96/96  0.42x
-#   cuda_prefill_pool_rows.k8c8   1841b00cc1c33650  96/96  0.42x
-#   triton_prefill_chunked.v64    2a710645e644b88e  102/102  0.61x
-#   triton_prefill_fused.c16v32   49496897c400beaa  102/102  0.68x
-#   triton_prefill_fused.c16v64   75597a9a7123b24f  102/102  0.75x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  112/112  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  106/106  0.37x
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  106/106  0.40x
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  106/106  0.41x
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  106/106  0.42x
+#   triton_prefill_chunked.v64      2a710645e644b88e  112/112  0.65x
+#   triton_prefill_fused.c16v32     49496897c400beaa  112/112  0.71x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  112/112  0.77x
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  112/112  1.34x
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_pool_rows.k16c8  cfg=(16, 8, 8)
-#   cuda_prefill_pool_rows.k2c8   cfg=(2, 64, 8)
-#   cuda_prefill_pool_rows.k4c8   cfg=(4, 32, 8)
-#   cuda_prefill_pool_rows.k8c8   cfg=(8, 16, 8)
-#   triton_prefill_chunked.v64    cfg=(64, 4)
-#   triton_prefill_fused.c16v32   cfg=(16, 32, 4)
-#   triton_prefill_fused.c16v64   cfg=(16, 64, 4)
+#   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
+#   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
+#   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
+#   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   triton_prefill_chunked.v64      cfg=(64, 4)
+#   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
+#   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 13.83% mean, 504.24% max;
-#             1.020x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.06% mean, 119.47% max;
-#             1.276x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.42% mean, 90.03% max;
+#             1.101x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.39% mean, 162.46% max;
+#             1.410x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 111 and mean_seq_len <= 18: cuda_prefill_pool_rows.k4c8, 7 workloads, 3.17x (1.53x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   4. num_seqs > 4 and mean_seq_len > 18: vllm_flashinfer_prefill (baseline), 40 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. total_seq_len > 111 and mean_seq_len <= 18: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   6. total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462: triton_prefill_chunked.v64, 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 238 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 238 and mean_seq_len > 4: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
+#   3. 238 < total_seq_len <= 2317 and num_seqs <= 5 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 21 workloads, 2.13x (1.13x .. 4.40x) over vllm_flashinfer_prefill
+#   4. 238 < total_seq_len <= 2317 and num_seqs <= 32 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.38x (1.04x .. 4.92x) over vllm_flashinfer_prefill
+#   5. 238 < total_seq_len <= 2317 and num_seqs > 5 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   6. 238 < total_seq_len <= 2317 and num_seqs > 32 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 2317: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 2.40x (1.32x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.82x (1.62x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 462: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.97x (2.12x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 462: triton_prefill_chunked.v64, 5 workloads, 1.54x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-#   5. 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   6. 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 2.27x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.67x (1.31x .. 2.39x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.33x (1.45x .. 4.50x) over vllm_flashinfer_prefill
+#   4. num_seqs <= 4 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 4 and 90 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v32, 4 workloads, 1.38x (1.14x .. 1.64x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.84x (1.47x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 111)}, 'workloads': 7, 'speedup': (1.53, 3.17, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 7, 'speedup': (1.91, 3.13, 4.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, None), 'num_seqs': (4, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (111, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (18, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (1.09, 1.62, 2.36), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 238)}, 'workloads': 10, 'speedup': (1.32, 2.18, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 9, 'speedup': (1.09, 2.55, 4.62), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 5), 'total_seq_len': (238, 2317)}, 'workloads': 21, 'speedup': (1.13, 2.13, 4.4), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 32), 'total_seq_len': (238, 2317)}, 'workloads': 16, 'speedup': (1.04, 1.38, 4.92), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (5, None), 'total_seq_len': (238, 2317)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (32, None), 'total_seq_len': (238, 2317)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (2317, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 11, 'speedup': (1.32, 2.4, 3.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.62, 1.82, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 10, 'speedup': (2.12, 5.97, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 5, 'speedup': (1.18, 1.54, 2.34), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 11), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 6, 'speedup': (1.12, 1.28, 1.59), 'fallbacks': (), 'hand_back': True},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (280, 1233)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.18, 1.67, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (2.19, 2.91, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 11, 'speedup': (1.07, 2.27, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.31, 1.67, 2.39), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 11, 'speedup': (1.45, 2.33, 4.5), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4)}, 'workloads': 10, 'speedup': (3.12, 5.7, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 462), 'num_seqs': (None, 4)}, 'workloads': 12, 'speedup': (1.58, 3.6, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.64), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.47, 1.84, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -82,68 +86,64 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 3.17x (1.53x .. 8.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 111 and mean_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 7 workloads, 3.13x (1.91x .. 4.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 4 and mean_seq_len > 462:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 4: 40 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 4 and mean_seq_len > 18:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 30 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 111 and mean_seq_len <= 18:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 1.62x (1.09x .. 2.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 18 < mean_seq_len <= 462:
-        return 'triton_prefill_chunked.v64'
+    # region 1: 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and mean_seq_len > 4:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 3: 21 workloads, 2.13x (1.13x .. 4.40x) over vllm_flashinfer_prefill
+    if 238 < total_seq_len <= 2317 and num_seqs <= 5 and mean_seq_len > 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 16 workloads, 1.38x (1.04x .. 4.92x) over vllm_flashinfer_prefill
+    if 238 < total_seq_len <= 2317 and num_seqs <= 32 and mean_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if 238 < total_seq_len <= 2317 and num_seqs > 5 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 23 workloads, the baseline; its stand-ins where it cannot run here
+    if 238 < total_seq_len <= 2317 and num_seqs > 32 and mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 24 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2317:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 2.40x (1.32x .. 3.72x) over vllm_flashinfer_prefill
+    # region 1: 11 workloads, 2.27x (1.07x .. 3.99x) over vllm_flashinfer_prefill
     if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 1.82x (1.62x .. 2.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 10 workloads, 5.97x (2.12x .. 18.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 462:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 5 workloads, 1.54x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 462:
-        return 'triton_prefill_chunked.v64'
-    # region 5: 6 workloads, 1.28x (1.12x .. 1.59x) over vllm_flashinfer_prefill's guarded call
-    if 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:
-        return 'triton_prefill_fused.c16v64'
-    # region 6: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if 280 < total_seq_len <= 1233 and num_seqs > 4 and mean_seq_len > 11:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 4 workloads, 1.67x (1.18x .. 2.26x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and num_seqs > 4 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 7 workloads, 2.91x (2.19x .. 3.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 31 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 4 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 462:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 2: 6 workloads, 1.67x (1.31x .. 2.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
+        return 'triton_prefill_fused.c16v32'
+    # region 3: 11 workloads, 2.33x (1.45x .. 4.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and 90 < mean_seq_len <= 462:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 4 workloads, 1.38x (1.14x .. 1.64x) over vllm_flashinfer_prefill
+    if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
+        return 'triton_prefill_fused.c16v32'
+    # region 7: 4 workloads, 1.84x (1.47x .. 2.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 39 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 771 and 4 < num_seqs <= 14:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 280 < total_seq_len <= 1233 and num_seqs > 4 and 3 < mean_seq_len <= 11:  # region 5
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -151,139 +151,149 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.92% mean, 79.38% max;
-#             1.075x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.16% mean, 432.13% max;
-#             1.373x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.86% mean, 37.11% max;
+#             1.155x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.94% mean, 432.13% max;
+#             1.488x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and num_seqs > 4 and 3 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150: triton_prefill_fused.c16v32, 2 workloads, 3.09x (2.57x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_chunked.v64, 2 workloads, 2.18x (2.14x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 362 and 4 < num_seqs <= 11 and mean_seq_len > 5 and max_seq_len > 42: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42: triton_prefill_fused.c16v64, 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378: triton_prefill_chunked.v64, 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
-#   8. num_seqs <= 1 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.45x (9.45x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   9. num_seqs <= 2 and mean_seq_len > 5 and max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   10. 1 < num_seqs <= 4 and mean_seq_len <= 5 and max_seq_len <= 150: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. 2 < num_seqs <= 4 and mean_seq_len > 5 and max_seq_len <= 40: triton_prefill_fused.c16v32, 2 workloads, 5.41x (4.85x .. 6.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   12. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
-#   13. num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   14. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   15. total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   17. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   18. 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 50 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   21. 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915: triton_prefill_chunked.v64, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   25. total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and 5 < mean_seq_len <= 12: triton_prefill_fused.c16v32, 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 238 and mean_seq_len <= 2 and max_seq_len > 20: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.38x (1.32x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 238 and mean_seq_len <= 5 and max_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.44x (1.45x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 238 and 2 < mean_seq_len <= 5 and max_seq_len > 20: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   5. total_seq_len <= 1448 and 10 < num_seqs <= 45 and mean_seq_len > 12: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 12 and max_seq_len <= 61: triton_prefill_fused.c16v32, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and 61 < max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 26 workloads, 2.36x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 61: vllm_flashinfer_prefill.cp_off, 2 workloads, 4.57x (4.52x .. 4.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   11. 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len <= 746: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   12. 4 < num_seqs <= 10 and mean_seq_len > 12 and 746 < max_seq_len <= 1914: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   13. 4 < num_seqs <= 10 and mean_seq_len > 12 and 1914 < max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   14. 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   15. 45 < total_seq_len <= 362 and 5 < mean_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.32x (1.28x .. 1.35x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   18. total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.33x (1.27x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   19. total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   20. total_seq_len > 362 and 5 < mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   21. total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len > 31: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 362 and 8 < mean_seq_len <= 12: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. total_seq_len > 1448 and num_seqs > 10 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   27. total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.49x (1.18x .. 1.79x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 116: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 116: cuda_prefill_pool_rows.k8c8, 12 workloads, 3.87x (1.57x .. 10.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.10x (2.91x .. 3.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 462 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.11x (1.32x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 116: triton_prefill_fused.c16v32, 4 workloads, 2.53x (1.65x .. 3.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   7. 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   8. 462 < total_seq_len <= 724 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-#   9. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369: triton_prefill_fused.c16v32, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: triton_prefill_fused.c16v32, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   12. 462 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 901: triton_prefill_chunked.v64, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   14. 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and 22 < max_seq_len <= 39: triton_prefill_fused.c16v64, 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
-#   15. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 509: triton_prefill_fused.c16v32, 3 workloads, 3.07x (2.57x .. 3.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   16. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and 509 < max_seq_len <= 1097: triton_prefill_fused.c16v32, 2 workloads, 2.50x (2.16x .. 2.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   17. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and max_seq_len > 1097: triton_prefill_chunked.v64, 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 462 and num_seqs <= 4 and 181 < mean_seq_len <= 901 and max_seq_len <= 509: triton_prefill_fused.c16v64, 2 workloads, 3.13x (2.39x .. 4.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   19. total_seq_len > 462 and 4 < num_seqs <= 14 and 39 < max_seq_len <= 189: triton_prefill_fused.c16v64, 3 workloads, 1.57x (1.49x .. 1.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   20. total_seq_len > 462 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.67x (1.39x .. 1.92x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85: triton_prefill_fused.c16v64, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   23. total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   25. 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   27. 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   31. total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   32. total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   34. total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   36. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 36 and num_seqs <= 25 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.90x (7.90x .. 7.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 462 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 9 workloads, 1.90x (1.07x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. 36 < total_seq_len <= 181 and num_seqs <= 25 and 3 < max_seq_len <= 44: cuda_prefill_pool_rows.k8c8, 5 workloads, 3.96x (1.94x .. 6.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   6. 36 < total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 44: cuda_prefill_pool_rows.k16c8, 4 workloads, 3.92x (1.84x .. 5.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   7. 181 < total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.26x (1.67x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
+#   8. 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 90: triton_prefill_fused.c16v32, 8 workloads, 3.42x (1.31x .. 5.09x) over vllm_flashinfer_prefill
+#   9. 462 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279: triton_prefill_fused.c16v32, 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
+#   10. 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   11. 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   12. 462 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 462 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   14. 462 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   15. 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   16. 462 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   17. 462 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+#   18. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 392: triton_prefill_fused.c16v32, 2 workloads, 5.79x (4.53x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   19. total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 5 workloads, 3.16x (2.18x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len > 181 and max_seq_len <= 392: triton_prefill_fused.c16v64, 2 workloads, 3.39x (2.47x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   21. total_seq_len > 462 and 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 462 and 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   23. 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   24. 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288: triton_prefill_fused.c16v64, 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   25. 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.40x (1.19x .. 1.66x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 545 and 4 < num_seqs <= 22 and 8 < mean_seq_len <= 67 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   27. total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148: triton_prefill_fused.c16v64, 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 545 and 4 < num_seqs <= 29 and mean_seq_len > 207 and 148 < max_seq_len <= 288: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   30. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 545 and num_seqs > 4 and mean_seq_len > 8 and max_seq_len > 288: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   34. total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   38. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, 150), 'mean_seq_len': (5, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.57, 3.09, 3.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.14, 2.18, 2.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.08, 1.14, 1.17), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (5, None), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 685)}, 'workloads': 2, 'speedup': (1.41, 1.66, 1.95), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (9.45, 9.45, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (5, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.26, 4.26, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 150), 'mean_seq_len': (None, 5), 'num_seqs': (1, 4)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (5, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (4.85, 5.41, 6.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 91), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 11, 'speedup': (1.3, 1.5, 1.99), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (None, 3), 'num_seqs': (4, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.28, 1.34, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'num_seqs': (4, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 150), 'mean_seq_len': (5, None), 'num_seqs': (2, 4), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.79, 3.28, 3.87), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.57, 1.75, 1.91), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 50, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (378, 915), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (915, None), 'num_seqs': (None, 4), 'total_seq_len': (685, 1347)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (378, None), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 12), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (5.63, 5.63, 5.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.32, 1.38, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.45, 2.44, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (20, None), 'mean_seq_len': (2, 5), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (10, 45), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (1.04, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (12, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 2281), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 5792)}, 'workloads': 26, 'speedup': (1.13, 2.36, 4.92), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (12, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (4.52, 4.57, 4.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 746), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (746, 1914), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, 2383), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, 12), 'total_seq_len': (45, 362)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.1), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 3), 'total_seq_len': (238, None)}, 'workloads': 3, 'speedup': (1.28, 1.32, 1.35), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 3), 'total_seq_len': (238, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (3, 5), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.27, 1.33, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (5, 2), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.05, 1.11, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, 12), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (10, None), 'total_seq_len': (1448, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5820), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.18, 1.49, 1.79), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (116, None), 'num_seqs': (None, 25), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (5.92, 10.38, 18.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 116), 'num_seqs': (None, 25), 'total_seq_len': (None, 462)}, 'workloads': 12, 'speedup': (1.57, 3.87, 10.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, 25), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (2.91, 3.1, 3.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 462)}, 'workloads': 9, 'speedup': (1.32, 2.11, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (116, None), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 4, 'speedup': (1.65, 2.53, 3.94), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (462, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (462, 724)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (189, 369), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (369, None), 'num_seqs': (4, 14), 'total_seq_len': (462, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (462, 1448)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (462, 2438)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (462, 2896)}, 'workloads': 1, 'speedup': (1.49, 1.49, 1.49), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (22, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (462, 2896)}, 'workloads': 2, 'speedup': (1.19, 1.39, 1.61), 'fallbacks': ()},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 509), 'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (2.57, 3.07, 3.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (509, 1097), 'mean_seq_len': (None, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.16, 2.5, 2.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1097, None), 'mean_seq_len': (None, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (1.18, 1.49, 2.34), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 509), 'mean_seq_len': (181, 901), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.39, 3.13, 4.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 189), 'num_seqs': (4, 14), 'total_seq_len': (462, None)}, 'workloads': 3, 'speedup': (1.49, 1.57, 1.72), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (462, None)}, 'workloads': 7, 'speedup': (1.39, 1.67, 1.92), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 85), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (680, None), 'num_seqs': (14, 34), 'total_seq_len': (462, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (None, 2), 'num_seqs': (34, None), 'total_seq_len': (462, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (34, 90), 'total_seq_len': (724, 1233)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 362), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (724, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 34), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (2, None), 'num_seqs': (34, None), 'total_seq_len': (1233, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (14, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 680), 'num_seqs': (14, 34), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (121, 273), 'num_seqs': (21, 34), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'num_seqs': (None, 25), 'total_seq_len': (None, 36)}, 'workloads': 1, 'speedup': (7.9, 7.9, 7.9), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (9.55, 10.42, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, 25), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (2.51, 3.12, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 462)}, 'workloads': 9, 'speedup': (1.07, 1.9, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 44), 'num_seqs': (None, 25), 'total_seq_len': (36, 181)}, 'workloads': 5, 'speedup': (1.94, 3.96, 6.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (44, None), 'num_seqs': (None, 25), 'total_seq_len': (36, 181)}, 'workloads': 4, 'speedup': (1.84, 3.92, 5.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 90), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 3, 'speedup': (1.67, 2.26, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 8, 'speedup': (1.31, 3.42, 5.09), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (4, 22), 'total_seq_len': (462, 545)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.64), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (4, 45), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 181), 'num_seqs': (4, 45), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (4, 90), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (22, None), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (45, None), 'total_seq_len': (462, 545)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (31, 181), 'num_seqs': (45, None), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (90, None), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (462, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (4.53, 5.79, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 5, 'speedup': (2.18, 3.16, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (181, None), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.47, 3.39, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4), 'total_seq_len': (462, None)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (545, 771)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, None), 'num_seqs': (29, None), 'total_seq_len': (545, 2896)}, 'workloads': 1, 'speedup': (1.76, 1.76, 1.76), 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (12, None), 'num_seqs': (22, None), 'total_seq_len': (545, 3277)}, 'workloads': 4, 'speedup': (1.19, 1.4, 1.66), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (8, 67), 'num_seqs': (4, 22), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (67, None), 'num_seqs': (4, 22), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.71, 1.79, 1.86), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, 207), 'num_seqs': (4, 29), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (207, None), 'num_seqs': (4, 29), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (288, None), 'mean_seq_len': (8, None), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 148), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (771, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, None), 'num_seqs': (29, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (12, None), 'num_seqs': (22, None), 'total_seq_len': (3277, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -292,219 +302,235 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 4 and 3 < mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 2 workloads, 3.09x (2.57x .. 3.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 2 workloads, 2.18x (2.14x .. 2.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 4 and 150 < max_seq_len <= 378:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 1: 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 5 < mean_seq_len <= 12:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 2 workloads, 1.38x (1.32x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and mean_seq_len <= 2 and max_seq_len > 20:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 8 workloads, 2.44x (1.45x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and mean_seq_len <= 5 and max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and 4 < num_seqs <= 11 and mean_seq_len > 5 and max_seq_len > 42:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 3 workloads, 1.14x (1.08x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 42:
-        return 'triton_prefill_fused.c16v64'
+    if total_seq_len <= 238 and 2 < mean_seq_len <= 5 and max_seq_len > 20:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 10 < num_seqs <= 45 and mean_seq_len > 12:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 362 and num_seqs > 11 and mean_seq_len > 5 and max_seq_len > 42:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 2 workloads, 1.66x (1.41x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 685 and num_seqs <= 4 and max_seq_len > 378:
-        return 'triton_prefill_chunked.v64'
-    # region 8: 1 workloads, 9.45x (9.45x .. 9.45x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and mean_seq_len <= 5 and max_seq_len <= 150:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 1 workloads, 4.26x (4.26x .. 4.26x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 5 and max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 4 and mean_seq_len <= 5 and max_seq_len <= 150:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 2 workloads, 5.41x (4.85x .. 6.04x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len > 5 and max_seq_len <= 40:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 11 workloads, 1.50x (1.30x .. 1.99x) over vllm_flashinfer_prefill
-    if num_seqs > 4 and mean_seq_len <= 3 and max_seq_len <= 91:
+    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 12 and max_seq_len <= 61:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 26 workloads, 2.36x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and 61 < max_seq_len <= 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 2 workloads, 4.57x (4.52x .. 4.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 61:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len <= 746:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 12 and 746 < max_seq_len <= 1914:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 4 < num_seqs <= 10 and mean_seq_len > 12 and 1914 < max_seq_len <= 2383:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len > 2383:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 3 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and 5 < mean_seq_len <= 12:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 3 workloads, 1.32x (1.28x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 4 and mean_seq_len <= 3 and max_seq_len > 91:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 4 workloads, 1.34x (1.28x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len <= 28:
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 4 workloads, 1.33x (1.27x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 90 and num_seqs > 4 and 3 < mean_seq_len <= 5 and max_seq_len > 28:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 2 workloads, 3.28x (2.79x .. 3.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < num_seqs <= 4 and mean_seq_len > 5 and 40 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 3 workloads, 1.75x (1.57x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 4 and 150 < max_seq_len <= 378:
-        return 'triton_prefill_fused.c16v64'
-    # region 20: 50 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 4 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
-    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915:
-        return 'triton_prefill_chunked.v64'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and max_seq_len > 915:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len > 28:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and 5 < mean_seq_len <= 2:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1347 and num_seqs <= 4 and max_seq_len > 378:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len > 31:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and 8 < mean_seq_len <= 12:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 10 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 3 workloads, 1.49x (1.18x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 5820:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 5820:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 116:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 10.38x (5.92x .. 18.22x) over vllm_flashinfer_prefill
+    # region 1: 1 workloads, 7.90x (7.90x .. 7.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and num_seqs <= 25 and max_seq_len > 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 12 workloads, 3.87x (1.57x .. 10.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 116:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 3.10x (2.91x .. 3.29x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill
     if total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 9 workloads, 2.11x (1.32x .. 2.83x) over vllm_flashinfer_prefill
+    # region 4: 9 workloads, 1.90x (1.07x .. 3.00x) over vllm_flashinfer_prefill
     if total_seq_len <= 462 and num_seqs > 25:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 2.53x (1.65x .. 3.94x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 116:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 724 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39:
-        return 'triton_prefill_fused.c16v64'
-    # region 9: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
-    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and max_seq_len > 369:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill's guarded call
-    if 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 901:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, 1.39x (1.19x .. 1.61x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 11 and 22 < max_seq_len <= 39:
-        return 'triton_prefill_fused.c16v64'
-    # region 15: 3 workloads, 3.07x (2.57x .. 3.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 509:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 2 workloads, 2.50x (2.16x .. 2.89x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and 509 < max_seq_len <= 1097:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 3 workloads, 1.49x (1.18x .. 2.34x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 901 and max_seq_len > 1097:
-        return 'triton_prefill_chunked.v64'
-    # region 18: 2 workloads, 3.13x (2.39x .. 4.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and 181 < mean_seq_len <= 901 and max_seq_len <= 509:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 3 workloads, 1.57x (1.49x .. 1.72x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and 4 < num_seqs <= 14 and 39 < max_seq_len <= 189:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 7 workloads, 1.67x (1.39x .. 1.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 39:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and 14 < num_seqs <= 34 and 39 < max_seq_len <= 85:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 462 and 14 < num_seqs <= 34 and 85 < max_seq_len <= 121:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 462 and 14 < num_seqs <= 34 and max_seq_len > 680:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs > 34 and mean_seq_len <= 2 and max_seq_len > 39:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:
+    # region 5: 5 workloads, 3.96x (1.94x .. 6.45x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 181 and num_seqs <= 25 and 3 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 4 workloads, 3.92x (1.84x .. 5.87x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 44:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 3 workloads, 2.26x (1.67x .. 3.67x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 8 workloads, 3.42x (1.31x .. 5.09x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 90:
+        return 'triton_prefill_fused.c16v32'
+    # region 9: 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279:
+        return 'triton_prefill_fused.c16v32'
+    # region 10: 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 13: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279:
+        return ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 17: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 2 workloads, 5.79x (4.53x .. 7.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 392:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 5 workloads, 3.16x (2.18x .. 4.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 2 workloads, 3.39x (2.47x .. 4.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len > 181 and max_seq_len <= 392:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+    if total_seq_len > 462 and 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 462 and 2 < num_seqs <= 4 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 24: 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call
+    if 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:
         return 'triton_prefill_fused.c16v64'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362:
+    # region 25: 4 workloads, 1.40x (1.19x .. 1.66x) over vllm_flashinfer_prefill's guarded call
+    if 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:
         return 'triton_prefill_fused.c16v64'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 22 and 8 < mean_seq_len <= 67 and max_seq_len <= 148:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148:
         return 'triton_prefill_fused.c16v64'
-    # region 30: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 34 and mean_seq_len > 2 and max_seq_len > 39:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 14 and max_seq_len > 189:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273:
+    # region 28: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 21 < num_seqs <= 34 and 121 < max_seq_len <= 273:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 29 and mean_seq_len > 207 and 148 < max_seq_len <= 288:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len > 8 and max_seq_len > 288:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148:
+        return 'triton_prefill_fused.c16v64'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 39:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len > 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 17
+    if total_seq_len > 362 and 5 < mean_seq_len <= 2:  # region 20
         return True
-    if 685 < total_seq_len <= 1347 and num_seqs <= 4 and 378 < max_seq_len <= 915:  # region 21
+    if total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 21
         return True
-    if total_seq_len > 724 and num_seqs > 4 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 23
+    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31:  # region 23
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 462 < total_seq_len <= 724 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:  # region 7
+    if 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:  # region 23
         return True
-    if 462 < total_seq_len <= 1448 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 369:  # region 9
+    if 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:  # region 24
         return True
-    if 462 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 273 < max_seq_len <= 680:  # region 11
+    if 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:  # region 25
         return True
-    if 724 < total_seq_len <= 1233 and 34 < num_seqs <= 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:  # region 25
+    if total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148:  # region 27
         return True
-    if 724 < total_seq_len <= 1233 and num_seqs > 34 and mean_seq_len > 2 and 90 < max_seq_len <= 362:  # region 26
+    if total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288:  # region 28
         return True
-    if 724 < total_seq_len <= 1233 and num_seqs > 90 and mean_seq_len > 2 and 39 < max_seq_len <= 90:  # region 28
+    if total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148:  # region 34
         return True
-    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 34 and 121 < max_seq_len <= 273:  # region 29
-        return True
-    if total_seq_len > 1448 and 14 < num_seqs <= 21 and 121 < max_seq_len <= 273:  # region 32
+    if total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:  # region 35
         return True
     return False
