@@ -4,14 +4,14 @@ engines that wrap kernels in custom ops of their own.
 The schema is generated from the definition's JSON: tensor inputs are `Tensor`, scalar inputs
 `float` or `int`, and an input the op writes in place (the spec's `in_place`: the GDN state) is
 marked mutated, `Tensor(a!)`; the spec's call-time hints are optional keyword-only `SymInt?`. A custom op may not return an alias of an input, so it returns only
-the outputs that are not written in place; `traceable` puts the in-place ones back into the
+the outputs that are not written in place; `install` puts the in-place ones back into the
 definition's output tuple. The fake implementation allocates the returned outputs from the
 definition's output shapes, each axis taken from the first input dimension that carries it, so
 symbolic sizes flow through torch.compile.
 
-`kdispatch.ops.<op>` calls its Dispatcher directly in eager code (the custom op's trip through
-torch's dispatcher costs ~2 us a call more, beyond the dispatch budget) and the custom op only while
-torch.compile traces it (`torch.compiler.is_compiling`, ~0.1 us); inside the compiled graph the
+`kdispatch.ops.<op>` calls its Dispatcher, which runs the dispatch itself in eager code (the custom op's
+trip through torch's dispatcher costs ~2 us a call more, beyond the dispatch budget) and the custom op
+only while torch.compile traces it (`torch.compiler.is_compiling`, ~0.1 us); inside the compiled graph the
 custom op runs the same Dispatcher, so routing, fallbacks and the call-mode choice are unchanged.
 """
 from __future__ import annotations
@@ -27,7 +27,6 @@ from kdispatch.workloads import DTYPES
 NAMESPACE = "kdispatch"
 _SCALAR_TYPES = {"float32": "float", "float64": "float", "float16": "float", "bfloat16": "float",
                  "int32": "int", "int64": "int", "bool": "bool"}
-_is_compiling = torch.compiler.is_compiling
 
 
 def returned_outputs(d: definitions.Definition) -> list[str]:
@@ -98,9 +97,10 @@ def register(dispatcher) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops, NAMESPACE), d.short).default
 
 
-def traceable(dispatcher) -> Callable:
-    """`dispatcher` for eager calls, its custom op while torch.compile traces; either way the
-    definition's outputs in definition order (in-place outputs are the inputs they were written to)."""
+def install(dispatcher):
+    """Registers `dispatcher`'s custom op and makes it what the dispatcher runs while torch.compile
+    traces a call (`Dispatcher.traced`), returning the definition's outputs in definition order
+    (in-place outputs are the inputs they were written to); returns the dispatcher."""
     d = definitions.get(dispatcher.definition)
     op = register(dispatcher)
     # per output: ("input", position of the input written in place) or ("op", position in the op's result)
@@ -109,13 +109,12 @@ def traceable(dispatcher) -> Callable:
              for o in d.outputs]
     several = len(returned) > 1
 
-    def call(*args, **hints):
-        if not _is_compiling():
-            return dispatcher(*args, **hints)
+    def traced(*args, **hints):
         res = op(*args, **hints)
         if len(where) == 1 and where[0][0] == "op":
             return res
         res = res if several else (res,)
         return tuple(args[i] if kind == "input" else res[i] for kind, i in where)
 
-    return call
+    dispatcher.traced = traced
+    return dispatcher

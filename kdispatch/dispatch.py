@@ -73,6 +73,7 @@ MAX_SEEN_ONCE = 4096  # first tensors' shapes remembered as seen once (oldest fo
 MODES = ("graph", "eager")
 
 _HAND_BACK = contextvars.ContextVar("kdispatch_hand_back_baseline", default=False)
+_is_compiling = torch.compiler.is_compiling
 
 
 class BaselineChosen(Exception):
@@ -165,7 +166,8 @@ class _Entry:
 
     def __init__(self, guard, variant, eager, axes, arch, strided=False, hand_back=(False, False)):
         self.guard, self.axes, self.arch, self.strided, self.hand_back = guard, axes, arch, strided, hand_back
-        self.hinted: dict = {}  # (hint values, mode) -> (variant, whether plugins get the call back)
+        # call mode -> {hint values: (variant, whether plugins get the call back)}
+        self.hinted: dict = {"graph": {}, "eager": {}}
         self.set(variant, eager)
 
     def set(self, variant, eager) -> None:
@@ -213,6 +215,7 @@ class Dispatcher:
         self.checker = Checker(d, f"kdispatch.ops.{self.short}")
         self._input_names = [n for n, _ in self.checker.inputs]
         self.hints = tuple(d.spec.hints)  # call-time hints the op takes as keyword arguments
+        self._sole_hint = self.hints[0] if len(self.hints) == 1 else None
         self._in_place_positions = frozenset(self._input_names.index(i) for i in d.spec.in_place.values())
         self._check_values = d.spec.check_values
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
@@ -223,6 +226,8 @@ class Dispatcher:
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._copies: dict = {}  # variant name -> it on contiguous copies of strided views
         self._warned: set = set()
+        # what a call runs while torch.compile traces it: the custom op (kdispatch.custom_ops.install)
+        self.traced = None
         self.reload_switches()
 
     def reload_switches(self) -> None:
@@ -237,7 +242,12 @@ class Dispatcher:
         self.reset()
 
     def __call__(self, *args, **hints):
-        values = self._hint_values(hints) if hints else None
+        if _is_compiling() and self.traced is not None:
+            return self.traced(*args, **hints)
+        values = None
+        if hints:  # the common call passes the one hint as a non-negative int: checked here, inline
+            v = hints.get(self._sole_hint) if len(hints) == 1 else None
+            values = (v,) if type(v) is int and v >= 0 else self._hint_values(hints)
         if self._per_call is not None:
             self._per_call(args)
         try:
@@ -250,8 +260,17 @@ class Dispatcher:
         if e is None:
             e = self._new_signature(args, values is not None)  # hints: they decide the call
         self._last = e
-        if values is not None:
-            return self._hinted_call(e, values, args)
+        if values is not None:  # the decision cached for these hint values in this call mode, if any
+            hit = e.hinted["graph" if capturing() else "eager"].get(values)
+            if hit is None:
+                return self._hinted_call(e, values, args)
+            v, base = hit
+            if base and _HAND_BACK.get():
+                raise BaselineChosen(self.short)
+            try:
+                return v.fn(*args)
+            except Exception as exc:
+                return self._hinted_failed(e, v, values, exc, args)
         if e.eager_fn is None or capturing():
             fn, base = e.fn, e.base
         else:
@@ -265,10 +284,6 @@ class Dispatcher:
 
     def _hint_values(self, hints: dict) -> tuple | None:
         """The call's hint values in the spec's order, or None where it passes none (all None)."""
-        if len(self.hints) == 1 and len(hints) == 1:  # the common call, checked in a few attribute reads
-            v = hints.get(self.hints[0], -1)
-            if type(v) is int and v >= 0:
-                return (v,)
         unknown = set(hints) - set(self.hints)
         if unknown:
             raise TypeError(f"kdispatch.ops.{self.short}: unexpected keyword argument(s) {sorted(unknown)} "
@@ -285,28 +300,35 @@ class Dispatcher:
         """A call that passes the call-time hints: routed with them as features (the router's
         `route_hinted`, where it has one), decided once per (signature, values, call mode)."""
         mode = "graph" if capturing() else "eager"
-        hit = e.hinted.get((values, mode))
+        cache = e.hinted[mode]
+        hit = cache.get(values)
         if hit is None:
-            if len(e.hinted) >= MAX_HINTED_PER_ENTRY:
-                e.hinted.clear()
+            if len(cache) >= MAX_HINTED_PER_ENTRY:
+                cache.clear()
             features = self._hinted_features(e, values)
             v = self.choose(e.arch, features, mode, e.strided)
-            hit = e.hinted[(values, mode)] = (v, v.baseline or self.hands_back(e.arch, features, mode))
+            hit = cache[values] = (v, v.baseline or self.hands_back(e.arch, features, mode))
         v, base = hit
         if base and _HAND_BACK.get():
             raise BaselineChosen(self.short)
         try:
             return v.fn(*args)
         except Exception as exc:
-            if v.name.split(CONTIGUOUS_COPIES)[0] == registry.baseline(self.definition, e.arch).name:
-                raise
-            features = self._hinted_features(e, values)
-            self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
-            self._gives_back.clear()
-            e.hinted.clear()
-            self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
-                                                 f"{features}; the next choice serves this shape from now on")
-            return self._hinted_call(e, values, args)
+            return self._hinted_failed(e, v, values, exc, args)
+
+    def _hinted_failed(self, e: _Entry, v, values: tuple, exc: Exception, args):
+        """A hinted call's variant raised: the baseline's error propagates; any other variant is
+        marked failed for these features and the call goes to the next choice."""
+        if v.name.split(CONTIGUOUS_COPIES)[0] == registry.baseline(self.definition, e.arch).name:
+            raise exc
+        features = self._hinted_features(e, values)
+        self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
+        self._gives_back.clear()
+        for cache in e.hinted.values():
+            cache.clear()
+        self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
+                                             f"{features}; the next choice serves this shape from now on")
+        return self._hinted_call(e, values, args)
 
     def _hinted_features(self, e: _Entry, values: tuple) -> dict:
         """The shape features of entry e with the call's hint values (what `route_hinted` takes)."""

@@ -22,7 +22,7 @@ import math
 import torch
 
 from kdispatch import definitions, workloads
-from kdispatch.custom_ops import traceable
+from kdispatch.custom_ops import install
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 from kdispatch.definitions.gdn.names import (PACKED_HEADS, packed_name, pool_prefill_name, verify_name,
                                             verify_steps_name)
@@ -39,8 +39,8 @@ DISPATCHERS = {d.short: d for d in map(Dispatcher, ("moe_fp8", "dsa_topk_indexer
                                                    "gdn_decode", "gdn_prefill", *_PACKED.values(),
                                                    *_POOL_PREFILL.values(), *_GATHERED_PREFILL.values(),
                                                    *_VERIFY.values(), *_VERIFY_STEPS.values()))}
-# what each op calls: its Dispatcher, or its custom op kdispatch::<op> while torch.compile traces
-_CALL = {short: traceable(d) for short, d in DISPATCHERS.items()}
+# what each op calls: its Dispatcher, which runs its custom op kdispatch::<op> while torch.compile traces
+_CALL = {short: install(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
 _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definitions.get(short).const_axes["head_size"])
               for short in ("gdn_decode", "gdn_prefill")}

@@ -337,6 +337,33 @@ def test_a_call_passing_the_hints_is_routed_with_them():
             registry.unregister(POOL, name)
 
 
+def test_a_hinted_call_whose_variant_raises_goes_to_the_next_in_its_chain():
+    """A variant chosen by the hints that raises is marked failed for those features, warned about
+    once, and the call (and the next with the same hints) is served by the chain's next variant."""
+    registry.discover()
+    served = []
+
+    def broken(*a):
+        raise RuntimeError("no kernel image")
+
+    registry.register(Variant(POOL, "fake_broken", broken, "torch", ("cpu",)))
+    registry.register(Variant(POOL, "fake_ok", lambda *a: served.append("fake_ok") or (a[9], a[5]), "torch", ("cpu",)))
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    try:
+        d.set_router("cpu", lambda **axes: "fake_ok", route_hinted=lambda **axes: ("fake_broken", "fake_ok"))
+        args = materialize(POOL, {"axes": {"total_seq_len": 8, "num_seqs": 2, "num_slots": 3}, "inputs": {},
+                                  "uuid": "hinted-broken"})
+        with pytest.warns(RuntimeWarning, match="fake_broken"):
+            kdispatch.ops.gdn_prefill_pool(*args[:9], out=args[9], max_seq_len=6)
+        kdispatch.ops.gdn_prefill_pool(*args[:9], out=args[9], max_seq_len=6)
+        assert served == ["fake_ok", "fake_ok"]
+        assert d._last.hinted["eager"][(6,)][0].name == "fake_ok", "the decision cached for the hint moved on"
+    finally:
+        d.set_router("cpu", None)
+        for name in ("fake_broken", "fake_ok"):
+            registry.unregister(POOL, name)
+
+
 def test_the_contest_prefill_takes_the_hint_too():
     """kdispatch.ops.gdn_prefill(..., max_seq_len=n) is answered by the router's hinted function."""
     registry.discover()
