@@ -660,6 +660,24 @@ def test_skipped_variants_are_not_measured_and_a_later_tune_measures_them(tmp_pa
     assert sorted(MEASURED) == [("cand_b", "w1"), ("cand_b", "w4")]
 
 
+def test_pending_lists_what_a_tune_would_measure_without_measuring(tmp_path, candidates):
+    """`kdispatch tune --pending`: per definition and variant, the pairs the store lacks, here planned
+    for the store's own (newest) environment, as on a development machine without its GPU."""
+    write_traces(tmp_path / "traces", (1, 4, 16))
+    _tune(tmp_path, skip_variants=["cand_b"])
+    store = tmp_path / "store" / "fake.sqlite"
+    out = io.StringIO()
+    MEASURED.clear()
+    assert flows.pending(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", store=store,
+                         stream=out) == {DECODE: {"cand_b": 3}}
+    assert MEASURED == [] and "Fake GPU 80GB" in out.getvalue() and "3 (variant, workload) pairs" in out.getvalue()
+    candidates["cand_a"].write_text("# cand_a v2\ndef run(*args):\n    return None\n")
+    registry.unregister(DECODE, "cand_a")
+    _register_candidate("cand_a", candidates["cand_a"])
+    assert flows.pending(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", store=store,
+                         stream=io.StringIO()) == {DECODE: {"cand_a": 3, "cand_b": 3}}
+
+
 def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):
     write_traces(tmp_path / "traces", (1, 4, 16, 64))
     r = flows.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},

@@ -59,6 +59,8 @@ def add_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a worker is "
                                                                 "killed as hung (default 300)")
     p.add_argument("--no-route", action="store_true", help="measure only; do not compile routers")
+    p.add_argument("--pending", action="store_true", help="print what would be measured and stop (no GPU needed: "
+                   "without one, the store's newest environment stands in)")
     p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
                                                      "written; re-running resumes)")
     p.set_defaults(func=cmd_tune)
@@ -144,6 +146,12 @@ def cmd_tune(args) -> int:
     from .flows import tune
 
     _check_workloads(args)
+    if args.pending:
+        from .flows import pending
+
+        pending(args.workloads, definitions=args.definitions, variants=args.variants,
+                skip_variants=args.skip_variants, device=args.device, store=args.store)
+        return 0
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,

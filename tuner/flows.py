@@ -158,6 +158,71 @@ def defs_with_hints(definitions=None) -> list[str]:
     return [d for d in (defs.resolve_name(x) for x in (definitions or defs.names())) if defs.get(d).spec.hints]
 
 
+def pending(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda",
+            store: str | Path | None = None, stream=None) -> dict[str, dict[str, int]]:
+    """What `tune` would measure, without measuring: {definition: {variant: pairs}}, printed. On a
+    machine without the store's GPU (a development one) the store's newest environment stands in,
+    and a library-backed variant's hash is taken under the library versions its rows there recorded
+    (its hash holds the versions installed where it runs): planning the GPU machine's time from here."""
+    import torch
+
+    stream = stream or sys.stdout
+    here = device != "cpu" and torch.cuda.is_available()
+    if here:
+        env = detect_environment(parse_devices(device))
+        path = Path(store) if store is not None else default_path(env["device"])
+    else:
+        if store is None:
+            stems = sorted({p.stem for p in RESULTS_DIR.glob("*.sqlite")} | {p.stem for p in RESULTS_DIR.glob("traces/*.jsonl")})
+            if len(stems) != 1:
+                raise SystemExit(f"--pending without the GPU: name the store (--store), one of {stems}")
+            store = RESULTS_DIR / f"{stems[0]}.sqlite"
+        path = Path(store)
+    st = Store.open(path)
+    if here:
+        eid, hash_of, runs = st.add_env(env), None, None
+    else:
+        rows = st.results()
+        if not rows:
+            raise SystemExit(f"{path}: no measurements: nothing tells which machine it is for")
+        eid = max(rows, key=lambda r: r.measured_at).env
+        env = st.env(eid)
+        recorded, newest = {}, {}  # (definition, variant) -> library versions / hash of its newest row there
+        for r in sorted(rows, key=lambda r: r.measured_at):
+            if r.env == eid:
+                newest[(r.definition, r.variant)] = r.variant_hash
+                if "library_versions" in (r.metrics or {}):
+                    recorded[(r.definition, r.variant)] = r.metrics["library_versions"]
+
+        def hash_of(v):
+            if v.backend != "library":
+                return v.provenance
+            versions = recorded.get((v.definition, v.name))
+            if versions is not None:
+                return provenance.digest(v.name, v.files, versions)
+            # rows from before they recorded versions: whether its code changed cannot be told here
+            return newest.get((v.definition, v.name), v.provenance)
+
+        def runs(v):  # here, or measured there (a library this machine lacks)
+            return v.why_not(env["arch"]) is None or (v.definition, v.name) in newest
+    stream.write(f"[pending] {env['device']} ({env['arch']}), torch {env['torch']}, flashinfer {env['flashinfer']}; "
+                 f"store {path}" + ("" if here else " (its newest environment: this machine has not that GPU)") + "\n")
+    out, total = {}, 0
+    for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
+        p = plan(st, eid, env["arch"], roots, d, set(variants) if variants else None,
+                 skip=set(skip_variants or ()), hash_of=hash_of, runs=runs)
+        counts: dict[str, int] = {}
+        for name, _u in p.pending:
+            counts[name] = counts.get(name, 0) + 1
+        out[d] = counts
+        total += len(p.pending)
+        if counts:
+            stream.write(f"[pending] {defs.get(d).short}: {len(p.pending)} ("
+                         + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) + ")\n")
+    stream.write(f"[pending] {total} (variant, workload) pairs to measure\n")
+    return out
+
+
 def hint_values(definition: str, roots) -> dict[str, dict[str, int]]:
     """uuid -> the definition's call-time hint values, for its workloads in the trace sets `roots`."""
     from kdispatch.workloads import hint_values as values

@@ -131,9 +131,11 @@ def quick_subset(definition: str, workloads: list[dict], n: int = QUICK_WORKLOAD
 
 def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_names=None,
          quick: bool = False, force: bool = False, include_routed: bool = False,
-         include_reference: bool = False, skip=frozenset()) -> Plan:
+         include_reference: bool = False, skip=frozenset(), hash_of=None, runs=None) -> Plan:
     """What to measure for `definition`: the variants that run on `arch` (only `variant_names` where
-    given, none named in `skip`; the baseline always) on every workload of `roots` the store lacks."""
+    given, none named in `skip`; the baseline always) on every workload of `roots` the store lacks.
+    For planning another machine's tune: `hash_of(variant)`, its source hash as that machine computes
+    it, and `runs(variant)`, whether it runs there (default: here)."""
     definition = defs.resolve_name(definition)
     workloads = workload_dicts(roots, definition)
     if quick:
@@ -141,14 +143,15 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
     base = registry.baseline(definition, arch)
     chosen = {}
     for v in registry.variants(definition):
-        if v.why_not(arch) is not None:
+        if not (runs(v) if runs else v.why_not(arch) is None):
             continue
         if v.name == registry.REFERENCE and v is not base and not include_reference and \
                 not (variant_names and v.name in variant_names):
             continue  # the reference never wins where a library runs; it is only the oracle there
         if (variant_names and v.name not in variant_names or v.name in skip) and v is not base:
             continue
-        chosen[v.name] = {"hash": v.provenance, "backend": v.backend, "baseline": v is base, "variant": v}
+        chosen[v.name] = {"hash": hash_of(v) if hash_of else v.provenance, "backend": v.backend,
+                          "baseline": v is base, "variant": v}
     if include_routed:
         chosen["routed"] = {"hash": _router_hash(definition, arch), "backend": "router", "baseline": False,
                             "variant": None}
