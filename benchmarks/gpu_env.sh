@@ -10,6 +10,8 @@ if ! python -P -c "import kdispatch.kernels, kdispatch.tuner, kdispatch.routers"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# ninja for FlashInfer's nvcc JIT, where benchmarks/stage_flashinfer_jit.sh's setup installed it
+if [ -x /tmp/kd-site/bin/ninja ]; then export PATH="/tmp/kd-site/bin:$PATH"; fi
 # serving engines' packages staged by benchmarks/stage_engines.sh (SGLang's kernels)
 if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines"; fi
 # SGLang's import-time needs the host lacks (stage_engines.sh's engines-deps bundle: benchmarks/sglang_layer.py)
