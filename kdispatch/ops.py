@@ -44,6 +44,7 @@ _CALL = {short: install(d) for short, d in DISPATCHERS.items()}
 # GDN constants, read once here so that the code torch.compile traces below never looks them up
 _GDN_STATE = {short: (definitions.get(short).const_axes["num_v_heads"], definitions.get(short).const_axes["head_size"])
               for short in ("gdn_decode", "gdn_prefill")}
+_DEFAULT_SCALE = {op: 1.0 / math.sqrt(size) for op, (_, size) in _GDN_STATE.items()}  # scale=None: 1/sqrt(head_size)
 _PACKED_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _PACKED.items()}
 _POOL_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _POOL_PREFILL.items()}
 _GATHERED_PREFILL_CALL = {hv: _CALL[definitions.get(name).short] for hv, name in _GATHERED_PREFILL.items()}
@@ -67,10 +68,9 @@ def _zero_state(op: str, num_states: int, device) -> torch.Tensor:
 
 
 def _scale(op: str, scale) -> float:
-    """`scale` as given, 1/sqrt(head_size) for None; 0 is refused (the kernels would read it as
-    "use the default", which is not what a caller passing 0 means)."""
-    if scale is None:
-        return 1.0 / math.sqrt(_GDN_STATE[op][1])
+    """A `scale` the caller gave, as given; 0 is refused (the kernels would read it as "use the
+    default", which is not what a caller passing 0 means). None, 1/sqrt(head_size), is
+    `_DEFAULT_SCALE`, looked up at the call sites (one call less on the hot path)."""
     if scale == 0:
         raise ValueError(f"kdispatch.ops.{op}: argument 'scale' must be nonzero, got {scale!r} "
                          "(pass None for 1/sqrt(head_size))")
@@ -169,7 +169,8 @@ def gdn_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
     """
     if state is None:
         state = _zero_state("gdn_decode", q.shape[0], q.device)
-    return _CALL["gdn_decode"](q, k, v, state, A_log, a, dt_bias, b, _scale("gdn_decode", scale))
+    return _CALL["gdn_decode"](q, k, v, state, A_log, a, dt_bias, b,
+                               _DEFAULT_SCALE["gdn_decode"] if scale is None else _scale("gdn_decode", scale))
 
 
 def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *, max_seq_len=None):
@@ -198,7 +199,8 @@ def gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
     """
     if state is None:
         state = _zero_state("gdn_prefill", cu_seqlens.shape[0] - 1, q.device)
-    args = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, _scale("gdn_prefill", scale))
+    args = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+            _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale))
     call = _CALL["gdn_prefill"]
     return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 
@@ -233,7 +235,7 @@ def gdn_decode_packed(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices
     if out is None:
         out = torch.empty(a.shape[0], 1, heads, 128, dtype=torch.bfloat16, device=a.device)
     return call(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out,
-                1.0 / math.sqrt(128) if scale is None else _scale("gdn_decode", scale))
+                _DEFAULT_SCALE["gdn_decode"] if scale is None else _scale("gdn_decode", scale))
 
 
 def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out=None,
@@ -270,7 +272,7 @@ def gdn_prefill_pool(q, k, v, g, beta, state_pool, state_indices, has_initial_st
     if out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     args = (q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
-            1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+            _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale))
     return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 
 
@@ -302,7 +304,7 @@ def gdn_prefill_gathered(q, k, v, g, beta, initial_state, cu_seqlens, out=None, 
     if out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     args = (q, k, v, g, beta, initial_state, cu_seqlens, out,
-            1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+            _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale))
     return call(*args) if max_seq_len is None else call(*args, max_seq_len=max_seq_len)
 
 
@@ -333,7 +335,7 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seql
     """
     call = _by_value_heads(_VERIFY_CALL, "gdn_verify", v)
     return call(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, cu_seqlens, intermediate_states,
-                cache_indices, 1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+                cache_indices, _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale))
 
 
 def gdn_verify_steps(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens, scale=None):
@@ -359,7 +361,7 @@ def gdn_verify_steps(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_
     """
     call = _by_value_heads(_VERIFY_STEPS_CALL, "gdn_verify_steps", v)
     return call(q, k, v, a, b, A_log, dt_bias, state_pool, step_slots, num_accepted, cu_seqlens,
-                1.0 / math.sqrt(128) if scale is None else _scale("gdn_prefill", scale))
+                _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale))
 
 
 def warmup(op: str, shapes, device="cuda") -> list[tuple[dict, str, str]]:
