@@ -260,11 +260,9 @@ class Dispatcher:
         if e is None:
             e = self._new_signature(args, values is not None)  # hints: they decide the call
         self._last = e
-        if values is not None:  # the decision cached for these hint values in this call mode, if any
-            hit = e.hinted["graph" if capturing() else "eager"].get(values)
-            if hit is None:
-                return self._hinted_call(e, values, args)
-            v, base = hit
+        if values is not None:  # routed with the hints: decided once per (signature, values, call mode)
+            mode = "graph" if capturing() else "eager"
+            v, base = e.hinted[mode].get(values) or self._hinted_decision(e, values, mode)
             if base and _HAND_BACK.get():
                 raise BaselineChosen(self.short)
             try:
@@ -296,25 +294,16 @@ class Dispatcher:
                              "as non-negative ints")
         return values
 
-    def _hinted_call(self, e: _Entry, values: tuple, args):
-        """A call that passes the call-time hints: routed with them as features (the router's
-        `route_hinted`, where it has one), decided once per (signature, values, call mode)."""
-        mode = "graph" if capturing() else "eager"
+    def _hinted_decision(self, e: _Entry, values: tuple, mode: str) -> tuple:
+        """(variant, whether plugins get the call back) for a call passing these hint values in `mode`:
+        routed with them as features (the router's `route_hinted`, where it has one), and kept."""
         cache = e.hinted[mode]
-        hit = cache.get(values)
-        if hit is None:
-            if len(cache) >= MAX_HINTED_PER_ENTRY:
-                cache.clear()
-            features = self._hinted_features(e, values)
-            v = self.choose(e.arch, features, mode, e.strided)
-            hit = cache[values] = (v, v.baseline or self.hands_back(e.arch, features, mode))
-        v, base = hit
-        if base and _HAND_BACK.get():
-            raise BaselineChosen(self.short)
-        try:
-            return v.fn(*args)
-        except Exception as exc:
-            return self._hinted_failed(e, v, values, exc, args)
+        if len(cache) >= MAX_HINTED_PER_ENTRY:
+            cache.clear()
+        features = self._hinted_features(e, values)
+        v = self.choose(e.arch, features, mode, e.strided)
+        hit = cache[values] = (v, v.baseline or self.hands_back(e.arch, features, mode))
+        return hit
 
     def _hinted_failed(self, e: _Entry, v, values: tuple, exc: Exception, args):
         """A hinted call's variant raised: the baseline's error propagates; any other variant is
@@ -328,7 +317,7 @@ class Dispatcher:
             cache.clear()
         self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
                                              f"{features}; the next choice serves this shape from now on")
-        return self._hinted_call(e, values, args)
+        return self(*args, **dict(zip(self.hints, values)))  # decided again, without it
 
     def _hinted_features(self, e: _Entry, values: tuple) -> dict:
         """The shape features of entry e with the call's hint values (what `route_hinted` takes)."""
@@ -379,7 +368,7 @@ class Dispatcher:
         """This call's decision, for its call mode only, with a guard that never matches. Inside
         `handing_back_baseline()` a call the router gives back raises BaselineChosen before any
         argument is checked: the engine's own kernel serves it, as without kdispatch. A call passing
-        its hints (`hinted`) is routed by them (`_hinted_call`): its entry carries no plain choice."""
+        its hints (`hinted`) is routed by them (`_hinted_decision`): its entry carries no plain choice."""
         mode = "graph" if capturing() else "eager"
         decided = None
         if _HAND_BACK.get() and not hinted:
