@@ -24,6 +24,12 @@ the reason and `kdispatch list` shows it. Baselines: per (definition, architectu
 `baseline=True` variant that can run there, else the definition's reference ("reference", on every
 device).
 
+A library whose kernel is compiled at its first call (FlashInfer's nvcc JIT: minutes) names a probe,
+`ready=`: a no-argument callable, asked once per process after the package and architecture checks,
+that returns None when the kernel is there without building it, else why not. A variant that is not
+ready is not run, so the dispatcher's chain passes it by (and says why) instead of stalling a call,
+and the tuner skips it instead of timing a build.
+
 A library baseline that makes the engine's call safe (an index guard launched first) can name the
 call as the engine makes it, `engine=`: the tuner gates the safe one and times the engine's, so that
 regions are fitted against what an engine user has (the plugins hand calls routed to the baseline
@@ -68,6 +74,7 @@ class Variant:
     config: dict = field(default_factory=dict)  # the launch configuration a configured variant passes
     strided: bool = False  # honours the strides of the definition's `strided` inputs (last dim contiguous)
     engine_fn: Callable | None = None  # a guarded library baseline's call as the engine makes it: what is timed
+    ready: Callable[[], str | None] | None = None  # None when its library kernel is built, else why not
 
     @cached_property
     def source(self) -> Path:
@@ -105,7 +112,17 @@ class Variant:
             return "missing package " + ", ".join(self.missing)
         if ANY_ARCH not in self.archs and arch not in self.archs:
             return f"runs on {'/'.join(self.archs)}, not {arch}"
-        return None
+        return self.not_ready
+
+    @cached_property
+    def not_ready(self) -> str | None:
+        """The `ready` probe's answer, asked once (a probe that raises counts as not ready)."""
+        if self.ready is None:
+            return None
+        try:
+            return self.ready()
+        except Exception as exc:
+            return f"readiness probe raised {type(exc).__name__}: {exc}"
 
 
 def _importable(module: str) -> bool:
@@ -127,7 +144,7 @@ _discovered = False
 
 def variant(definition: str, name: str, *, backend: str, archs, supports=None, requires=(),
             baseline: bool = False, meta=None, configs: dict[str, dict] | None = None, strided: bool = False,
-            engine: Callable | None = None):
+            engine: Callable | None = None, ready: Callable[[], str | None] | None = None):
     """Register the decorated callable as a variant of `definition` (full or short name), or with
     `configs` one variant per launch configuration, or with `engine` a library baseline's unguarded
     call (see the module docstring)."""
@@ -141,12 +158,12 @@ def variant(definition: str, name: str, *, backend: str, archs, supports=None, r
     def deco(fn):
         if configs is None:
             register(Variant(definition, name, fn, backend, tuple(archs), supports or _always, tuple(requires),
-                             baseline, dict(meta or {}), strided=strided, engine_fn=engine))
+                             baseline, dict(meta or {}), strided=strided, engine_fn=engine, ready=ready))
             return fn
         for label, kwargs in configs.items():
             register(Variant(definition, f"{name}.{label}", _configured(fn, kwargs), backend, tuple(archs),
                              _configured_supports(supports, kwargs), tuple(requires), False, dict(meta or {}),
-                             dict(kwargs), strided))
+                             dict(kwargs), strided, ready=ready))
         return fn
 
     return deco

@@ -83,3 +83,21 @@ def test_page_ids_outside_the_cache_are_never_chosen_and_never_mapped():
     assert int((out[0] >= 0).sum()) == real_tokens < 2048
     v = _verdict(args, out)
     assert v.passed, v.reason
+
+
+@pytest.mark.parametrize("aot,cached,ready", [(False, False, False), (True, False, True), (False, True, True)])
+def test_runs_only_where_the_topk_module_is_built(monkeypatch, tmp_path, aot, cached, ready):
+    """The probe asks FlashInfer's spec of the "topk" module, never builds it: a prebuilt (AOT)
+    module or the JIT cache's .so is ready, neither is not (a call would compile for minutes)."""
+    so = tmp_path / "topk.so"
+    if cached:
+        so.write_bytes(b"")
+    spec = types.SimpleNamespace(is_aot=aot, jit_library_path=so)
+    jit = types.ModuleType("flashinfer.jit.topk")
+    jit.gen_topk_module = lambda: spec
+    monkeypatch.setitem(__import__("sys").modules, "flashinfer.jit.topk", jit)
+    monkeypatch.setitem(__import__("sys").modules, "flashinfer.jit", types.ModuleType("flashinfer.jit"))
+    answer = X.topk_module_ready()
+    assert (answer is None) == ready
+    if not ready:
+        assert "not built" in answer

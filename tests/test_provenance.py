@@ -159,3 +159,21 @@ def test_library_versions_read_the_installed_metadata_once(monkeypatch):
     finally:
         provenance._module_distributions.cache_clear()
         provenance._installed_version.cache_clear()
+
+
+def test_a_variant_whose_library_kernel_is_not_built_is_not_run():
+    """`ready=`: asked once, after the package and architecture checks; a probe that raises counts
+    as not ready."""
+    asked = []
+
+    def probe():
+        asked.append(1)
+        return "its JIT module is not built"
+
+    v = Variant("gdn_decode", "needs_a_build", lambda *a: None, "library", ("sm90",), ready=probe)
+    assert v.why_not("sm100").startswith("runs on sm90") and not asked
+    assert v.why_not("sm90") == v.why_not("sm90") == "its JIT module is not built" and len(asked) == 1
+    broken = Variant("gdn_decode", "probe_raises", lambda *a: None, "library", ("sm90",),
+                     ready=lambda: 1 / 0)
+    assert broken.why_not("sm90").startswith("readiness probe raised ZeroDivisionError")
+    assert Variant("gdn_decode", "built", lambda *a: None, "library", ("sm90",), ready=lambda: None).why_not("sm90") is None
