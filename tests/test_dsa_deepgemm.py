@@ -4,7 +4,8 @@ for DeepGEMM 2.6.1's `fp8_paged_mqa_logits` that keeps the real one's contract a
 SM count, block-table entries read unchecked (the stand-in fails on one outside the cache, where
 the real kernel would read out of bounds), logits past a row's length left as garbage (NaN here)
 and a padded row stride. The peer's ids must pass the correctness gate on valid and hostile inputs
-(tests/hostile.py), with batches cut into SM-sized chunks."""
+(tests/hostile.py), with batches cut into SM-sized chunks. Both top-k halves: torch.topk, and
+FlashInfer's transform as tests/test_dsa_flashinfer_topk.py stands it in."""
 import sys
 import types
 
@@ -14,6 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from hostile import hostile  # noqa: E402
+from test_dsa_flashinfer_topk import fake_transform  # noqa: E402
 from kdispatch import workloads  # noqa: E402
 from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
 from kdispatch.tuner import gate  # noqa: E402
@@ -54,12 +56,14 @@ def _fake_deep_gemm(calls):
                                  fp8_paged_mqa_logits=fp8_paged_mqa_logits)
 
 
-@pytest.fixture
-def peer(monkeypatch):
+@pytest.fixture(params=["torch_topk", "flashinfer_topk"])
+def peer(monkeypatch, request):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(top_k_page_table_transform=fake_transform))
     from kdispatch.kernels.library.dsa import deepgemm
-    return deepgemm.dsa_indexer_deepgemm, calls
+    fn = deepgemm.dsa_indexer_deepgemm if request.param == "torch_topk" else deepgemm.dsa_indexer_deepgemm_flashinfer
+    return fn, calls
 
 
 def _inputs(batch, max_pages, seed, num_pages=120):
@@ -98,7 +102,8 @@ def test_deepgemm_variants_register_only_when_opted_in(monkeypatch):
 
     registry.discover()
     names = {v.name for d in ("dsa_topk_indexer", "moe_fp8") for v in registry.variants(d)}
-    assert deepgemm_gate.opted_in() or not names & {"deepgemm_torch_topk", "deepgemm_contiguous"}
+    assert deepgemm_gate.opted_in() or not names & {"deepgemm_torch_topk", "deepgemm_flashinfer_topk",
+                                                    "deepgemm_contiguous"}
     monkeypatch.setenv(deepgemm_gate.SWITCH, "1")
     assert deepgemm_gate.opted_in()
     monkeypatch.setenv(deepgemm_gate.SWITCH, "0")

@@ -1,10 +1,12 @@
 """DeepGEMM's paged MQA logits (`fp8_paged_mqa_logits`, DeepGEMM 2.6.1 built on the GPU machine by
-benchmarks/stage_deepgemm.sh) followed by torch top-k: the DeepSeek-V3.2 indexer as SGLang 0.5.23
-runs it on Hopper for decode (`dsa_indexer.py`, `_get_topk_paged`: DeepGEMM's logits, then a top-k
-over each row's first seq_len columns mapped through the page table; SGLang's default top-k is a
-JIT CUDA kernel, here `torch.topk` as its "torch" top-k backend does). A peer of dsa_topk_indexer
-on sm_90, registered only with KDISPATCH_DEEPGEMM=1 (kernels/library/deepgemm_gate.py says why); issue
-16 makes it the baseline once it runs reliably there.
+benchmarks/stage_deepgemm.sh) followed by a top-k: the DeepSeek-V3.2 indexer as SGLang 0.5.23 runs
+it on Hopper for decode (`dsa_indexer.py`, `_get_topk_paged`: DeepGEMM's logits, then a top-k over
+each row's first seq_len columns mapped through the page table; SGLang's default top-k is a JIT CUDA
+kernel). Two peers of dsa_topk_indexer on sm_90: `deepgemm_torch_topk` (`torch.topk`, as SGLang's
+"torch" top-k backend) and `deepgemm_flashinfer_topk` (FlashInfer's fused top-k + page-table
+transform, the contest baseline's top-k: the composition issue 16 names as the Hopper baseline;
+kernels/library/dsa/flashinfer_topk.py). Registered only with KDISPATCH_DEEPGEMM=1
+(kernels/library/deepgemm_gate.py says why); the baseline once DeepGEMM runs reliably there.
 
 The engine's call, and what the definition's padding rule adds to it:
 - q [B, 64, 128] FP8 goes in as [B, 1, 64, 128] (next_n = 1), the FP8 key cache's bytes as the
@@ -22,11 +24,20 @@ from __future__ import annotations
 import torch
 
 from kdispatch.kernels.library import deepgemm_gate
+from kdispatch.kernels.library.dsa.flashinfer_topk import flashinfer_topk_ids, topk_module_ready
 from kdispatch.kernels.triton.dsa.indexer_fp8 import PAGE_SIZE, TOPK, torch_topk_ids
 from kdispatch.registry import variant
 
 
-def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
+def flashinfer_select(logits, seq_lens, block_table, num_pages: int, out):
+    """FlashInfer's top-k on DeepGEMM's logits: its transform takes padded rows, but the invalid
+    pages' tokens are masked through a [B, pages, 64] view, which a padded row stride does not give."""
+    return flashinfer_topk_ids(logits if logits.is_contiguous() else logits.contiguous(), seq_lens, block_table,
+                               num_pages, out)
+
+
+def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, select=torch_topk_ids):
+    """`select(logits, seq_lens, block_table, num_pages, out)` writes each row's ids into out."""
     import deep_gemm
 
     batch, max_pages = block_table.shape
@@ -46,10 +57,17 @@ def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, bloc
         schedule = deep_gemm.get_paged_mqa_logits_metadata(lens[rows].contiguous(), PAGE_SIZE, num_sms)
         logits = deep_gemm.fp8_paged_mqa_logits(q[rows], kv, w[rows], lens[rows].contiguous(), table[rows], schedule,
                                                 width, clean_logits=False)
-        torch_topk_ids(logits, seq_lens[rows], block_table[rows], num_pages, out[rows])
+        select(logits, seq_lens[rows], block_table[rows], num_pages, out[rows])
     return out
+
+
+def dsa_indexer_deepgemm_flashinfer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
+    return dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
+                                select=flashinfer_select)
 
 
 if deepgemm_gate.opted_in():
     variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",),
             requires=("deep_gemm",))(dsa_indexer_deepgemm)
+    variant("dsa_topk_indexer", "deepgemm_flashinfer_topk", backend="library", archs=("sm90",),
+            requires=("deep_gemm", "flashinfer"), ready=topk_module_ready)(dsa_indexer_deepgemm_flashinfer)
