@@ -184,3 +184,22 @@ def with_an_empty_sequence(short: str, args: list) -> list:
     n = live[-1]
     cu[n] = cu[n + 1]
     return args
+
+
+INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
+
+
+def indexer_args(batch: int, max_pages: int, seed: int, num_pages: int = 160, tag: str = "idx") -> list:
+    """Valid DSA indexer arguments (a list: tests replace some) for one shape."""
+    from kdispatch import workloads
+
+    return list(workloads.materialize(INDEXER, {"axes": {"batch_size": batch, "max_num_pages": max_pages,
+                                                         "num_pages": num_pages},
+                                                "inputs": {}, "uuid": f"{tag}-{batch}-{max_pages}"}, seed=seed))
+
+
+def indexer_verdict(args, out):
+    """The correctness gate's verdict on an indexer output for `args`."""
+    from kdispatch.tuner import gate
+
+    return gate.check_outputs(INDEXER, args, (out,), gate.reference(INDEXER, args))

@@ -14,13 +14,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from conftest import INDEXER, indexer_args, indexer_verdict  # noqa: E402
 from hostile import hostile  # noqa: E402
 from test_dsa_flashinfer_topk import fake_transform  # noqa: E402
-from kdispatch import workloads  # noqa: E402
 from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
 from kdispatch.tuner import gate  # noqa: E402
 
-DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 SMS = 3  # fewer than the batches below: the peer must chunk
 
 
@@ -66,32 +65,26 @@ def peer(monkeypatch, request):
     return fn, calls
 
 
-def _inputs(batch, max_pages, seed, num_pages=120):
-    w = {"axes": {"batch_size": batch, "max_num_pages": max_pages, "num_pages": num_pages}, "inputs": {},
-         "uuid": f"deepgemm-{batch}-{max_pages}"}
-    return list(workloads.materialize(DEF, w, seed=seed))
-
-
 @pytest.mark.parametrize("batch,max_pages,seed,hostile_seed", [(2, 5, 0, None), (7, 40, 1, None), (5, 12, 2, 0),
                                                               (8, 36, 3, 1), (6, 9, 4, "lengths")])
 def test_peer_passes_the_gate(peer, batch, max_pages, seed, hostile_seed):
     fn, calls = peer
-    args = _inputs(batch, max_pages, seed)
+    args = indexer_args(batch, max_pages, seed, tag="deepgemm", num_pages=120)
     if hostile_seed == "lengths":  # past the table's width, negative, the int32 extremes
         args[3] = torch.tensor([max_pages * 64 + 1, -1, 2**31 - 1, -2**31, 0, 70], dtype=torch.int32)
     elif hostile_seed is not None:
         args = hostile("dsa_topk_indexer", args, hostile_seed)
-    verdict = gate.run_gate(DEF, fn, [(args, gate.reference(DEF, args))])
+    verdict = gate.run_gate(INDEXER, fn, [(args, gate.reference(INDEXER, args))])
     assert verdict.passed, f"{verdict.status} {verdict.reason}"
     assert calls[-((batch + SMS - 1) // SMS):] == [min(SMS, batch - s) for s in range(0, batch, SMS)]
 
 
 def test_a_wrong_mapping_fails_the_gate(peer):
     fn, _ = peer
-    args = _inputs(4, 20, 5)
+    args = indexer_args(4, 20, 5, tag="deepgemm", num_pages=120)
     out = fn(*args)
     bad = torch.where(out >= 0, out ^ 1, out)  # the neighbouring slot of every selected token
-    assert not gate.check_outputs(DEF, args, (bad,), gate.reference(DEF, args)).passed
+    assert not indexer_verdict(args, bad).passed
 
 
 def test_deepgemm_variants_register_only_when_opted_in(monkeypatch):

@@ -11,11 +11,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import kernel_module  # noqa: E402
-from kdispatch import workloads  # noqa: E402
-from kdispatch.tuner import gate  # noqa: E402
+from conftest import indexer_args, indexer_verdict, kernel_module  # noqa: E402
 
-DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 X = kernel_module("kdispatch.kernels.library.dsa.flashinfer_topk")
 
 
@@ -45,22 +42,12 @@ def fake_flashinfer(monkeypatch):
                         types.SimpleNamespace(top_k_page_table_transform=fake_transform))
 
 
-def _inputs(batch, max_pages, seed, num_pages=160):
-    return list(workloads.materialize(DEF, {"axes": {"batch_size": batch, "max_num_pages": max_pages,
-                                                     "num_pages": num_pages},
-                                            "inputs": {}, "uuid": f"fi-{batch}-{max_pages}"}, seed=seed))
-
-
-def _verdict(args, out):
-    return gate.check_outputs(DEF, args, (out,), gate.reference(DEF, args))
-
-
 @pytest.mark.parametrize("batch,max_pages,seed", [(2, 40, 1), (3, 5, 2)])
 def test_passes_the_gate(batch, max_pages, seed):
-    args = _inputs(batch, max_pages, seed)
+    args = indexer_args(batch, max_pages, seed, tag="fi")
     out = X.dsa_indexer_triton_flashinfer_topk(*args)
     assert out.dtype == torch.int32 and out.shape == (batch, 2048)
-    v = _verdict(args, out)
+    v = indexer_verdict(args, out)
     assert v.passed, v.reason
 
 
@@ -69,7 +56,7 @@ def test_page_ids_outside_the_cache_are_never_chosen_and_never_mapped():
     within its length, so the selection reaches its invalid pages' tokens, which must come out -1.
     Row 1: a length past the table's width (clamped). The gate's reference treats those tokens as
     padding."""
-    args = _inputs(2, 40, seed=3)
+    args = indexer_args(2, 40, seed=3, tag="fi")
     num_pages = args[1].shape[0]
     table = args[4].clone()
     table[0, ::4] = torch.tensor([-5, num_pages, num_pages + 7, 2**30, -1, 2**31 - 1, num_pages, -2, 99999, -3],
@@ -81,7 +68,7 @@ def test_page_ids_outside_the_cache_are_never_chosen_and_never_mapped():
     assert bool((ids // 64 < num_pages).all())
     real_tokens = int(((table[0] >= 0) & (table[0] < num_pages)).sum()) * 64
     assert int((out[0] >= 0).sum()) == real_tokens < 2048
-    v = _verdict(args, out)
+    v = indexer_verdict(args, out)
     assert v.passed, v.reason
 
 

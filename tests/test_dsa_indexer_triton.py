@@ -10,31 +10,19 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import kernel_module  # noqa: E402
-from kdispatch import registry, workloads  # noqa: E402
+from conftest import INDEXER, indexer_args, indexer_verdict, kernel_module  # noqa: E402
+from kdispatch import registry  # noqa: E402
 from kdispatch.definitions.dsa_paged import spec as dsa_spec  # noqa: E402
-from kdispatch.tuner import gate  # noqa: E402
 
 _MOD = "kdispatch.kernels.triton.dsa.indexer_fp8"
-DEF = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
 X = kernel_module(_MOD)
 SELECTORS = {"radix": X.indexer_radix, "torch_topk": X.indexer_torch_topk}
 
 
-def _inputs(batch, max_pages, seed, num_pages=160):
-    return list(workloads.materialize(DEF, {"axes": {"batch_size": batch, "max_num_pages": max_pages,
-                                                     "num_pages": num_pages},
-                                            "inputs": {}, "uuid": f"idx-{batch}-{max_pages}"}, seed=seed))
-
-
-def _verdict(args, out):
-    return gate.check_outputs(DEF, args, (out,), gate.reference(DEF, args))
-
-
 def test_scores_match_reference_scoring():
-    args = _inputs(3, 36, seed=0)
+    args = indexer_args(3, 36, seed=0)
     scores = X.score_pages(*args)
     want, _ = dsa_spec.indexer_scores(*args)
     live = torch.isfinite(want)
@@ -45,10 +33,10 @@ def test_scores_match_reference_scoring():
 @pytest.mark.parametrize("selector", sorted(SELECTORS))
 @pytest.mark.parametrize("batch,max_pages,seed", [(2, 40, 1), (3, 33, 2), (2, 5, 3)])
 def test_selection_passes_the_gate(selector, batch, max_pages, seed):
-    args = _inputs(batch, max_pages, seed)
+    args = indexer_args(batch, max_pages, seed)
     out = SELECTORS[selector](*args)
     assert out.dtype == torch.int32 and out.shape == (batch, 2048)
-    v = _verdict(args, out)
+    v = indexer_verdict(args, out)
     assert v.passed, v.message
 
 
@@ -56,7 +44,7 @@ def test_selection_passes_the_gate(selector, batch, max_pages, seed):
 def test_ties_and_empty_sequence(selector):
     """Row 0: every token's key is the same (all scores tie). Row 1: empty. Row 2: 2100 tokens whose
     keys repeat with period 3, so the k-th score sits inside a large tie group."""
-    args = _inputs(3, 36, seed=4)
+    args = indexer_args(3, 36, seed=4)
     q, cache, w, seq_lens, table = args
     seq_lens[:] = torch.tensor([36 * 64, 0, 2100], dtype=seq_lens.dtype)
     raw = cache.view(torch.uint8).view(cache.shape[0], -1)  # page bytes: 64 x 128 keys, then scales
@@ -69,18 +57,18 @@ def test_ties_and_empty_sequence(selector):
         raw[p, s * 128:(s + 1) * 128] = raw[src_p, src_s * 128:(src_s + 1) * 128]
         raw[p, 8192 + 4 * s:8192 + 4 * s + 4] = raw[src_p, 8192 + 4 * src_s:8192 + 4 * src_s + 4]
     out = SELECTORS[selector](*args)
-    v = _verdict(args, out)
+    v = indexer_verdict(args, out)
     assert v.passed, v.message
     assert (out[1] == -1).all()
 
 
 def test_gate_rejects_a_broken_selection():
-    args = _inputs(2, 40, seed=5)
+    args = indexer_args(2, 40, seed=5)
     out = X.indexer_radix(*args)
-    assert _verdict(args, out).passed
+    assert indexer_verdict(args, out).passed
     dup = out.clone()
     dup[0, 5] = dup[0, 6]
-    assert not _verdict(args, dup).passed
+    assert not indexer_verdict(args, dup).passed
     worst = out.clone()  # swap a selected token for the lowest-scoring one not selected
     scores, ids = dsa_spec.indexer_scores(*args)
     chosen = set(out[0].tolist())
@@ -88,17 +76,17 @@ def test_gate_rejects_a_broken_selection():
     lowest = next(int(ids[0, j]) for j in order.tolist() if int(ids[0, j]) not in chosen and ids[0, j] >= 0)
     top = int(out[0][scores[0][[int((ids[0] == t).nonzero()) for t in out[0, :50].tolist()]].argmax()])
     worst[0][out[0] == top] = lowest
-    assert not _verdict(args, worst).passed
+    assert not indexer_verdict(args, worst).passed
 
 
 def test_registration_and_supports():
     registry.discover()
-    radix = registry.get(DEF, "triton_fp8_radix")
+    radix = registry.get(INDEXER, "triton_fp8_radix")
     assert radix.declines({"batch_size": 4, "max_num_pages": 128, "num_pages": 10}) is None
     assert "8192 tokens" in radix.declines({"batch_size": 4, "max_num_pages": 129, "num_pages": 10})
-    assert registry.get(DEF, "triton_fp8_torch_topk").backend == "triton"
+    assert registry.get(INDEXER, "triton_fp8_torch_topk").backend == "triton"
     with pytest.raises(ValueError):
-        X.indexer_radix(*_inputs(1, 129, seed=6, num_pages=200))
+        X.indexer_radix(*indexer_args(1, 129, seed=6, num_pages=200))
 
 
 P = kernel_module("kdispatch.kernels.triton.dsa.indexer_passthrough")
@@ -106,14 +94,14 @@ P = kernel_module("kdispatch.kernels.triton.dsa.indexer_passthrough")
 
 @pytest.mark.parametrize("batch,max_pages", [(1, 1), (3, 5), (4, 32)])
 def test_triton_passthrough_passes_the_gate(batch, max_pages):
-    args = _inputs(batch, max_pages, seed=7)
+    args = indexer_args(batch, max_pages, seed=7)
     args[3][0] = 0  # an empty sequence: an all -1 row
     out = P.indexer_passthrough_triton(*args)
-    v = _verdict(args, out)
+    v = indexer_verdict(args, out)
     assert v.passed, v.message
     assert (out[0] == -1).all()
     if batch > 1:
         out[-1, 0] = -1  # one token dropped: must fail
-        assert not _verdict(args, out).passed
+        assert not indexer_verdict(args, out).passed
     with pytest.raises(ValueError):
-        P.indexer_passthrough_triton(*_inputs(1, 33, seed=8))
+        P.indexer_passthrough_triton(*indexer_args(1, 33, seed=8))
