@@ -24,6 +24,9 @@
 #   bash benchmarks/retune.sh engine-bench     pool and gathered (vLLM) prefill and both verify contracts: every
 #                                              variant and the routed op against the engine's default path
 #                                              (benchmarks/gdn_engine.py)
+#   bash benchmarks/retune.sh indexer-host     where the indexer variants' eager host time goes (benchmarks/variant_host.py:
+#                                              host until return, kernels launched, cProfile), at decode-size and
+#                                              long-context shapes (after the fi-aot or fi-jit setup: FlashInfer's top-k)
 #   bash benchmarks/retune.sh moe              MoE on the contest workloads against the baseline and the floor, with
 #                                              each candidate's host time (benchmarks/moe.py), then the per-kernel
 #                                              profile at decode sizes with host times (benchmarks/moe_profile.py)
@@ -114,6 +117,12 @@ case "$step" in
         2>&1 | tail -25
     done
     keep benchmarks/results/gdn-engine-*-H100.json ;;
+  indexer-host)
+    timeout 300 python benchmarks/variant_host.py dsa_topk_indexer triton_fp8_torch_topk triton_fp8_flashinfer_topk \
+      cuda_wgmma_radix triton_passthrough --shape batch_size=1,max_num_pages=845,num_pages=16384 \
+      --shape batch_size=51,max_num_pages=144,num_pages=16384 --shape batch_size=8,max_num_pages=30,num_pages=4096 --shape batch_size=64,max_num_pages=91,num_pages=8192 \
+      --json benchmarks/results/indexer-host-H100.json 2>&1 | tail -120
+    keep benchmarks/results/indexer-host-H100.json ;;
   moe)
     timeout 420 python benchmarks/moe.py --out benchmarks/results/moe-H100.json 2>&1 | tail -30
     (cd benchmarks && timeout 170 python moe_profile.py --host) > benchmarks/results/moe-profile-H100.txt 2>&1

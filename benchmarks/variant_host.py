@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402
 from kdispatch import definitions, registry, workloads  # noqa: E402
+from kdispatch.tuner import features  # noqa: E402
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -59,7 +60,7 @@ def main() -> None:
         args = workloads.materialize(full, {"axes": axes, "inputs": {}, "uuid": "variant-host"}, device="cuda")
         for name in opts.variants:
             v = registry.get(full, name)
-            why = v.why_not("sm90")
+            why = v.why_not("sm90") or v.declines(features.compute(full, axes))
             if why:
                 print(f"{name} {given}: skipped, {why}")
                 continue
