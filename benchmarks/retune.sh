@@ -120,7 +120,8 @@ case "$step" in
   indexer-host)
     timeout 300 python benchmarks/variant_host.py dsa_topk_indexer triton_fp8_torch_topk triton_fp8_flashinfer_topk \
       cuda_wgmma_radix triton_passthrough --shape batch_size=1,max_num_pages=845,num_pages=16384 \
-      --shape batch_size=51,max_num_pages=144,num_pages=16384 --shape batch_size=8,max_num_pages=30,num_pages=4096 --shape batch_size=64,max_num_pages=91,num_pages=8192 \
+      --shape batch_size=51,max_num_pages=144,num_pages=16384 --shape batch_size=8,max_num_pages=30,num_pages=4096 \
+      --shape batch_size=64,max_num_pages=91,num_pages=8192 \
       --json benchmarks/results/indexer-host-H100.json 2>&1 | tail -120
     keep benchmarks/results/indexer-host-H100.json ;;
   moe)
