@@ -112,13 +112,14 @@ class Estimate:
     prefill with the longest sequence known), the fitter also places regions by estimated times
     (tuner/estimate.py): each variant's log time by local-linear regression in the logs of
     `features` over its measured workloads (Gaussian weights, `bandwidth` in natural-log units), at
-    every shape of `grid`. `grid(ranges)`: {feature: (lo, hi) measured} -> the valid shapes
-    ({feature: value}) of a log-spaced grid inside them. Applies to a fit whose features include
-    all of `features` (a feature that is a call-time hint: the hinted fit only). `max_depth`: the
-    region tree's depth on the denser points."""
+    every shape of `grid`. `grid(ranges, measured)`: {feature: (lo, hi) measured}, {feature: its
+    measured values, sorted; empty for eager fits} -> the valid shapes ({feature: value}) of a
+    log-spaced grid inside them. Applies to a fit whose features include all of `features` (a
+    feature that is a call-time hint: the hinted fit only). `max_depth`: the region tree's depth on
+    the denser points."""
 
     features: tuple[str, ...]
-    grid: Callable[[dict[str, tuple[int, int]]], list[dict[str, int]]]
+    grid: Callable[[dict[str, tuple[int, int]], dict[str, list[int]]], list[dict[str, int]]]
     bandwidth: float = 1.5
     max_depth: int = 6
 

@@ -354,11 +354,16 @@ def test_pool_prefill_grid_shapes_are_valid_batches():
     from kdispatch.spec import log_steps
 
     assert log_steps(1, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256] and log_steps(3, 5) == [3, 4, 5]
-    shapes = pool_prefill_grid({"total_seq_len": (1, 32768), "num_seqs": (1, 256), "max_seq_len": (1, 32768)})
+    ranges = {"total_seq_len": (1, 32768), "num_seqs": (1, 256), "max_seq_len": (1, 32768)}
+    shapes = pool_prefill_grid(ranges, {"max_seq_len": [1, 1893, 32768]})
     assert len(shapes) > 300
     for s in shapes:
         t, n, longest = s["total_seq_len"], s["num_seqs"], s["max_seq_len"]
         assert n <= t and -(-t // n) <= longest <= t - n + 1, s
+    # a measured longest sequence between powers of two is a grid value wherever a batch can have it
+    at_measured = {(s["total_seq_len"], s["num_seqs"]) for s in shapes if s["max_seq_len"] == 1893}
+    assert (4096, 4) in at_measured and (32768, 32) in at_measured and (4096, 2) not in at_measured
+    assert not any(s["max_seq_len"] == 1893 for s in pool_prefill_grid(ranges, {}))  # eager fits
 
 
 def test_the_hinted_fit_places_bounds_by_estimated_times(tmp_path):

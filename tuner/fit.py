@@ -305,6 +305,7 @@ class _Matrix:
 
     def __init__(self, t: Table, params: FitParams, mode: str = "graph", guarded: bool = False):
         self.t = t
+        self.mode = mode
         self.names = t.variants
         self.fit = list(t.fit_names)
         n, V = len(t.uuids), len(self.names)
@@ -341,13 +342,21 @@ class _Matrix:
 
     def add_estimates(self, est, params: FitParams) -> int:
         """Appends the shapes of `est.grid` (a spec's `Estimate`) inside the measured ranges of its
-        features, with every variant's estimated time there (tuner/estimate.py), admissible where
-        that beats the baseline's estimate by the variant's required gain (and the variant is
+        features (for a graph fit, also at their measured values), with every variant's estimated
+        time there (tuner/estimate.py), admissible where that beats the baseline's estimate by the variant's required gain (and the variant is
         admissible on some measured workload: one never captured stays out of graphs); returns how
         many shapes were added."""
         cols = [self.fit.index(f) for f in est.features]
         ranges = {f: (int(self.X[:, c].min()), int(self.X[:, c].max())) for f, c in zip(est.features, cols)}
-        shapes = est.grid(ranges)
+        # The grid may also take the measured values (engines' longest sequences fall between its
+        # powers of two). Graph fits only: eager times carry the host's noise, which the extra shapes'
+        # estimates then spread (hinted prefills, 5-fold, H100 rows of 2026-11-27: graph, the nine
+        # definitions, 17 -> 13 workloads slower than the baseline at the same 3.3% mean regret;
+        # eager, the eight pool and gathered ones, 6 -> 9 slower and 11.3 -> 11.8% had they been
+        # used there too).
+        measured = {f: sorted({int(x) for x in self.X[:, c]}) if self.mode == "graph" else []
+                    for f, c in zip(est.features, cols)}
+        shapes = est.grid(ranges, measured)
         if not shapes:
             return 0
         rows = [{**feats.compute(self.t.definition, shape), **shape} for shape in shapes]

@@ -142,44 +142,44 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2219 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.05% mean, 64.04% max;
-#             1.052x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.78% mean, 35.54% max;
+#             1.074x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 9.72% mean, 83.92% max;
 #             1.212x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 91 and num_seqs <= 2 and 6 < mean_seq_len <= 20: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len <= 30: triton_prefill_fused.c16v64, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   4. total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len > 30: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   5. total_seq_len <= 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 5792 and num_seqs <= 2 and 20 < mean_seq_len <= 37: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 37: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   8. mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   9. 2 < mean_seq_len <= 6 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. 2 < num_seqs <= 4 and mean_seq_len > 20 and max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
-#   11. 2 < num_seqs <= 4 and mean_seq_len > 20 and 254 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   12. num_seqs > 2 and mean_seq_len > 20 and max_seq_len > 457: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.31x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   15. total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.33x (1.28x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   16. 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 0 workloads
-#   18. total_seq_len > 91 and num_seqs <= 11 and 6 < mean_seq_len <= 20: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   19. total_seq_len > 91 and 11 < num_seqs <= 177 and 6 < mean_seq_len <= 20: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   20. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   25. total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   26. total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
-#   28. total_seq_len > 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   29. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 20: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   7. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   10. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   11. num_seqs > 8 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 34 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   13. 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
+#   14. 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+#   15. 58 < total_seq_len <= 5792 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   18. total_seq_len > 58 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   19. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   20. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   21. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.30x (1.25x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   22. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   23. total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   25. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   27. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   28. total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 45 and max_seq_len > 83: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.52x (1.35x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
@@ -222,35 +222,35 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   39. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.24, 3.2, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (None, 2), 'total_seq_len': (None, 91)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (6, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 91)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, None), 'mean_seq_len': (6, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 91)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 457), 'mean_seq_len': (20, None), 'num_seqs': (4, None), 'total_seq_len': (None, 451)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (20, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (1.3, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 6)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 254), 'mean_seq_len': (20, None), 'num_seqs': (2, 4)}, 'workloads': 8, 'speedup': (1.06, 1.07, 1.08), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 457), 'mean_seq_len': (20, None), 'num_seqs': (2, 4)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, None), 'mean_seq_len': (20, None), 'num_seqs': (2, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (90, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.31, 1.37, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 6), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.28, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (91, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (91, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (None, 11), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 20), 'num_seqs': (11, 177), 'total_seq_len': (91, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, 91), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (6, 2), 'num_seqs': (11, None), 'total_seq_len': (91, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (6, 20), 'num_seqs': (177, None), 'total_seq_len': (91, None)}, 'workloads': 2, 'speedup': (1.13, 1.15, 1.17), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (6, 20), 'num_seqs': (177, None), 'total_seq_len': (91, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (19, 56), 'mean_seq_len': (None, 6), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (6, 5), 'num_seqs': (11, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 457), 'mean_seq_len': (20, None), 'num_seqs': (4, None), 'total_seq_len': (451, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.24, 3.2, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.28, 1.39), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': (), 'hand_back': True},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.17, 1.29, 1.36), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (5, 11), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 26), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'num_seqs': (8, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (5, None), 'num_seqs': (8, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (22, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (58, 724)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.08), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.25, 1.3, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (3, 7), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.15, 1.24, 1.33), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.13, 1.15, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -301,83 +301,92 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 91 and num_seqs <= 2 and 6 < mean_seq_len <= 20:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len <= 30:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 91 and num_seqs > 2 and 6 < mean_seq_len <= 20 and max_seq_len > 30:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 2 and 20 < mean_seq_len <= 37:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 37:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 2 and max_seq_len > 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < mean_seq_len <= 6 and max_seq_len > 56:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len > 20 and max_seq_len <= 254:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and mean_seq_len > 20 and 254 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 29 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 2 and mean_seq_len > 20 and max_seq_len > 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < total_seq_len <= 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 4 workloads, 1.37x (1.31x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and mean_seq_len <= 2 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 5 workloads, 1.33x (1.28x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 2 < mean_seq_len <= 6 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 91 and num_seqs <= 11 and 6 < mean_seq_len <= 20:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 91 and 11 < num_seqs <= 177 and 6 < mean_seq_len <= 20:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91:
+    # region 1: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 2 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22:
+    # region 6: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len > 22:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 6 and 19 < max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 451 and num_seqs > 4 and mean_seq_len > 20 and max_seq_len <= 457:
+    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 34 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and max_seq_len > 70:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 70:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 5792 and num_seqs <= 2:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 58 and 2 < num_seqs <= 8 and max_seq_len > 450:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 3 workloads, 1.30x (1.25x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 20:
+    if total_seq_len > 5792 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -501,15 +510,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 91 < total_seq_len <= 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 22:  # region 16
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:  # region 6
         return True
-    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and max_seq_len <= 45:  # region 20
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:  # region 22
         return True
-    if total_seq_len > 91 and num_seqs > 11 and 6 < mean_seq_len <= 2 and 45 < max_seq_len <= 91:  # region 21
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:  # region 24
         return True
-    if total_seq_len > 91 and num_seqs > 177 and 6 < mean_seq_len <= 20 and max_seq_len <= 22:  # region 23
-        return True
-    if total_seq_len > 362 and num_seqs > 11 and 6 < mean_seq_len <= 5 and max_seq_len <= 45:  # region 26
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:  # region 25
         return True
     return False
 

@@ -177,42 +177,61 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2238 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.03% mean, 73.88% max;
-#             1.343x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.61% mean, 73.88% max;
+#             1.350x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 11.19% mean, 168.94% max;
 #             2.412x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 181 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 362 and 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 362 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 0 workloads
-#   4. total_seq_len <= 1299 and num_seqs <= 51 and 54 < max_seq_len <= 1018: vllm_flashinfer_prefill.cp_off, 37 workloads, 2.35x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 1299 and num_seqs <= 51 and max_seq_len > 1018: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 2059 and num_seqs <= 11 and mean_seq_len <= 22 and 31 < max_seq_len <= 54: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 2059 and 11 < num_seqs <= 51 and mean_seq_len <= 22 and 31 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.45x (1.15x .. 5.24x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 4205 and 51 < num_seqs <= 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 4205 and num_seqs > 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill (baseline), 0 workloads
-#   10. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.98x (1.41x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 43 workloads, 2.40x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   9. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   10. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   11. num_seqs <= 21 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 21 and 18 < max_seq_len <= 31: triton_prefill_fused.c16v32, 1 workloads, 5.83x (5.83x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   13. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 3 workloads, 6.68x (6.19x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. 21 < num_seqs <= 51 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   15. 21 < num_seqs <= 51 and 11 < max_seq_len <= 31: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   16. 51 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-#   17. num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.47x (1.32x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   18. num_seqs > 51 and mean_seq_len > 5 and max_seq_len > 571: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   19. num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   20. 181 < total_seq_len <= 2059 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   21. total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   22. total_seq_len > 362 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. 1299 < total_seq_len <= 2059 and num_seqs <= 51 and 54 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.44x (1.10x .. 5.16x) over vllm_flashinfer_prefill
-#   24. 1299 < total_seq_len <= 2059 and num_seqs <= 51 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 2059 and num_seqs <= 51 and 31 < max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.11x (1.04x .. 4.40x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 2059 and num_seqs <= 51 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   27. total_seq_len > 4205 and num_seqs > 51 and mean_seq_len > 5 and 125 < max_seq_len <= 571: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   13. 1 < num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   14. 1 < num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   16. 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   17. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   18. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   19. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   20. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   21. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   26. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   27. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   28. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   30. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   31. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   32. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   33. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   35. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   38. 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   41. total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   43. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
+#   45. total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 45 and mean_seq_len <= 13 and max_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 5 workloads, 9.61x (5.65x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   2. total_seq_len <= 90 and mean_seq_len > 13 and max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
@@ -261,33 +280,52 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   45. total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (22, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 90), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, 1018), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 37, 'speedup': (1.07, 2.35, 5.8), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1018, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (None, 22), 'num_seqs': (None, 11), 'total_seq_len': (None, 2059)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (None, 22), 'num_seqs': (11, 51), 'total_seq_len': (None, 2059)}, 'workloads': 2, 'speedup': (1.15, 2.45, 5.24), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 4205)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.41, 1.98, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1444), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 43, 'speedup': (1.07, 2.4, 5.8), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (7.62, 8.66, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 31), 'num_seqs': (None, 21)}, 'workloads': 1, 'speedup': (5.83, 5.83, 5.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (6.19, 6.68, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 31), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 125), 'mean_seq_len': (5, None), 'num_seqs': (51, 181)}, 'workloads': 6, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 5), 'num_seqs': (51, None)}, 'workloads': 8, 'speedup': (1.32, 1.47, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (5, None), 'num_seqs': (51, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 125), 'mean_seq_len': (5, None), 'num_seqs': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 54), 'mean_seq_len': (22, None), 'num_seqs': (None, 51), 'total_seq_len': (181, 2059)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 181), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 5), 'num_seqs': (181, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1299, 2059)}, 'workloads': 8, 'speedup': (1.1, 2.44, 5.16), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 51), 'total_seq_len': (1299, 2059)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 2000), 'num_seqs': (None, 51), 'total_seq_len': (2059, None)}, 'workloads': 6, 'speedup': (1.04, 2.11, 4.4), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 51), 'total_seq_len': (2059, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 571), 'mean_seq_len': (5, None), 'num_seqs': (51, None), 'total_seq_len': (4205, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (1, 5)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (1, 5), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 2142), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1810), 'num_seqs': (1, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.04, 1.96, 3.51), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 3029), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 5026), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5026, None), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -344,81 +382,141 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 13:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 37 workloads, 2.35x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and num_seqs <= 51 and 54 < max_seq_len <= 1018:
+    # region 3: 4 workloads, 1.98x (1.41x .. 2.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 1 and max_seq_len > 29:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1299 and num_seqs <= 51 and max_seq_len > 1018:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2059 and num_seqs <= 11 and mean_seq_len <= 22 and 31 < max_seq_len <= 54:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 2 workloads, 2.45x (1.15x .. 5.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2059 and 11 < num_seqs <= 51 and mean_seq_len <= 22 and 31 < max_seq_len <= 54:
+    # region 5: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 43 workloads, 2.40x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4205 and 51 < num_seqs <= 90 and mean_seq_len > 5 and 125 < max_seq_len <= 571:
+    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 11: 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 1 workloads, 5.83x (5.83x .. 5.83x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 18 < max_seq_len <= 31:
+    # region 12: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 5 and 32 < max_seq_len <= 50:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 11 and 29 < max_seq_len <= 32:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 3 workloads, 6.68x (6.19x .. 6.97x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 18:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 51 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 21 < num_seqs <= 51 and 11 < max_seq_len <= 31:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 6 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 125:
+    # region 15: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 51 and 32 < max_seq_len <= 50:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 51 and 29 < max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 51 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 21 < num_seqs <= 51 and 3 < max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 21 < num_seqs <= 51 and 13 < max_seq_len <= 29:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 8 workloads, 1.47x (1.32x .. 1.66x) over vllm_flashinfer_prefill
-    if num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 13:
+    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 24: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 29: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
+    if num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 51 and mean_seq_len > 5 and max_seq_len > 571:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 125:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 2059 and num_seqs <= 51 and mean_seq_len > 22 and 31 < max_seq_len <= 54:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 13:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 13:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 8 workloads, 2.44x (1.10x .. 5.16x) over vllm_flashinfer_prefill
-    if 1299 < total_seq_len <= 2059 and num_seqs <= 51 and 54 < max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 1299 < total_seq_len <= 2059 and num_seqs <= 51 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 6 workloads, 2.11x (1.04x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 2059 and num_seqs <= 51 and 31 < max_seq_len <= 2000:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2059 and num_seqs <= 51 and max_seq_len > 2000:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4205 and num_seqs > 51 and mean_seq_len > 5 and 125 < max_seq_len <= 571:
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
+    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call
+    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -558,6 +656,21 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
+
+
+def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 33
+        return True
+    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 36
+        return True
+    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:  # region 39
+        return True
+    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:  # region 43
+        return True
+    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:  # region 45
+        return True
+    return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):

@@ -143,48 +143,58 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2131 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.17% mean, 71.66% max;
-#             1.204x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.85% mean, 46.96% max;
+#             1.210x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 12.43% mean, 228.88% max;
 #             1.622x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.84x (7.84x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.51x (7.36x .. 7.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and 10 < max_seq_len <= 28: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 28: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   5. total_seq_len <= 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.22x (1.50x .. 2.79x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. total_seq_len <= 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   9. total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 1412: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 5258 and 1 < num_seqs <= 2 and mean_seq_len > 6 and max_seq_len > 1190: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 31: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   12. num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.21x (2.11x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. 1 < num_seqs <= 9 and mean_seq_len > 6 and 31 < max_seq_len <= 1190: vllm_flashinfer_prefill.cp_off, 30 workloads, 2.67x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-#   14. 5 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len <= 31: triton_prefill_fused.c16v64, 4 workloads, 1.26x (1.17x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   15. 32 < num_seqs <= 90 and mean_seq_len > 6 and max_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   16. num_seqs > 32 and mean_seq_len > 6 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   17. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.46x (1.36x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   18. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   20. num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. num_seqs > 90 and mean_seq_len > 10 and max_seq_len <= 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   22. total_seq_len > 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.71x (1.68x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 10: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   25. total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   28. total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and 31 < max_seq_len <= 617: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.07x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   30. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   5. total_seq_len <= 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 0 workloads
+#   6. total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 1704 and num_seqs <= 9 and 32 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len > 1021: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   10. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. num_seqs <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.21x (7.84x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. num_seqs <= 2 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.67x (7.67x .. 7.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 2 and 11 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. 1 < num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   16. 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   17. 9 < num_seqs <= 40 and mean_seq_len <= 90 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   19. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
+#   21. num_seqs > 40 and 5 < mean_seq_len <= 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   22. num_seqs > 40 and 5 < mean_seq_len <= 2 and max_seq_len > 59: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. num_seqs > 40 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   24. total_seq_len > 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   25. total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17: triton_prefill_fused.c16v64, 4 workloads, 1.24x (1.13x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   29. total_seq_len > 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 0 workloads
+#   31. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+#   33. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   40. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
+#   41. total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   42. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.18x (1.87x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   2. total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -225,39 +235,49 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   37. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 11)}, 'workloads': 1, 'speedup': (7.84, 7.84, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (7.36, 7.51, 7.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 28), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.5, 2.22, 2.79), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 1412), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1412, None), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1190, None), 'mean_seq_len': (6, None), 'num_seqs': (1, 2), 'total_seq_len': (None, 5258)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62)}, 'workloads': 2, 'speedup': (2.11, 4.21, 8.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 1190), 'mean_seq_len': (6, None), 'num_seqs': (1, 9)}, 'workloads': 30, 'speedup': (1.19, 2.67, 5.78), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (6, None), 'num_seqs': (5, 32)}, 'workloads': 4, 'speedup': (1.17, 1.26, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (6, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (6, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.36, 1.46, 1.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 6), 'num_seqs': (62, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (6, 10), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.04, 1.09, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (10, None), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (1.68, 1.71, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 62), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 6), 'num_seqs': (62, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, 617), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.04, 1.07, 1.12), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (6, None), 'num_seqs': (9, 32), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 2304), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (6, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1190, 3947), 'mean_seq_len': (6, None), 'num_seqs': (1, 9), 'total_seq_len': (5258, None)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (6, None), 'num_seqs': (1, 9), 'total_seq_len': (5258, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (5, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (5, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 1, 'speedup': (5.1, 5.1, 5.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 1021), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 28, 'speedup': (1.19, 2.58, 5.78), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1021, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 741), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 3, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (7.84, 8.21, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.67, 7.67, 7.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1211), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 10, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 5, 'speedup': (1.36, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (40, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (5, 2), 'num_seqs': (40, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (5, 2), 'num_seqs': (40, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (40, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 5), 'num_seqs': (5, 40), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (5, 40), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.13, 1.24, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 23), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (5, 5), 'num_seqs': (40, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (5, 5), 'num_seqs': (40, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 5, 'speedup': (1.72, 2.54, 4.35), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -306,104 +326,116 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.84x (7.84x .. 7.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4:
+    # region 1: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 7.51x (7.36x .. 7.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and 10 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 28:
-        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 14:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 4 workloads, 2.22x (1.50x .. 2.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 9 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 31:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 1412:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5258 and 1 < num_seqs <= 2 and mean_seq_len > 6 and max_seq_len > 1190:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 31:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 2 workloads, 4.21x (2.11x .. 8.41x) over vllm_flashinfer_prefill
-    if num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 30 workloads, 2.67x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 9 and mean_seq_len > 6 and 31 < max_seq_len <= 1190:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 4 workloads, 1.26x (1.17x .. 1.29x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len <= 31:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 6 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if 32 < num_seqs <= 90 and mean_seq_len > 6 and max_seq_len <= 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 32 and mean_seq_len > 6 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 4 workloads, 1.46x (1.36x .. 1.57x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len > 22:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90:
+    if total_seq_len <= 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 34:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and mean_seq_len > 10 and max_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11 and num_seqs <= 62 and mean_seq_len <= 6 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 2 workloads, 1.71x (1.68x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and num_seqs <= 62 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 90 and num_seqs <= 62 and mean_seq_len <= 6 and max_seq_len > 10:
+    # region 6: 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 9 and 32 < max_seq_len <= 1021:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and max_seq_len > 23:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 6 and max_seq_len > 31:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 4 workloads, 1.07x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and 31 < max_seq_len <= 617:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 9 < num_seqs <= 32 and mean_seq_len > 6 and max_seq_len > 617:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 2304:
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len > 1021:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947:
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and max_seq_len > 3947:
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 2 workloads, 8.21x (7.84x .. 8.60x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 13: 1 workloads, 7.67x (7.67x .. 7.67x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 4 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 11 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 1 < num_seqs <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
+    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
+    if num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 40 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 40 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 26: 4 workloads, 1.24x (1.13x .. 1.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -524,15 +556,21 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 1412:  # region 8
+    if total_seq_len <= 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 34:  # region 4
         return True
-    if num_seqs > 90 and 6 < mean_seq_len <= 10 and max_seq_len <= 90:  # region 20
+    if num_seqs > 40 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:  # region 21
         return True
-    if total_seq_len > 362 and num_seqs > 62 and 2 < mean_seq_len <= 6 and 14 < max_seq_len <= 23:  # region 25
+    if total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and 14 < max_seq_len <= 23:  # region 27
         return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 2304:  # region 30
+    if total_seq_len > 724 and num_seqs > 40 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:  # region 29
         return True
-    if total_seq_len > 5258 and 1 < num_seqs <= 9 and mean_seq_len > 6 and 1190 < max_seq_len <= 3947:  # region 32
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 34
+        return True
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 36
+        return True
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 39
+        return True
+    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 42
         return True
     return False
 

@@ -147,43 +147,56 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 444 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2106 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.86% mean, 37.11% max;
-#             1.155x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.72% mean, 39.02% max;
+#             1.141x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 18.94% mean, 432.13% max;
 #             1.488x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and 5 < mean_seq_len <= 12: triton_prefill_fused.c16v32, 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 238 and mean_seq_len <= 2 and max_seq_len > 20: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.38x (1.32x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 238 and mean_seq_len <= 5 and max_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.44x (1.45x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 238 and 2 < mean_seq_len <= 5 and max_seq_len > 20: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   5. total_seq_len <= 1448 and 10 < num_seqs <= 45 and mean_seq_len > 12: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 12 and max_seq_len <= 61: triton_prefill_fused.c16v32, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and 61 < max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 26 workloads, 2.36x (1.13x .. 4.92x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 61: vllm_flashinfer_prefill.cp_off, 2 workloads, 4.57x (4.52x .. 4.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   11. 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len <= 746: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   12. 4 < num_seqs <= 10 and mean_seq_len > 12 and 746 < max_seq_len <= 1914: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   13. 4 < num_seqs <= 10 and mean_seq_len > 12 and 1914 < max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   14. 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   15. 45 < total_seq_len <= 362 and 5 < mean_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.32x (1.28x .. 1.35x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   18. total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.33x (1.27x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   19. total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   20. total_seq_len > 362 and 5 < mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len > 31: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 362 and 8 < mean_seq_len <= 12: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   26. total_seq_len > 1448 and num_seqs > 10 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   27. total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.49x (1.18x .. 1.79x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 63 and 2 < num_seqs <= 8 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.85x (1.76x .. 1.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 23: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.35x (1.32x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   7. total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   9. 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 0 workloads
+#   10. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.39x (1.28x .. 1.51x) over vllm_flashinfer_prefill
+#   11. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
+#   13. num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
+#   14. num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   15. num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len > 156: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. num_seqs > 34 and mean_seq_len > 4: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   17. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   19. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   20. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   21. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   25. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   27. total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   28. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   29. 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+#   30. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   31. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   32. total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   34. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   36. total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   39. total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   40. total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 36 and num_seqs <= 25 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.90x (7.90x .. 7.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
@@ -225,34 +238,47 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   38. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 12), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (5.63, 5.63, 5.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.32, 1.38, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.45, 2.44, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (20, None), 'mean_seq_len': (2, 5), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (10, 45), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (1.04, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (12, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 2281), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 5792)}, 'workloads': 26, 'speedup': (1.13, 2.36, 4.92), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (12, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (4.52, 4.57, 4.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 746), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (746, 1914), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, 2383), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'mean_seq_len': (12, None), 'num_seqs': (4, 10)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, 12), 'total_seq_len': (45, 362)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.1), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 3), 'total_seq_len': (238, None)}, 'workloads': 3, 'speedup': (1.28, 1.32, 1.35), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 3), 'total_seq_len': (238, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (3, 5), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.27, 1.33, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (3, 5), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (5, 2), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.05, 1.11, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, 12), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (10, None), 'total_seq_len': (1448, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5820), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.18, 1.49, 1.79), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.43, 8.29, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (3.98, 4.73, 5.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (2, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.76, 1.85, 1.95), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.32, 1.35, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (None, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (3, None), 'num_seqs': (23, 34)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 8, 'speedup': (1.28, 1.39, 1.51), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, 90), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (90, 156), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (156, None), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, None), 'num_seqs': (34, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1667), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 28, 'speedup': (1.13, 2.47, 4.92), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.56, 1.67, 1.79), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 900), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (90, 1448)}, 'workloads': 9, 'speedup': (1.08, 1.1, 1.12), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.28, 1.3, 1.33), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 2655), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1253), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1253, None), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -302,87 +328,123 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 5 < mean_seq_len <= 12:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 2 workloads, 1.38x (1.32x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and mean_seq_len <= 2 and max_seq_len > 20:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 8 workloads, 2.44x (1.45x .. 8.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and mean_seq_len <= 5 and max_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 238 and 2 < mean_seq_len <= 5 and max_seq_len > 20:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 10 < num_seqs <= 45 and mean_seq_len > 12:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len > 12:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 12 and max_seq_len <= 61:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 26 workloads, 2.36x (1.13x .. 4.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and 61 < max_seq_len <= 2281:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 2 workloads, 4.57x (4.52x .. 4.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 61:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len <= 746:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 12 and 746 < max_seq_len <= 1914:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 4 < num_seqs <= 10 and mean_seq_len > 12 and 1914 < max_seq_len <= 2383:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 12 and max_seq_len > 2383:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 3 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and 5 < mean_seq_len <= 12:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 3 workloads, 1.32x (1.28x .. 1.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and mean_seq_len <= 3 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 4 workloads, 1.33x (1.27x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len <= 28:
+    # region 1: 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 2 < num_seqs <= 8 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 2 workloads, 1.85x (1.76x .. 1.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 2 workloads, 1.35x (1.32x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and 3 < mean_seq_len <= 5 and max_seq_len > 28:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and 5 < mean_seq_len <= 2:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len > 31:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and 8 < mean_seq_len <= 12:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 10 and mean_seq_len > 12:
+    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 39:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 8 workloads, 1.39x (1.28x .. 1.51x) over vllm_flashinfer_prefill
+    if num_seqs > 23 and mean_seq_len <= 3 and max_seq_len <= 85:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156:
+        return 'cuda_prefill_pool_rows.k8c8'
+    # region 16: 23 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 34 and mean_seq_len > 4:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 3 workloads, 1.49x (1.18x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len <= 5820:
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 4 and mean_seq_len > 12 and max_seq_len > 5820:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -508,11 +570,15 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 362 and 5 < mean_seq_len <= 2:  # region 20
+    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39:  # region 6
         return True
-    if total_seq_len > 362 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 21
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20:  # region 12
         return True
-    if total_seq_len > 362 and 5 < mean_seq_len <= 8 and max_seq_len <= 31:  # region 23
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90:  # region 13
+        return True
+    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156:  # region 14
+        return True
+    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:  # region 34
         return True
     return False
 
