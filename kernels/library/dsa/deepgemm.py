@@ -29,13 +29,6 @@ from kdispatch.kernels.triton.dsa.indexer_fp8 import PAGE_SIZE, TOPK, torch_topk
 from kdispatch.registry import variant
 
 
-def flashinfer_select(logits, seq_lens, block_table, num_pages: int, out):
-    """FlashInfer's top-k on DeepGEMM's logits: its transform takes padded rows, but the invalid
-    pages' tokens are masked through a [B, pages, 64] view, which a padded row stride does not give."""
-    return flashinfer_topk_ids(logits if logits.is_contiguous() else logits.contiguous(), seq_lens, block_table,
-                               num_pages, out)
-
-
 def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, *, select=torch_topk_ids):
     """`select(logits, seq_lens, block_table, num_pages, out)` writes each row's ids into out."""
     import deep_gemm
@@ -63,7 +56,7 @@ def dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, bloc
 
 def dsa_indexer_deepgemm_flashinfer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     return dsa_indexer_deepgemm(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
-                                select=flashinfer_select)
+                                select=flashinfer_topk_ids)
 
 
 if deepgemm_gate.opted_in():
