@@ -69,7 +69,7 @@ def flashinfer_topk_ids(scores, seq_lens, block_table, num_pages: int, out):
     """out <- the global ids of each row's (up to) 2048 best tokens among its first seq_len, in any
     order, -1 after them and for tokens on a page id outside [0, num_pages); scores [B, width]
     (rows may be padded, the last dimension contiguous; overwritten) is this call's own scratch.
-    Two small kernels around FlashInfer's transform (torch ops there cost the host ~20 of them).
+    Two small kernels around FlashInfer's transform, where ~20 torch ops each cost the host a launch.
     Returns out."""
     import flashinfer
 

@@ -47,7 +47,7 @@ def indexer_passthrough_triton(q_index_fp8, k_index_cache_fp8, weights, seq_lens
     if pages * PAGE_SIZE > TOPK:
         raise ValueError(f"pass-through needs max_num_pages * 64 <= 2048, got {pages} pages")
     out = torch.empty(batch, TOPK, dtype=torch.int32, device=block_table.device)
-    if batch:  # launch(): the JIT call binds arguments for ~20 us of host a launch (kernels/triton/launch.py)
+    if batch:  # launch(): without the JIT call's per-call binding, a few us less host time (README)
         launch(_passthrough_kernel, (batch,), seq_lens, block_table, out, pages, k_index_cache_fp8.shape[0],
                block_table.stride(0), PAGE_SIZE, TOPK, num_warps=4)
     return out
