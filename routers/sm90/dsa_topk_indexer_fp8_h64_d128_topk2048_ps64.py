@@ -5,114 +5,96 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T19:14:54Z
-# workloads   156 (workload-set digest 197b0fb9cd371572)
+# measured    up to 2026-11-27T20:43:23Z
+# workloads   158 (workload-set digest 12c4c0c9ed3d172c)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference                   1fccd3d055194bde  156/156  1.00x
+#   reference                   1fccd3d055194bde  158/158  1.00x
 #   cuda_radix_select           4babe710db292558  146/146  34.77x
 #   cuda_wgmma_radix            606e82ccedfa9861  146/146  35.93x
 #   torch_passthrough           e9c76d260eb89f58  82/82  3.13x
-#   triton_fp8_flashinfer_topk  a43859bd649cfc29  156/156  2.81x
+#   triton_fp8_flashinfer_topk  470851c88758494c  158/158  14.14x
 #   triton_fp8_radix            b3874199a7809899  146/146  21.42x
-#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  156/156  2.32x
-#   triton_passthrough          70898f3e20953ad9  82/82  79.31x
+#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  158/158  2.36x
+#   triton_passthrough          4bebdb903ac789de  82/82  80.40x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             28.038x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.79% mean, 181.21% max;
-#             12.506x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             48.032x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.61% mean, 35.37% max;
+#             19.824x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, triton_fp8_torch_topk
-#   2. max_num_pages > 124: triton_fp8_flashinfer_topk, 10 workloads, 9.58x (3.14x .. 36.74x) over reference; then triton_fp8_torch_topk
-#   3. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 79.31x (48.12x .. 144.89x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, torch_passthrough, triton_fp8_flashinfer_topk, triton_fp8_torch_topk
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_flashinfer_topk, triton_fp8_radix, triton_fp8_torch_topk
+#   2. not kv_fits_topk and max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 24.68x (9.69x .. 62.87x) over reference; then triton_fp8_torch_topk
+#   3. kv_fits_topk: triton_passthrough, 82 workloads, 80.40x (48.64x .. 143.41x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough, triton_fp8_torch_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 92: triton_passthrough, 27 workloads, 23.40x (11.78x .. 37.33x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   2. batch_size <= 8 and max_num_pages <= 31 and kv_pages > 92: triton_passthrough, 15 workloads, 21.09x (16.49x .. 29.88x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   3. batch_size <= 8 and 17 < max_num_pages <= 124 and kv_pages <= 92: cuda_wgmma_radix, 4 workloads, 25.35x (16.44x .. 32.30x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_torch_topk, triton_fp8_flashinfer_topk
-#   4. batch_size <= 8 and 31 < max_num_pages <= 124 and kv_pages > 92: cuda_wgmma_radix, 19 workloads, 19.71x (9.28x .. 28.01x) over reference; then cuda_radix_select, triton_fp8_radix
-#   5. max_num_pages > 124 and kv_pages <= 856: triton_fp8_torch_topk, 3 workloads, 1.79x (1.35x .. 2.92x) over reference
-#   6. max_num_pages > 124 and kv_pages > 856: triton_fp8_flashinfer_topk, 7 workloads, 4.89x (1.51x .. 19.36x) over reference; then triton_fp8_torch_topk
-#   7. batch_size > 8 and max_num_pages <= 1: triton_passthrough, 5 workloads, 27.54x (14.58x .. 39.82x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough
-#   8. batch_size > 8 and 1 < max_num_pages <= 5: cuda_wgmma_radix, 3 workloads, 22.14x (14.15x .. 30.40x) over reference; then triton_passthrough, triton_fp8_radix, cuda_radix_select, torch_passthrough, triton_fp8_flashinfer_topk, triton_fp8_torch_topk
-#   9. batch_size > 8 and 5 < max_num_pages <= 30: triton_passthrough, 17 workloads, 23.77x (16.93x .. 36.28x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, torch_passthrough, triton_fp8_flashinfer_topk
-#   10. batch_size > 8 and 30 < max_num_pages <= 124: cuda_wgmma_radix, 56 workloads, 19.28x (11.13x .. 36.82x) over reference; then cuda_radix_select, triton_fp8_radix
-# measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 1964, 1 <= kv_pages <= 56956
+#   1. not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: cuda_wgmma_radix, 62 workloads, 18.71x (11.13x .. 33.69x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   2. max_num_pages <= 19 and 14 < kv_pages <= 109: triton_passthrough, 15 workloads, 26.10x (15.64x .. 44.80x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
+#   3. max_num_pages <= 124 and kv_pages <= 14: triton_passthrough, 20 workloads, 23.43x (14.10x .. 38.53x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
+#   4. 19 < max_num_pages <= 124 and 14 < kv_pages <= 109: cuda_wgmma_radix, 3 workloads, 19.32x (9.28x .. 29.77x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   5. max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 6.87x (2.07x .. 60.92x) over reference; then triton_fp8_torch_topk
+#   6. kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: triton_passthrough, 46 workloads, 28.00x (12.51x .. 46.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
+# measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk')},
-    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 10, 'speedup': (3.14, 9.58, 36.74), 'fallbacks': ('triton_fp8_torch_topk',)},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 82, 'speedup': (48.12, 79.31, 144.89), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
+    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (9.69, 24.68, 62.87), 'fallbacks': ('triton_fp8_torch_topk',)},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 82, 'speedup': (48.64, 80.4, 143.41), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough', 'triton_fp8_torch_topk')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 92), 'max_num_pages': (None, 17)}, 'workloads': 27, 'speedup': (11.78, 23.4, 37.33), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (None, 8), 'kv_pages': (92, None), 'max_num_pages': (None, 31)}, 'workloads': 15, 'speedup': (16.49, 21.09, 29.88), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 3, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (None, 92), 'max_num_pages': (17, 124)}, 'workloads': 4, 'speedup': (16.44, 25.35, 32.3), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'triton_fp8_flashinfer_topk')},
-    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (None, 8), 'kv_pages': (92, None), 'max_num_pages': (31, 124)}, 'workloads': 19, 'speedup': (9.28, 19.71, 28.01), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 5, 'variant': 'triton_fp8_torch_topk', 'bounds': {'kv_pages': (None, 856), 'max_num_pages': (124, None)}, 'workloads': 3, 'speedup': (1.35, 1.79, 2.92), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_pages': (856, None), 'max_num_pages': (124, None)}, 'workloads': 7, 'speedup': (1.51, 4.89, 19.36), 'fallbacks': ('triton_fp8_torch_topk',)},
-    {'region': 7, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (None, 1)}, 'workloads': 5, 'speedup': (14.58, 27.54, 39.82), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough')},
-    {'region': 8, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (1, 5)}, 'workloads': 3, 'speedup': (14.15, 22.14, 30.4), 'fallbacks': ('triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk')},
-    {'region': 9, 'variant': 'triton_passthrough', 'bounds': {'batch_size': (8, None), 'max_num_pages': (5, 30)}, 'workloads': 17, 'speedup': (16.93, 23.77, 36.28), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_flashinfer_topk')},
-    {'region': 10, 'variant': 'cuda_wgmma_radix', 'bounds': {'batch_size': (8, None), 'max_num_pages': (30, 124)}, 'workloads': 56, 'speedup': (11.13, 19.28, 36.82), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 62, 'speedup': (11.13, 18.71, 33.69), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (None, 19)}, 'workloads': 15, 'speedup': (15.64, 26.1, 44.8), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 14), 'max_num_pages': (None, 124)}, 'workloads': 20, 'speedup': (14.1, 23.43, 38.53), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
+    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (19, 124)}, 'workloads': 3, 'speedup': (9.28, 19.32, 29.77), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (2.07, 6.87, 60.92), 'fallbacks': ('triton_fp8_torch_topk',)},
+    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 46, 'speedup': (12.51, 28.0, 46.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
 )
 
-MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 1964), 'kv_pages': (1, 56956)}  # feature -> (min, max) over the tuned workloads
+MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(batch_size, max_num_pages, num_pages):
     page_size, topk = 64, 2048  # constant axes
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
-    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 1964 and 1 <= kv_pages <= 56956  # within the measured ranges: fallbacks apply
+    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
     # region 1: 64 workloads, 29.80x (15.40x .. 68.75x) over reference
     if not kv_fits_topk and max_num_pages <= 124:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 10 workloads, 9.58x (3.14x .. 36.74x) over reference
-    if max_num_pages > 124:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 12 workloads, 24.68x (9.69x .. 62.87x) over reference
+    if not kv_fits_topk and max_num_pages > 124:
         return ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'triton_fp8_flashinfer_topk'
-    # region 3: 82 workloads, 79.31x (48.12x .. 144.89x) over reference
-    if kv_fits_topk and max_num_pages <= 124:
-        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
+    # region 3: 82 workloads, 80.40x (48.64x .. 143.41x) over reference
+    if kv_fits_topk:
+        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
     return 'reference'
 
 
 def route_eager(batch_size, max_num_pages, num_pages):
+    page_size, topk = 64, 2048  # constant axes
+    kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
-    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 1964 and 1 <= kv_pages <= 56956  # within the measured ranges: fallbacks apply
-    # region 1: 27 workloads, 23.40x (11.78x .. 37.33x) over reference
-    if batch_size <= 8 and max_num_pages <= 17 and kv_pages <= 92:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 2: 15 workloads, 21.09x (16.49x .. 29.88x) over reference
-    if batch_size <= 8 and max_num_pages <= 31 and kv_pages > 92:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 3: 4 workloads, 25.35x (16.44x .. 32.30x) over reference
-    if batch_size <= 8 and 17 < max_num_pages <= 124 and kv_pages <= 92:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_torch_topk', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 4: 19 workloads, 19.71x (9.28x .. 28.01x) over reference
-    if batch_size <= 8 and 31 < max_num_pages <= 124 and kv_pages > 92:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
-    # region 5: 3 workloads, 1.79x (1.35x .. 2.92x) over reference
-    if max_num_pages > 124 and kv_pages <= 856:
-        return 'triton_fp8_torch_topk'
-    # region 6: 7 workloads, 4.89x (1.51x .. 19.36x) over reference
-    if max_num_pages > 124 and kv_pages > 856:
+    inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
+    # region 1: 62 workloads, 18.71x (11.13x .. 33.69x) over reference
+    if not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 15 workloads, 26.10x (15.64x .. 44.80x) over reference
+    if max_num_pages <= 19 and 14 < kv_pages <= 109:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 3: 20 workloads, 23.43x (14.10x .. 38.53x) over reference
+    if max_num_pages <= 124 and kv_pages <= 14:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
+    # region 4: 3 workloads, 19.32x (9.28x .. 29.77x) over reference
+    if 19 < max_num_pages <= 124 and 14 < kv_pages <= 109:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 5: 12 workloads, 6.87x (2.07x .. 60.92x) over reference
+    if max_num_pages > 124:
         return ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'triton_fp8_flashinfer_topk'
-    # region 7: 5 workloads, 27.54x (14.58x .. 39.82x) over reference
-    if batch_size > 8 and max_num_pages <= 1:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 8: 3 workloads, 22.14x (14.15x .. 30.40x) over reference
-    if batch_size > 8 and 1 < max_num_pages <= 5:
-        return ('cuda_wgmma_radix', 'triton_passthrough', 'triton_fp8_radix', 'cuda_radix_select', 'torch_passthrough', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 9: 17 workloads, 23.77x (16.93x .. 36.28x) over reference
-    if batch_size > 8 and 5 < max_num_pages <= 30:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'torch_passthrough', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
-    # region 10: 56 workloads, 19.28x (11.13x .. 36.82x) over reference
-    if batch_size > 8 and 30 < max_num_pages <= 124:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
+    # region 6: 46 workloads, 28.00x (12.51x .. 46.11x) over reference
+    if kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
     return 'reference'
