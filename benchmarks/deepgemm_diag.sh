@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# DeepGEMM's first-JIT-call segfault (kernels/library/deepgemm_gate.py), diagnosed in one GPU-machine
-# call (< 10 min), after .kd-wheels/deepgemm/gpu-setup.sh built /tmp/kd-deepgemm/src in an earlier call
+# DeepGEMM's first-kernel-call segfault (kernels/library/deepgemm_gate.py), diagnosed in one GPU-machine
+# call (< 5 min), after .kd-wheels/deepgemm/gpu-setup.sh built /tmp/kd-deepgemm/src in an earlier call
 # of the same hold (benchmarks/stage_deepgemm.sh). Writes $OUT/diag.log.
 #
-# Reading DeepGEMM 2.6.1's source found no host path that crashes (its failures throw); the candidates
-# are: only the process that compiles crashes (nvcc child, cache rename, first load), a fault inside
-# libcuda at the first load or launch, a crash at exit (its runtimes' destructors), or exceptions that
-# cannot unwind. Each case below is its own process, C stdout unbuffered (DeepGEMM prints with printf)
-# and a native backtrace on SIGSEGV / SIGBUS / SIGABRT (an LD_PRELOADed handler): the last "PY:" or
-# DeepGEMM line before a crash places it (before "Running NVCC command": compiler set-up; before
-# "Loading CUBIN": compile or cache; after "Launch kernel": libcuda; after "PY: before exit": teardown).
-# A fresh-cache crash with a passing cache hit: the compile path; NVRTC passing: the nvcc child.
+# Found on 2026-11-27 (H100 host: torch 2.11+cu130, system g++ 13.3): every call that reaches DeepGEMM's
+# JIT crashes before any compile or CUDA call, fresh cache or not, NVCC or NVRTC, indexer metadata or MoE
+# GEMM alike: inside std::regex's compiler (IncludeParser::get_includes, the JIT cache key, compiles
+# `#\s*include...`; a character class, `_BracketMatcher::_M_ready`), at a program counter that the
+# symbol table places in an unrelated libstdc++ function: a wrong call target. Building the extension
+# with -Wl,-Bsymbolic, with -fno-gnu-unique (its regex statics had bound to libtorch_python.so's
+# copies) or with -static-libstdc++ changed nothing. The cases below separate DeepGEMM from the
+# toolchain: the same regex in a plain program, in a shared library loaded after `import torch`, and in
+# a torch extension built as _C.so is; DeepGEMM with the system libstdc++ preloaded; then a debugger's
+# view of the faulting instruction. Each case is its own process, with a native backtrace on SIGSEGV /
+# SIGBUS / SIGABRT (an LD_PRELOADed handler) and unbuffered C output.
 set -u
 R=/tmp/kd-deepgemm/src; W=/tmp/dgdiag; O=${OUT:-$W/out}; mkdir -p "$W" "$O"
 export PYTHONPATH="$R${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -48,7 +51,7 @@ __attribute__((constructor)) static void init(void) {
 C
 gcc -shared -fPIC -o $W/bt.so $W/bt.c || echo "bt.so not built"
 cat > $W/t.py <<'PY'
-import ctypes, os, sys
+import ctypes, sys
 libc = ctypes.CDLL(None)
 libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 2, 0)  # DeepGEMM's printf unbuffered
 def say(*a): print("PY:", *a, flush=True)
@@ -62,33 +65,51 @@ elif mode == "meta":
     ctx = torch.tensor([[100]], dtype=torch.int32, device="cuda"); say("calling metadata")
     m = deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, n); say("returned")
     torch.cuda.synchronize(); say("synced", m[:2].tolist())
-elif mode == "moe":
-    E, N, K, M = 2, 512, 512, 256
-    a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn); sa = torch.ones(M, K // 128, device="cuda")
-    b = torch.randn(E, N, K, device="cuda").to(torch.float8_e4m3fn); sb = torch.ones(E, N // 128, K // 128, device="cuda")
-    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    idx = (torch.arange(M, device="cuda", dtype=torch.int32) // 128) % E; say("calling m_grouped")
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, idx); say("returned")
-    torch.cuda.synchronize(); say("synced")
 say("before exit")
-if os.environ.get("HARD_EXIT"): os._exit(0)
 PY
 t() { local label=$1 mode=$2; shift 2; echo; echo "=== $label (t=${SECONDS}s)"
   env LD_PRELOAD=$W/bt.so "$@" timeout 200 python3 -X faulthandler $W/t.py "$mode"; echo "=== $label rc=$?"; }
 t exception exc DG_JIT_CACHE_DIR=$W/c1
-t meta-nvcc-fresh meta DG_JIT_CACHE_DIR=$W/c1 DG_JIT_DEBUG=1
-find $W/c1 -maxdepth 3 | sed "s|$W/||" | head -20
-t meta-nvcc-cachehit meta DG_JIT_CACHE_DIR=$W/c1 DG_JIT_DEBUG=1
-t meta-hard-exit meta DG_JIT_CACHE_DIR=$W/c1 HARD_EXIT=1
-t meta-nvrtc-fresh meta DG_JIT_CACHE_DIR=$W/c2 DG_JIT_USE_NVRTC=1 DG_JIT_PRINT_COMPILER_COMMAND=1
-t moe-nvcc-fresh moe DG_JIT_CACHE_DIR=$W/c3 DG_JIT_PRINT_COMPILER_COMMAND=1
-t moe-nvcc-cachehit moe DG_JIT_CACHE_DIR=$W/c3
+t meta meta DG_JIT_CACHE_DIR=$W/c1
+t meta-system-libstdcxx meta DG_JIT_CACHE_DIR=$W/c1 LD_PRELOAD="$W/bt.so $(g++ -print-file-name=libstdc++.so.6)"
+# the include parser's regex alone: a program, a library loaded after torch, a torch extension
+cat > $W/rx.cpp <<'CPP'
+#include <regex>
+#include <string>
+extern "C" int rx_scan() {
+  const std::string code = "#include <a.h>\n# include \"b.h\"\n";
+  const std::regex pattern(R"(#\s*include\s*[<"][^>"]+[>"])");
+  int n = 0;
+  for (std::sregex_iterator it(code.begin(), code.end(), pattern), end; it != end; ++it) ++n;
+  return n;
+}
+#ifdef RX_MAIN
+#include <cstdio>
+int main() { std::printf("regex matches %d\n", rx_scan()); }
+#endif
+CPP
+echo; echo "=== regex-program"; g++ -O2 -std=c++17 -DRX_MAIN -o $W/rx $W/rx.cpp && $W/rx; echo "=== regex-program rc=$?"
+g++ -O2 -std=c++17 -shared -fPIC -o $W/rx.so $W/rx.cpp
+echo; echo "=== regex-library-after-torch"
+LD_PRELOAD=$W/bt.so timeout 60 python3 -c "import torch, ctypes; print('regex matches', ctypes.CDLL('$W/rx.so').rx_scan())"
+echo "=== regex-library-after-torch rc=$?"
+echo; echo "=== regex-torch-extension"
+LD_PRELOAD=$W/bt.so timeout 200 python3 - <<PY
+import torch
+from torch.utils.cpp_extension import load_inline
+src = open("$W/rx.cpp").read() + "int scan() { return rx_scan(); }"
+m = load_inline("rx_ext", cpp_sources=[src], functions=["scan"], build_directory="$W", verbose=False)
+print("regex matches", m.scan())
+PY
+echo "=== regex-torch-extension rc=$?"
 # resolve DeepGEMM frames of any native backtrace
 grep -o '_C\.so(+0x[0-9a-f]*)' "$O/diag.log" | sed 's/.*(+\(0x[0-9a-f]*\))/\1/' | sort -u | head -20 \
   | xargs -r addr2line -C -f -e "$R/deep_gemm/_C.so" | paste - - | head -20
-if [ "$SECONDS" -lt 380 ] && grep -q 'rc=139' "$O/diag.log"; then
-  echo "=== cuda-gdb on a fresh-cache metadata call"
-  DG_JIT_CACHE_DIR=$W/c4 timeout 180 cuda-gdb -q -batch -ex 'set pagination off' -ex run -ex bt \
-    -ex 'info sharedlibrary' --args python3 $W/t.py meta 2>&1 | grep -v '^\[New Thread\|^\[Thread' | tail -60
+if grep -q '=== meta rc=139' "$O/diag.log"; then
+  echo "=== debugger on the metadata call: the faulting instruction, its registers, the call chain"
+  gdb=$(command -v gdb || command -v cuda-gdb)
+  DG_JIT_CACHE_DIR=$W/c1 timeout 180 "$gdb" -q -batch -ex 'set pagination off' -ex run -ex 'p $_siginfo.si_code' \
+    -ex 'p $_siginfo._sifields._sigfault.si_addr' -ex 'info symbol $pc' -ex 'x/12i $pc-24' -ex 'info registers' \
+    -ex 'bt 25' --args python3 $W/t.py meta 2>&1 | grep -v '^\[New Thread\|^\[Thread\|^\[Detaching' | head -90
 fi
 echo "done in ${SECONDS}s"

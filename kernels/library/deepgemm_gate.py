@@ -2,8 +2,11 @@
 when KDISPATCH_DEEPGEMM=1. Built from source on the GPU machine (benchmarks/stage_deepgemm.sh), its
 first kernel call segfaulted there on 2026-11-25: the MoE path every time, the indexer path in one
 of two sessions (it passed the gate on all 158 tuned workloads in the other), and the setup's own
-check in both. A segfault ends the serving process before any fallback can act, so no router may
-send a call there until DeepGEMM runs reliably; set the switch to measure or debug them."""
+check in both. On 2026-11-27 every call reaching its JIT crashed, inside std::regex's compiler
+(DeepGEMM's include parser, for its cache key), before any compile or CUDA call; how to separate
+DeepGEMM from the toolchain there is benchmarks/deepgemm_diag.sh. A segfault ends the serving process
+before any fallback can act, so no router may send a call there until DeepGEMM runs reliably; set the
+switch to measure or debug them."""
 from __future__ import annotations
 
 import os
