@@ -26,7 +26,8 @@ echo "HOME=$HOME"; env | grep -E '^(DG_|CUDA|LD_|TMPDIR)' ; ls ~/.deep_gemm/cach
 python3 -c 'import sys,torch;print(sys.version.split()[0],torch.__version__,torch.version.cuda)'
 readelf -p .comment "$R/deep_gemm/_C.so" | grep -i gcc | head -2
 ldd "$R/deep_gemm/_C.so" | grep -E 'cuda|nvrtc|cublas|stdc\+\+|not found'
-# which library each of _C.so's C++ runtime symbols binds to where it is not _C.so itself or the C++ runtime (a torch copy of a locale facet id or a regex static would be the bug)
+# where _C.so's C++ runtime symbols bind outside _C.so and the runtime itself (a torch copy of a
+# locale facet id or of a regex static would be the bug)
 LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT=$W/ldb python3 -c 'import torch, deep_gemm' >/dev/null 2>&1
 cat $W/ldb.* 2>/dev/null | grep "binding file $R/deep_gemm/_C.so" | grep -v -e "to $R/deep_gemm/_C.so" -e "/libstdc++.so" -e "/libc.so" -e "/libgcc_s" \
   | grep -E 'locale|collate|ctype|__detail|filesystem|fmt' | cut -c1-300 | head -12; rm -f $W/ldb.*
