@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kdispatch.kernels.triton.launch import launch
 from kdispatch.registry import variant
 
 LOG2E = 1.4426950408889634
@@ -201,13 +202,10 @@ def dsa_sparse_attention_splitk(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indic
     ckv, kpe = ckv_cache.contiguous(), kpe_cache.contiguous()  # no-op for a pool (always contiguous)
 
     ws_o, ws_lse = split_workspace(output, NSPLIT)
-    _dsa_splitk_partial_kernel[(T, NSPLIT)](
-        q_nope, q_pe, ckv, kpe, sparse_indices, ws_o, ws_lse,
-        float(sm_scale) * LOG2E, P * PS,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), sparse_indices.stride(0),
-        H=H, DC=DC, DP=DP, SPLIT_LEN=TOPK // NSPLIT, BLOCK_N=BLOCK_N, NSPLIT=NSPLIT,
-        DOT_FP32=bool(dot_fp32), num_warps=num_warps,
-    )
+    launch(_dsa_splitk_partial_kernel, (T, NSPLIT),
+           q_nope, q_pe, ckv, kpe, sparse_indices, ws_o, ws_lse, float(sm_scale) * LOG2E, P * PS,
+           q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), sparse_indices.stride(0),
+           H, DC, DP, TOPK // NSPLIT, BLOCK_N, NSPLIT, bool(dot_fp32), num_warps=num_warps)
     merge_splits(ws_o, ws_lse, output, lse)
     return output, lse
 
@@ -220,10 +218,14 @@ def merge_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, output: torch.Tensor,
     a programmatic dependent of the kernel just launched, which writes the partials (CUDA only)."""
     T, nsplit, heads, dc = ws_o.shape
     block_d = min(dc, 128)  # the merge is split over DC too: T * H * DC / 128 programs
-    _dsa_splitk_merge_kernel[(T, heads, dc // block_d)](
-        ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
-        H=heads, DC=dc, NSPLIT=nsplit, BLOCK_D=block_d, PDL=pdl, num_warps=4, launch_pdl=pdl,
-    )
+    grid = (T, heads, dc // block_d)
+    if pdl:  # a launch option launch() does not pass: the JIT call
+        _dsa_splitk_merge_kernel[grid](ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
+                                       H=heads, DC=dc, NSPLIT=nsplit, BLOCK_D=block_d, PDL=True, num_warps=4,
+                                       launch_pdl=True)
+        return
+    launch(_dsa_splitk_merge_kernel, grid, ws_o, ws_lse, output, lse, output.stride(0), output.stride(1),
+           heads, dc, nsplit, block_d, False)
 
 
 # (BLOCK_N, NSPLIT) pairs the tuner measures as `triton_splitk.b32s64`, ...; `splitk_config` is the
