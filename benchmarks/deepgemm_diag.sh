@@ -11,9 +11,11 @@
 # with -Wl,-Bsymbolic, with -fno-gnu-unique (its regex statics had bound to libtorch_python.so's
 # copies) or with -static-libstdc++ changed nothing. The cases below separate DeepGEMM from the
 # toolchain: the same regex in a plain program, in a shared library loaded after `import torch`, and in
-# a torch extension built as _C.so is; DeepGEMM with the system libstdc++ preloaded; then a debugger's
-# view of the faulting instruction. Each case is its own process, with a native backtrace on SIGSEGV /
-# SIGBUS / SIGABRT (an LD_PRELOADed handler) and unbuffered C output.
+# a torch extension built as _C.so is; DeepGEMM (staged since with its regexes replaced by string scans,
+# benchmarks/deepgemm_without_regex.py: the metadata call shows whether that is enough) alone and with
+# the system libstdc++ preloaded; then a debugger's view of any faulting instruction. Each case is its
+# own process, with a native backtrace on SIGSEGV / SIGBUS / SIGABRT (an LD_PRELOADed handler) and
+# unbuffered C output.
 set -u
 R=/tmp/kd-deepgemm/src; W=/tmp/dgdiag; O=${OUT:-$W/out}; mkdir -p "$W" "$O"
 export PYTHONPATH="$R${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

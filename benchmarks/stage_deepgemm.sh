@@ -27,6 +27,7 @@ mkdir -p "$out" "$work/src/third-party/cutlass/include" "$work/src/third-party/f
 
 git -C "$DG_REPO" archive "$DG_COMMIT" csrc deep_gemm setup.py LICENSE | tar -x -C "$work/src"
 git -C "$FMT_REPO" archive "$FMT_COMMIT" include | tar -x -C "$work/src/third-party/fmt"
+python "$(dirname "$0")/deepgemm_without_regex.py" "$work/src"  # its std::regex segfaulted on the GPU machine
 pip download --no-deps --quiet -d "$work/wheel" "$SGLANG_DG_SPEC"
 python -m zipfile -e "$work"/wheel/*.whl "$work/wheel/x"
 for d in cutlass cute; do cp -r "$work/wheel/x/deep_gemm/include/$d" "$work/src/third-party/cutlass/include/"; done
@@ -34,6 +35,7 @@ for d in cutlass cute; do cp -r "$work/wheel/x/deep_gemm/include/$d" "$work/src/
   echo "DeepGEMM $(git -C "$DG_REPO" rev-parse "$DG_COMMIT")"
   echo "fmt $(git -C "$FMT_REPO" rev-parse "$FMT_COMMIT")"
   echo "CUTLASS/CuTe headers from $SGLANG_DG_SPEC"
+  echo "std::regex replaced by string scans (benchmarks/deepgemm_without_regex.py)"
 } > "$work/src/STAGED"
 tar -C "$work" -cJf "$out/deepgemm-src.tar.xz" src
 
