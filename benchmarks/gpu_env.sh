@@ -18,8 +18,6 @@ if [ -d /tmp/kd-engines ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines";
 if [ -d /tmp/kd-engines-deps ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-engines-deps"; fi
 # vLLM's Python files and their one extra need (stage_engines.sh's engines-vllm bundle: benchmarks/vllm_kernels.py)
 if [ -d /tmp/kd-vllm ]; then export PYTHONPATH="$PYTHONPATH:/tmp/kd-vllm"; fi
-# DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh (its JIT finds nvcc through CUDA_HOME)
-if [ -f /tmp/kd-deepgemm/src/deep_gemm/_C.so ]; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/kd-deepgemm/src"
-  export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
-fi
+# DeepGEMM built by benchmarks/stage_deepgemm.sh's gpu-setup.sh: its path, CUDA_HOME for its JIT's nvcc,
+# the C++ runtime it needs preloaded
+if [ -f /tmp/kd-deepgemm/env.sh ]; then . /tmp/kd-deepgemm/env.sh; fi

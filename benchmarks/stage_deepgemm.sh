@@ -9,8 +9,8 @@
 #     bash benchmarks/stage_deepgemm.sh
 #   run: carry [".kd-wheels/deepgemm"], command bash .kd-wheels/deepgemm/gpu-setup.sh; then, in the same hold,
 #   `bash benchmarks/deepgemm_diag.sh` (why its first call segfaulted)
-# benchmarks/gpu_env.sh then puts /tmp/kd-deepgemm/src on PYTHONPATH (kernels/library/dsa/deepgemm.py
-# imports `deep_gemm`). DG_COMMIT / FMT_COMMIT pick the commits (default HEAD; the first staging used
+# benchmarks/gpu_env.sh then sources /tmp/kd-deepgemm/env.sh (`deep_gemm` on PYTHONPATH for
+# kernels/library/dsa/deepgemm.py, the shared C++ runtime preloaded). DG_COMMIT / FMT_COMMIT pick the commits (default HEAD; the first staging used
 # DeepGEMM 54e2261 = 2.6.1 and fmt 60ccad51). CUTLASS: DeepGEMM pins 4.2.1; the wheel's headers are
 # 4.8.1 (SGLANG_DG_SPEC picks the wheel).
 set -euo pipefail
@@ -68,9 +68,19 @@ print(f"deep_gemm._C built in {time.time() - t0:.0f} s")
 PY
   ) 2>&1 | tail -30
 fi
+# What a process needs to use this build (benchmarks/gpu_env.sh sources it). The extension comes out
+# with parts of the C++ runtime linked in statically (no libstdc++.so among its NEEDED) beside torch's
+# exported copies: its first locale use (std::regex, then an ostream's number formatting in its JIT
+# cache key) segfaulted in a half-bound facet (2026-11-27, benchmarks/deepgemm_diag.sh). With the
+# shared runtime preloaded, every C++ runtime symbol binds to one copy and the JIT runs.
+cat > "$root/env.sh" <<ENV
+export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}$root/src"
+export CUDA_HOME=\${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
+export LD_PRELOAD="$(g++ -print-file-name=libstdc++.so.6)\${LD_PRELOAD:+ \$LD_PRELOAD}"
+ENV
 # unbuffered, with the faulthandler: the first JIT call has segfaulted here (2026-11-25), which lost
 # buffered output; the exit status below says so
-cd "$root/src" && PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python -X faulthandler - <<'PY'
+cd "$root/src" && (. "$root/env.sh"; PYTHONUNBUFFERED=1 python -X faulthandler - <<'PY'
 try:
     import deep_gemm, torch
     print("deep_gemm imports:", deep_gemm.__version__, "SMs", deep_gemm.get_num_sms())
@@ -81,6 +91,7 @@ try:
 except Exception as exc:
     print("deep_gemm NOT usable:", type(exc).__name__, str(exc)[:2000])
 PY
+)
 status=$?
 [ "$status" -eq 0 ] || echo "deep_gemm check exited with status $status (139: a segfault)"
 SETUP

@@ -5,22 +5,23 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T19:03:14Z
+# measured    up to 2026-11-27T22:20:22Z
 # workloads   55 (workload-set digest 88f208243be25818)
 # baseline    flashmla_sparse
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashmla_sparse       c1753c656d506f3b  55/55  1.00x
-#   cuda_splitk.s1        ef0b2e54f63a4ff9  55/55  0.73x
-#   cuda_splitk.s16       be1fe4e93beb338b  37/37  4.10x
-#   cuda_splitk.s2        1daa51b99be51605  44/44  1.12x
-#   cuda_splitk.s4        3fd07cffc6cc77dd  42/42  1.79x
-#   cuda_splitk.s64       7550f244df1ff4f4  32/32  4.48x
-#   cuda_splitk.s8        46997bc3fac9af97  39/39  2.91x
+#   cuda_splitk.s1        269f495b0602c5e6  55/55  0.73x
+#   cuda_splitk.s16       ad5b84051cec1950  37/37  4.10x
+#   cuda_splitk.s2        77d532f5508e45bc  44/44  1.12x
+#   cuda_splitk.s4        3b3d2faa5ac9d64b  42/42  1.78x
+#   cuda_splitk.s64       4144c60a53f69e2b  32/32  4.52x
+#   cuda_splitk.s8        793e93d5b90aac65  39/39  2.92x
+#   flashinfer_fa3        efc272f344fe8e74  0/4  -  [RUNTIME_ERROR: trial 0: ValueError: query cannot provide the planned packed representation zero-copy; re-plan for split]
 #   reference             1ce1b87a23951010  55/55  0.22x
-#   triton_splitk.b32s64  bbae7e66dcaa9562  32/32  4.14x
-#   triton_splitk.b64s1   fb029d2b0e27b67d  55/55  0.85x
-#   triton_splitk.b64s16  992b66e56486f2eb  37/37  4.06x
-#   triton_splitk.b64s4   53f9ce8492e128aa  42/42  2.06x
+#   triton_splitk.b32s64  ff41e540ecde982a  32/32  4.16x
+#   triton_splitk.b64s1   e47dc92f45005393  55/55  0.85x
+#   triton_splitk.b64s16  448f059404394aba  37/37  4.06x
+#   triton_splitk.b64s4   b77aa1f5f7d7e871  42/42  2.07x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_splitk.s1        cfg=(1, 2, 2)
 #   cuda_splitk.s16       cfg=(16, 2, 2)
@@ -37,46 +38,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 46.97% max;
-#             1.189x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 21.70% mean, 473.95% max;
-#             1.315x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.96% mean, 47.05% max;
+#             1.188x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.54% mean, 74.09% max;
+#             1.376x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.54x (6.18x .. 8.38x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.87x (4.24x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.29x .. 3.57x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
-#   5. 121 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.22x) over flashmla_sparse
+#   5. 122 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
 #   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.13x (1.10x .. 1.13x) over flashmla_sparse
+#   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 2: cuda_splitk.s16, 11 workloads, 3.38x (1.77x .. 6.06x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b32s64, cuda_splitk.s1, triton_splitk.b64s1
-#   2. 2 < num_tokens <= 5: cuda_splitk.s64, 3 workloads, 2.86x (2.55x .. 3.25x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s4, triton_splitk.b32s64, cuda_splitk.s2, triton_splitk.b64s4, triton_splitk.b64s16, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 5 < num_tokens <= 6: cuda_splitk.s4, 3 workloads, 2.89x (2.65x .. 3.27x) over flashmla_sparse; then triton_splitk.b64s4, cuda_splitk.s64, cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b32s64, cuda_splitk.s2, triton_splitk.b64s16, cuda_splitk.s1, triton_splitk.b64s1
-#   4. 6 < num_tokens <= 13: cuda_splitk.s64, 14 workloads, 2.65x (1.55x .. 4.07x) over flashmla_sparse; then cuda_splitk.s16, triton_splitk.b64s4, triton_splitk.b32s64
-#   5. 13 < num_tokens <= 68: cuda_splitk.s8, 6 workloads, 2.26x (1.60x .. 3.21x) over flashmla_sparse; then cuda_splitk.s16, triton_splitk.b64s4, triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   6. 68 < num_tokens <= 156: cuda_splitk.s1, 3 workloads, 1.42x (1.22x .. 1.63x) over flashmla_sparse; then triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, triton_splitk.b64s1
-#   7. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.24x (1.09x .. 1.70x) over flashmla_sparse
+#   1. num_tokens <= 7: cuda_splitk.s16, 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   2. 7 < num_tokens <= 40: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
+#   3. 40 < num_tokens <= 156: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   4. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (6.18, 7.54, 8.38), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.24, 4.87, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.29, 2.29, 3.57), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (6.19, 7.57, 8.35), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.27, 4.87, 5.58), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.3, 2.29, 3.58), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (121, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.22), 'fallbacks': ()},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (122, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.21), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.12, 1.13), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 2)}, 'workloads': 11, 'speedup': (1.77, 3.38, 6.06), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b32s64', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 2, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (2, 5)}, 'workloads': 3, 'speedup': (2.55, 2.86, 3.25), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s4', 'bounds': {'num_tokens': (5, 6)}, 'workloads': 3, 'speedup': (2.65, 2.89, 3.27), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (6, 13)}, 'workloads': 14, 'speedup': (1.55, 2.65, 4.07), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64')},
-    {'region': 5, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (13, 68)}, 'workloads': 6, 'speedup': (1.6, 2.26, 3.21), 'fallbacks': ('cuda_splitk.s16', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 6, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (68, 156)}, 'workloads': 3, 'speedup': (1.22, 1.42, 1.63), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.09, 1.24, 1.7), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 7)}, 'workloads': 21, 'speedup': (2.61, 4.17, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 40)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 156)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -84,25 +79,25 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 7.54x (6.18x .. 8.38x) over flashmla_sparse
+    # region 1: 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse
     if num_tokens <= 3:
         return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 17 workloads, 4.87x (4.24x .. 5.51x) over flashmla_sparse
+    # region 2: 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse
     if 3 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 3: 7 workloads, 2.29x (1.29x .. 3.57x) over flashmla_sparse
+    # region 3: 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse
     if 8 < num_tokens <= 52:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
     # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 52 < num_tokens <= 118:
         return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'flashmla_sparse'
-    # region 5: 3 workloads, 1.16x (1.08x .. 1.22x) over flashmla_sparse
-    if 121 < num_tokens <= 269:
+    # region 5: 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
+    if 122 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
     # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 269 < num_tokens <= 612:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 7: 10 workloads, 1.13x (1.10x .. 1.13x) over flashmla_sparse
+    # region 7: 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
     if num_tokens > 612:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
@@ -110,25 +105,16 @@ def route(num_tokens, num_pages):
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 3.38x (1.77x .. 6.06x) over flashmla_sparse
-    if num_tokens <= 2:
-        return ('cuda_splitk.s16', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b32s64', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
-    # region 2: 3 workloads, 2.86x (2.55x .. 3.25x) over flashmla_sparse
-    if 2 < num_tokens <= 5:
-        return ('cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s4', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'cuda_splitk.s64'
-    # region 3: 3 workloads, 2.89x (2.65x .. 3.27x) over flashmla_sparse
-    if 5 < num_tokens <= 6:
-        return ('cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'cuda_splitk.s2', 'triton_splitk.b64s16', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s4'
-    # region 4: 14 workloads, 2.65x (1.55x .. 4.07x) over flashmla_sparse
-    if 6 < num_tokens <= 13:
-        return ('cuda_splitk.s64', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64') if inside else 'cuda_splitk.s64'
-    # region 5: 6 workloads, 2.26x (1.60x .. 3.21x) over flashmla_sparse
-    if 13 < num_tokens <= 68:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 6: 3 workloads, 1.42x (1.22x .. 1.63x) over flashmla_sparse
-    if 68 < num_tokens <= 156:
-        return ('cuda_splitk.s1', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
-    # region 7: 15 workloads, 1.24x (1.09x .. 1.70x) over flashmla_sparse
+    # region 1: 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse
+    if num_tokens <= 7:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+    # region 2: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
+    if 7 < num_tokens <= 40:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+    # region 3: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
+    if 40 < num_tokens <= 156:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+    # region 4: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
     if num_tokens > 156:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
