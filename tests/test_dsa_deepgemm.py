@@ -87,17 +87,32 @@ def test_a_wrong_mapping_fails_the_gate(peer):
     assert not indexer_verdict(args, bad).passed
 
 
-def test_deepgemm_variants_register_only_when_opted_in(monkeypatch):
-    """A segfault in DeepGEMM would end the serving process: without KDISPATCH_DEEPGEMM=1 neither
-    DeepGEMM variant is registered, so no router can send a call there."""
+def test_the_sm90_baseline_prefers_flashinfer_topk_then_torch_topk_then_the_reference(monkeypatch):
+    """What an H100 user of SGLang runs is the baseline: DeepGEMM's logits with FlashInfer's top-k where
+    its module is built, with torch.topk where it is not, the reference (and why) without DeepGEMM."""
     from kdispatch import registry
-    from kdispatch.kernels.library import deepgemm_gate
 
     registry.discover()
-    names = {v.name for d in ("dsa_topk_indexer", "moe_fp8") for v in registry.variants(d)}
-    assert deepgemm_gate.opted_in() or not names & {"deepgemm_torch_topk", "deepgemm_flashinfer_topk",
-                                                    "deepgemm_contiguous"}
-    monkeypatch.setenv(deepgemm_gate.SWITCH, "1")
-    assert deepgemm_gate.opted_in()
-    monkeypatch.setenv(deepgemm_gate.SWITCH, "0")
-    assert not deepgemm_gate.opted_in()
+    peers = {v.name: v for v in registry.variants(INDEXER) if v.name.startswith("deepgemm_")}
+    assert set(peers) == {"deepgemm_flashinfer_topk", "deepgemm_torch_topk"}
+    assert all(v.baseline and v.archs == ("sm90",) for v in peers.values())
+
+    def state(flashinfer_topk_built):
+        registry._BASELINES.clear()
+        for v in peers.values():
+            monkeypatch.setattr(v, "missing", ())
+        monkeypatch.setattr(peers["deepgemm_flashinfer_topk"], "not_ready",
+                            None if flashinfer_topk_built else "FlashInfer's top-k module is not built")
+        return registry.baseline(INDEXER, "sm90").name
+
+    try:
+        assert state(True) == "deepgemm_flashinfer_topk"
+        assert state(False) == "deepgemm_torch_topk"
+        assert registry.baseline(INDEXER, "sm100").name == "reference"
+        monkeypatch.setattr(peers["deepgemm_torch_topk"], "missing", ("deep_gemm",))
+        registry._BASELINES.clear()
+        assert registry.baseline(INDEXER, "sm90").name == "reference"
+        assert any("deep_gemm" in gap for gap in registry.baseline_gaps(INDEXER, "sm90"))
+    finally:
+        monkeypatch.undo()
+        registry._BASELINES.clear()

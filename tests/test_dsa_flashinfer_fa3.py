@@ -31,8 +31,10 @@ class FakeWrapper:
         assert backend == "fa3"
 
     def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale,
-             q_data_type, kv_data_type, lse_mode):
+             q_data_type, kv_data_type, lse_mode, query_layout, kv_cache_layout):
         m = metadata
+        # a plan's layouts bind its runs: FlashInfer refuses split tensors under a packed plan
+        assert query_layout == kv_cache_layout == "split"
         assert (num_heads, head_dim_ckv, head_dim_kpe, page_size, causal) == (16, 512, 64, 1, False)
         assert lse_mode == "base2" and q_data_type == kv_data_type == torch.bfloat16
         assert m.qo_indptr.device.type == m.kv_indptr.device.type == m.kv_len_arr.device.type == "cpu"
@@ -43,7 +45,8 @@ class FakeWrapper:
         assert m.kv_indices.dtype == torch.int32 and m.kv_indices.numel() == int(m.kv_indptr[-1])
         self.m, self.sm_scale = m, sm_scale
 
-    def run(self, q_nope, q_pe, ckv, kpe, *, return_lse):
+    def run(self, *, query, kv_cache, return_lse):
+        (q_nope, q_pe), (ckv, kpe) = query, kv_cache
         assert return_lse and ckv.shape[1:] == (1, 512) and kpe.shape[1:] == (1, 64)
         m = self.m
         ids = m.kv_indices.long()

@@ -2,11 +2,10 @@
 benchmarks/stage_deepgemm.sh) followed by a top-k: the DeepSeek-V3.2 indexer as SGLang 0.5.23 runs
 it on Hopper for decode (`dsa_indexer.py`, `_get_topk_paged`: DeepGEMM's logits, then a top-k over
 each row's first seq_len columns mapped through the page table; SGLang's default top-k is a JIT CUDA
-kernel). Two peers of dsa_topk_indexer on sm_90: `deepgemm_torch_topk` (`torch.topk`, as SGLang's
-"torch" top-k backend) and `deepgemm_flashinfer_topk` (FlashInfer's fused top-k + page-table
-transform, the contest baseline's top-k: the composition issue 16 names as the Hopper baseline;
-kernels/library/dsa/flashinfer_topk.py). Registered only with KDISPATCH_DEEPGEMM=1
-(kernels/library/deepgemm_gate.py says why); the baseline once DeepGEMM runs reliably there.
+kernel). The baseline of dsa_topk_indexer on sm_90, in this order: `deepgemm_flashinfer_topk`
+(FlashInfer's fused top-k + page-table transform, the contest baseline's top-k, where its module is
+built: kernels/library/dsa/flashinfer_topk.py), else `deepgemm_torch_topk` (`torch.topk`, SGLang's
+"torch" top-k backend); without DeepGEMM the reference stands in, and `kdispatch list` says why.
 
 The engine's call, and what the definition's padding rule adds to it:
 - q [B, 64, 128] FP8 goes in as [B, 1, 64, 128] (next_n = 1), the FP8 key cache's bytes as the
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from kdispatch.kernels.library import deepgemm_gate
 from kdispatch.kernels.library.dsa.flashinfer_topk import flashinfer_topk_ids, topk_module_ready
 from kdispatch.kernels.triton.dsa.indexer_fp8 import PAGE_SIZE, TOPK, torch_topk_ids
 from kdispatch.registry import variant
@@ -59,8 +57,8 @@ def dsa_indexer_deepgemm_flashinfer(q_index_fp8, k_index_cache_fp8, weights, seq
                                 select=flashinfer_topk_ids)
 
 
-if deepgemm_gate.opted_in():
-    variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",),
-            requires=("deep_gemm",))(dsa_indexer_deepgemm)
-    variant("dsa_topk_indexer", "deepgemm_flashinfer_topk", backend="library", archs=("sm90",),
-            requires=("deep_gemm", "flashinfer"), ready=topk_module_ready)(dsa_indexer_deepgemm_flashinfer)
+# registration order is the baseline's order of preference (registry.baseline)
+variant("dsa_topk_indexer", "deepgemm_flashinfer_topk", backend="library", archs=("sm90",), baseline=True,
+        requires=("deep_gemm", "flashinfer"), ready=topk_module_ready)(dsa_indexer_deepgemm_flashinfer)
+variant("dsa_topk_indexer", "deepgemm_torch_topk", backend="library", archs=("sm90",), baseline=True,
+        requires=("deep_gemm",))(dsa_indexer_deepgemm)

@@ -86,9 +86,10 @@ def dsa_sparse_attention_flashinfer_fa3(q_nope, q_pe, ckv_cache, kpe_cache, spar
     w.plan(metadata=MLAPlanMetadata.csr(torch.arange(lens.numel() + 1, dtype=torch.int32), kv_indptr,
                                         sparse_indices[valid], lens),  # row by row: each row's ids in order
            num_heads=HEADS, head_dim_ckv=CKV, head_dim_kpe=KPE, page_size=1, causal=False,
-           sm_scale=float(sm_scale), q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, lse_mode="base2")
-    out, out_lse = w.run(q_nope, q_pe, ckv_cache.view(tokens, 1, CKV), kpe_cache.view(tokens, 1, KPE),
-                         return_lse=True)
+           sm_scale=float(sm_scale), q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, lse_mode="base2",
+           query_layout="split", kv_cache_layout="split")  # the definition's separate tensors, not one packed row
+    kv_cache = (ckv_cache.view(tokens, 1, CKV), kpe_cache.view(tokens, 1, KPE))
+    out, out_lse = w.run(query=(q_nope, q_pe), kv_cache=kv_cache, return_lse=True)
     if every:
         return out, out_lse
     output[on_device] = out

@@ -1,8 +1,7 @@
 """DeepGEMM's grouped FP8 GEMMs (`m_grouped_fp8_gemm_nt_contiguous`, DeepGEMM 2.6.1 built on the GPU
 machine by benchmarks/stage_deepgemm.sh) behind the moe_fp8 definition: the contiguous-layout
 pipeline SGLang's DeepGEMM MoE runner uses on Hopper for prefill-size batches, a peer of the
-moe_fp8 variants on sm_90, registered only with KDISPATCH_DEEPGEMM=1 (its first call segfaulted on
-the GPU machine: kernels/library/deepgemm_gate.py).
+moe_fp8 variants on sm_90.
 
     step                 SGLang (deep_gemm runner, contiguous)      here
     routing + layout     its router; ep_scatter: rows grouped by    kdispatch's fused Triton routing
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from kdispatch.kernels.library import deepgemm_gate
 from kdispatch.kernels.triton.moe.fp8_grouped import _fused_route_layout
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
@@ -75,6 +73,5 @@ def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_
     return out.to(torch.bfloat16)
 
 
-if deepgemm_gate.opted_in():
-    variant("moe_fp8", "deepgemm_contiguous", backend="library", archs=("sm90",),
-            requires=("deep_gemm",))(moe_fp8_deepgemm)
+variant("moe_fp8", "deepgemm_contiguous", backend="library", archs=("sm90",),
+        requires=("deep_gemm",))(moe_fp8_deepgemm)
