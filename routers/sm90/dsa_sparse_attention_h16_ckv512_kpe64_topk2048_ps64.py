@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T22:20:22Z
+# measured    up to 2026-11-27T22:50:01Z
 # workloads   55 (workload-set digest 88f208243be25818)
 # baseline    flashmla_sparse
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -16,7 +16,7 @@
 #   cuda_splitk.s4        3b3d2faa5ac9d64b  42/42  1.78x
 #   cuda_splitk.s64       4144c60a53f69e2b  32/32  4.52x
 #   cuda_splitk.s8        793e93d5b90aac65  39/39  2.92x
-#   flashinfer_fa3        efc272f344fe8e74  0/4  -  [RUNTIME_ERROR: trial 0: ValueError: query cannot provide the planned packed representation zero-copy; re-plan for split]
+#   flashinfer_fa3        8f4b1c90701f4b2d  55/55  0.08x  [55 not graph-safe]
 #   reference             1ce1b87a23951010  55/55  0.22x
 #   triton_splitk.b32s64  ff41e540ecde982a  32/32  4.16x
 #   triton_splitk.b64s1   e47dc92f45005393  55/55  0.85x

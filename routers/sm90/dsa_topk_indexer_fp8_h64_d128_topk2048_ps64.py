@@ -5,53 +5,57 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T20:43:23Z
+# measured    up to 2026-11-27T23:06:43Z
 # workloads   158 (workload-set digest 12c4c0c9ed3d172c)
-# baseline    reference
+# baseline    deepgemm_flashinfer_topk
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference                   1fccd3d055194bde  158/158  1.00x
-#   cuda_radix_select           4babe710db292558  146/146  34.77x
-#   cuda_wgmma_radix            606e82ccedfa9861  146/146  35.93x
-#   torch_passthrough           e9c76d260eb89f58  82/82  3.13x
-#   triton_fp8_flashinfer_topk  470851c88758494c  158/158  14.14x
-#   triton_fp8_radix            b3874199a7809899  146/146  21.42x
-#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  158/158  2.36x
-#   triton_passthrough          4bebdb903ac789de  82/82  80.40x
+#   deepgemm_flashinfer_topk    c032d2b7665180dc  158/158  1.00x
+#   cuda_radix_select           4babe710db292558  146/146  5.42x
+#   cuda_wgmma_radix            606e82ccedfa9861  146/146  5.59x
+#   deepgemm_torch_topk         31592bc8953039b9  158/158  0.29x
+#   reference                   1fccd3d055194bde  158/158  0.14x
+#   torch_passthrough           e9c76d260eb89f58  82/82  0.56x
+#   triton_fp8_flashinfer_topk  470851c88758494c  158/158  2.03x
+#   triton_fp8_radix            b3874199a7809899  146/146  3.34x
+#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  158/158  0.34x
+#   triton_passthrough          4bebdb903ac789de  82/82  14.48x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
-#             48.032x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.09% mean, 10.38% max;
+#             2.949x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 1.61% mean, 35.37% max;
-#             19.824x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             7.410x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 29.80x (15.40x .. 68.75x) over reference; then cuda_radix_select, triton_fp8_flashinfer_topk, triton_fp8_radix, triton_fp8_torch_topk
-#   2. not kv_fits_topk and max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 24.68x (9.69x .. 62.87x) over reference; then triton_fp8_torch_topk
-#   3. kv_fits_topk: triton_passthrough, 82 workloads, 80.40x (48.64x .. 143.41x) over reference; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough, triton_fp8_torch_topk
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 3.85x (2.77x .. 4.83x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
+#   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 9 workloads, 1.44x (1.19x .. 1.69x) over deepgemm_flashinfer_topk
+#   3. max_num_pages > 124 and kv_pages > 26974: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
+#   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 14.48x (11.86x .. 16.09x) over deepgemm_flashinfer_topk; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: cuda_wgmma_radix, 62 workloads, 18.71x (11.13x .. 33.69x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   2. max_num_pages <= 19 and 14 < kv_pages <= 109: triton_passthrough, 15 workloads, 26.10x (15.64x .. 44.80x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
-#   3. max_num_pages <= 124 and kv_pages <= 14: triton_passthrough, 20 workloads, 23.43x (14.10x .. 38.53x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
-#   4. 19 < max_num_pages <= 124 and 14 < kv_pages <= 109: cuda_wgmma_radix, 3 workloads, 19.32x (9.28x .. 29.77x) over reference; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   5. max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 6.87x (2.07x .. 60.92x) over reference; then triton_fp8_torch_topk
-#   6. kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: triton_passthrough, 46 workloads, 28.00x (12.51x .. 46.11x) over reference; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
+#   1. not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: cuda_wgmma_radix, 62 workloads, 9.03x (4.91x .. 17.37x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
+#   2. max_num_pages <= 19 and 14 < kv_pages <= 109: triton_passthrough, 15 workloads, 14.21x (6.62x .. 25.98x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   3. max_num_pages <= 124 and kv_pages <= 14: triton_passthrough, 20 workloads, 12.33x (5.96x .. 24.56x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   4. 19 < max_num_pages <= 124 and 14 < kv_pages <= 109: cuda_wgmma_radix, 3 workloads, 7.20x (4.14x .. 9.78x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   5. max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 1.76x (1.16x .. 3.05x) over deepgemm_flashinfer_topk
+#   6. kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: triton_passthrough, 46 workloads, 10.73x (5.99x .. 26.04x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (15.4, 29.8, 68.75), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk', 'triton_fp8_radix', 'triton_fp8_torch_topk')},
-    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (9.69, 24.68, 62.87), 'fallbacks': ('triton_fp8_torch_topk',)},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None)}, 'workloads': 82, 'speedup': (48.64, 80.4, 143.41), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough', 'triton_fp8_torch_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (2.77, 3.85, 4.83), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_pages': (None, 26974), 'max_num_pages': (124, None)}, 'workloads': 9, 'speedup': (1.19, 1.44, 1.69), 'fallbacks': ()},
+    {'region': 3, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'kv_pages': (26974, None), 'max_num_pages': (124, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 82, 'speedup': (11.86, 14.48, 16.09), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 62, 'speedup': (11.13, 18.71, 33.69), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (None, 19)}, 'workloads': 15, 'speedup': (15.64, 26.1, 44.8), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 14), 'max_num_pages': (None, 124)}, 'workloads': 20, 'speedup': (14.1, 23.43, 38.53), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
-    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (19, 124)}, 'workloads': 3, 'speedup': (9.28, 19.32, 29.77), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (2.07, 6.87, 60.92), 'fallbacks': ('triton_fp8_torch_topk',)},
-    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 46, 'speedup': (12.51, 28.0, 46.11), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 62, 'speedup': (4.91, 9.03, 17.37), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (None, 19)}, 'workloads': 15, 'speedup': (6.62, 14.21, 25.98), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 14), 'max_num_pages': (None, 124)}, 'workloads': 20, 'speedup': (5.96, 12.33, 24.56), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (19, 124)}, 'workloads': 3, 'speedup': (4.14, 7.2, 9.78), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (1.16, 1.76, 3.05), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 46, 'speedup': (5.99, 10.73, 26.04), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -62,16 +66,19 @@ def route(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 64 workloads, 29.80x (15.40x .. 68.75x) over reference
+    # region 1: 64 workloads, 3.85x (2.77x .. 4.83x) over deepgemm_flashinfer_topk
     if not kv_fits_topk and max_num_pages <= 124:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk', 'triton_fp8_radix', 'triton_fp8_torch_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 12 workloads, 24.68x (9.69x .. 62.87x) over reference
-    if not kv_fits_topk and max_num_pages > 124:
-        return ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'triton_fp8_flashinfer_topk'
-    # region 3: 82 workloads, 80.40x (48.64x .. 143.41x) over reference
-    if kv_fits_topk:
-        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough', 'triton_fp8_torch_topk') if inside else 'triton_passthrough'
-    return 'reference'
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 9 workloads, 1.44x (1.19x .. 1.69x) over deepgemm_flashinfer_topk
+    if max_num_pages > 124 and kv_pages <= 26974:
+        return 'triton_fp8_flashinfer_topk'
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if max_num_pages > 124 and kv_pages > 26974:
+        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
+    # region 4: 82 workloads, 14.48x (11.86x .. 16.09x) over deepgemm_flashinfer_topk
+    if kv_fits_topk and max_num_pages <= 124:
+        return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
+    return 'deepgemm_flashinfer_topk'
 
 
 def route_eager(batch_size, max_num_pages, num_pages):
@@ -79,22 +86,22 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 62 workloads, 18.71x (11.13x .. 33.69x) over reference
+    # region 1: 62 workloads, 9.03x (4.91x .. 17.37x) over deepgemm_flashinfer_topk
     if not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 15 workloads, 26.10x (15.64x .. 44.80x) over reference
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 15 workloads, 14.21x (6.62x .. 25.98x) over deepgemm_flashinfer_topk
     if max_num_pages <= 19 and 14 < kv_pages <= 109:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 3: 20 workloads, 23.43x (14.10x .. 38.53x) over reference
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
+    # region 3: 20 workloads, 12.33x (5.96x .. 24.56x) over deepgemm_flashinfer_topk
     if max_num_pages <= 124 and kv_pages <= 14:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
-    # region 4: 3 workloads, 19.32x (9.28x .. 29.77x) over reference
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
+    # region 4: 3 workloads, 7.20x (4.14x .. 9.78x) over deepgemm_flashinfer_topk
     if 19 < max_num_pages <= 124 and 14 < kv_pages <= 109:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 5: 12 workloads, 6.87x (2.07x .. 60.92x) over reference
+    # region 5: 12 workloads, 1.76x (1.16x .. 3.05x) over deepgemm_flashinfer_topk
     if max_num_pages > 124:
-        return ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk') if inside else 'triton_fp8_flashinfer_topk'
-    # region 6: 46 workloads, 28.00x (12.51x .. 46.11x) over reference
+        return 'triton_fp8_flashinfer_topk'
+    # region 6: 46 workloads, 10.73x (5.99x .. 26.04x) over deepgemm_flashinfer_topk
     if kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'triton_passthrough'
-    return 'reference'
+        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
+    return 'deepgemm_flashinfer_topk'

@@ -5,11 +5,12 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T14:16:21Z
+# measured    up to 2026-11-27T22:44:10Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  35/35  1.00x
+#   deepgemm_contiguous     88725ac4ac7af732  35/35  0.25x
 #   reference               c16a3bde9b55b3d2  35/35  0.04x
 #   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.28x
 #   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.35x
