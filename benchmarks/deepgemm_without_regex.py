@@ -1,8 +1,10 @@
 """Rewrites DeepGEMM's three uses of std::regex (in a source tree staged by benchmarks/stage_deepgemm.sh)
 as plain string scans, same results: the include scan that keys its JIT cache, the NVCC version
 parse and the optional local-memory check. On the GPU machine (2026-11-27) every call reaching
-DeepGEMM's JIT segfaulted inside std::regex's compiler, in the include scan, before any compile
-(benchmarks/deepgemm_diag.sh separates DeepGEMM from the toolchain there).
+DeepGEMM's JIT segfaulted inside std::regex's compiler, in the include scan, before any compile;
+without the regexes it segfaulted at the next locale use, and the cause was the extension's two
+copies of the C++ runtime (benchmarks/stage_deepgemm.sh preloads the shared one). The build that
+runs there and was measured is this one, regex-free.
 
     python benchmarks/deepgemm_without_regex.py SRC    # SRC holds csrc/jit/*.hpp
 

@@ -7,8 +7,7 @@
 #
 #   DG_REPO=<DeepGEMM checkout or bare git dir> FMT_REPO=<fmt checkout or git dir> \
 #     bash benchmarks/stage_deepgemm.sh
-#   run: carry [".kd-wheels/deepgemm"], command bash .kd-wheels/deepgemm/gpu-setup.sh; then, in the same hold,
-#   `bash benchmarks/deepgemm_diag.sh` (why its first call segfaulted)
+#   run: carry [".kd-wheels/deepgemm"], command bash .kd-wheels/deepgemm/gpu-setup.sh (~50 s to build)
 # benchmarks/gpu_env.sh then sources /tmp/kd-deepgemm/env.sh (`deep_gemm` on PYTHONPATH for
 # kernels/library/dsa/deepgemm.py, the shared C++ runtime preloaded). DG_COMMIT / FMT_COMMIT pick the commits (default HEAD; the first staging used
 # DeepGEMM 54e2261 = 2.6.1 and fmt 60ccad51). CUTLASS: DeepGEMM pins 4.2.1; the wheel's headers are
@@ -71,7 +70,7 @@ fi
 # What a process needs to use this build (benchmarks/gpu_env.sh sources it). The extension comes out
 # with parts of the C++ runtime linked in statically (no libstdc++.so among its NEEDED) beside torch's
 # exported copies: its first locale use (std::regex, then an ostream's number formatting in its JIT
-# cache key) segfaulted in a half-bound facet (2026-11-27, benchmarks/deepgemm_diag.sh). With the
+# cache key) segfaulted in a half-bound facet (2026-11-27; gdb and a native backtrace placed it). With the
 # shared runtime preloaded, every C++ runtime symbol binds to one copy and the JIT runs.
 cat > "$root/env.sh" <<ENV
 export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}$root/src"
