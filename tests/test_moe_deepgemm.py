@@ -1,7 +1,9 @@
-"""The DeepGEMM MoE peer's glue (kernels/library/moe/deepgemm.py) on the CPU, against a stand-in for
-DeepGEMM 2.6.1's `m_grouped_fp8_gemm_nt_contiguous` that keeps its contract: FP8 K-major operands
-with [M, K / 128] and [G, N / 128, K / 128] fp32 scales, a bf16 output, int32 m_indices whose every
-expert run starts at a multiple of 128 rows, and padding rows (-1) left as garbage (NaN here). Sizes
+"""The DeepGEMM MoE peers' glue (kernels/library/moe/deepgemm.py) on the CPU, against stand-ins for
+DeepGEMM 2.6.1's grouped GEMMs that keep their contracts: FP8 K-major operands with per-row,
+128-column and [G, N / 128, K / 128] fp32 scales, a bf16 output; contiguous: int32 m_indices whose
+every expert run starts at a multiple of 128 rows, padding rows (-1) left as garbage (NaN here);
+masked: [G, M, K] buffers, int32 per-expert row counts, rows past them read as garbage and written
+as NaN. Sizes
 and the float64 expected value: tests/moe_small.py (the routing at full size, 32 local experts)."""
 import sys
 import types
@@ -43,15 +45,34 @@ def _fake_deep_gemm(calls):
                 d[rows] = (xd[rows] @ _dequant(w[e], ws[e], 128).t()).to(torch.bfloat16)
         calls.append(m)
 
-    return types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=m_grouped_fp8_gemm_nt_contiguous)
+    def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m):
+        (x, xs), (w, ws) = a, b
+        g, m, k = x.shape
+        _, n, _ = w.shape
+        assert x.dtype == w.dtype == torch.float8_e4m3fn and x.is_contiguous() and w.is_contiguous()
+        assert xs.shape == (g, m, k // 128) and ws.shape == (g, n // 128, k // 128) and xs.dtype == torch.float32
+        assert d.shape == (g, m, n) and d.dtype == torch.bfloat16 and d.is_contiguous()
+        assert masked_m.shape == (g,) and masked_m.dtype == torch.int32 and masked_m.is_contiguous()
+        assert isinstance(expected_m, int) and expected_m > 0 and m % 128 == 0
+        assert bool(((masked_m >= 0) & (masked_m <= m)).all())
+        d.fill_(float("nan"))  # rows past an expert's count are garbage
+        for e in range(g):
+            r = int(masked_m[e])
+            if r:  # only the counted rows are read: the rest of the buffer may hold anything
+                d[e, :r] = (_dequant(x[e, :r], xs[e, :r], 1) @ _dequant(w[e], ws[e], 128).t()).to(torch.bfloat16)
+        calls.append(m)
+
+    return types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=m_grouped_fp8_gemm_nt_contiguous,
+                                 m_grouped_fp8_gemm_nt_masked=m_grouped_fp8_gemm_nt_masked)
 
 
-@pytest.fixture
-def peer(monkeypatch):
+@pytest.fixture(params=["contiguous", "masked"])
+def peer(monkeypatch, request):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
     from kdispatch.kernels.library.moe import deepgemm
-    return deepgemm.moe_fp8_deepgemm, calls
+    fn = deepgemm.moe_fp8_deepgemm if request.param == "contiguous" else deepgemm.moe_fp8_deepgemm_masked
+    return fn, calls
 
 
 @pytest.mark.parametrize("T,offset", [(1, 0), (6, 64), (23, 224)])
