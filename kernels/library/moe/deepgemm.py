@@ -17,9 +17,12 @@ moe_fp8 variants on sm_90.
 
 DeepGEMM's contiguous layout needs each expert's rows to start at a multiple of 128 (its BLOCK_M
 on sm_90) and marks padding rows -1 (their blocks are skipped); it converts the activation scales
-into its TMA-aligned layout itself. The row count is the static bound T * 8 + 32 * 127 rounded up
-to 128, so a call stays capturable (no host sync); at small batches most rows are padding, which
-is why SGLang uses the masked layout there.
+into its TMA-aligned layout itself. SGLang sizes the rows from per-expert counts its host holds
+(DeepEP hands them over); here the routed block count is read back, a sync, so the variant runs
+eagerly only (a capture raises), as SGLang's prefill does. Sized instead for the worst case (T x 8
+rows plus each expert's padding, capturable), it took 3-28x the routed variants' time on the H100
+(2026-11-27): DeepGEMM's time grew with the bound, not with the routed rows. At small batches most
+rows are still padding, which is why SGLang uses the masked layout there.
 
 `deepgemm_masked` is that decode-size layout (`m_grouped_fp8_gemm_nt_masked`, SGLang's DeepGEMM
 runner below ~128 tokens in its low-latency mode): each local expert's rows in a buffer of its own,
@@ -55,6 +58,9 @@ def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_
                      routed_scaling_factor):
     import deep_gemm
 
+    if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("deepgemm_contiguous sizes its rows from the routed counts, read back with a sync "
+                           "that a CUDA graph capture does not allow")
     num_tokens, hidden = hidden_states.shape
     num_local, two_inter, _ = gemm1_weights.shape
     out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=hidden_states.device)
@@ -62,6 +68,10 @@ def moe_fp8_deepgemm(routing_logits, routing_bias, hidden_states, hidden_states_
         return out.to(torch.bfloat16)
     pair_weights, row_pair, block_expert = _fused_route_layout(
         routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, BLOCK_M)
+    blocks = int((block_expert < num_local).sum())  # the sync: the experts' runs come first, in order
+    if blocks == 0:
+        return out.to(torch.bfloat16)
+    row_pair, block_expert = row_pair[:blocks * BLOCK_M], block_expert[:blocks]
     live = row_pair >= 0
     m_indices = torch.where(live, block_expert.repeat_interleave(BLOCK_M), -1).to(torch.int32)
     pair = row_pair.clamp(min=0).long()
