@@ -1,4 +1,5 @@
-"""The DeepGEMM MoE peers' glue (kernels/library/moe/deepgemm.py) on the CPU, against stand-ins for
+"""The DeepGEMM MoE variants' glue (kernels/library/moe/deepgemm.py: torch ops; deepgemm_fused.py: Triton
+kernels) on the CPU, against stand-ins for
 DeepGEMM 2.6.1's grouped GEMMs that keep their contracts: FP8 K-major operands with per-row,
 128-column and [G, N / 128, K / 128] fp32 scales, a bf16 output; contiguous: int32 m_indices whose
 every expert run starts at a multiple of 128 rows, padding rows (-1) left as garbage (NaN here);
@@ -66,12 +67,13 @@ def _fake_deep_gemm(calls):
                                  m_grouped_fp8_gemm_nt_masked=m_grouped_fp8_gemm_nt_masked)
 
 
-@pytest.fixture(params=["contiguous", "masked"])
+@pytest.fixture(params=["contiguous", "masked", "fused"])
 def peer(monkeypatch, request):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
-    from kdispatch.kernels.library.moe import deepgemm
-    fn = deepgemm.moe_fp8_deepgemm if request.param == "contiguous" else deepgemm.moe_fp8_deepgemm_masked
+    from kdispatch.kernels.library.moe import deepgemm, deepgemm_fused
+    fn = {"contiguous": deepgemm.moe_fp8_deepgemm, "masked": deepgemm.moe_fp8_deepgemm_masked,
+          "fused": deepgemm_fused.moe_fp8_deepgemm_fused}[request.param]
     return fn, calls, request.param
 
 
@@ -87,7 +89,7 @@ def test_peer_matches_the_dense_formula(peer, T, offset):
     torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
     assert (got - want).norm() <= 0.04 * want.norm() + 1e-9
     # the contiguous layout is sized from the routed rows: none routed here, no GEMM
-    assert len(calls) == (0 if layout == "contiguous" and not want.any() else 2)
+    assert len(calls) == (0 if layout != "masked" and not want.any() else 2)
 
 
 def test_no_local_expert_gives_zeros(peer):

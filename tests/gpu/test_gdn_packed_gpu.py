@@ -15,7 +15,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
 VARIANTS = ["cuda_decode_pool_rows.r1cs", "cuda_decode_pool_rows.r4cs", "cuda_decode_pool_rows.r8", "cuda_decode_pool_rows.r32cs",
-            "cuda_decode_pool_warps.r8w1", "cuda_decode_pool_warps.r32w1cs", "cuda_decode_pool_warps.r16w2cs",
             "sglang_packed_decode"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
