@@ -64,7 +64,10 @@ PY
   cat > "$out/gpu-setup.sh" <<SETUP
 set -euo pipefail
 here=\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)
-. /tmp/kd-site/env.sh
+# the project's path too (the fa3 module's name comes from kdispatch.kernels), not only the packages':
+# with /tmp/kd-site/env.sh alone the name lookup failed and, the script stopping there, FlashInfer's
+# top-k module was never installed (2026-11-28)
+. benchmarks/gpu_env.sh
 $module_name
 if [ -f "\$here/fa3-sources.zip" ]; then
   site=\$(python -c "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('flashinfer').origin)))")

@@ -5,12 +5,14 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T22:44:10Z
+# measured    up to 2026-11-28T00:25:13Z
 # workloads   35 (workload-set digest 9c7c2bc2b67c7ec0)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  35/35  1.00x
-#   deepgemm_contiguous     88725ac4ac7af732  35/35  0.25x
+#   deepgemm_contiguous     fc6272498afab248  35/35  0.30x  [35 not graph-safe]
+#   deepgemm_fused          6a1cf90b62bb2cb1  35/35  0.58x  [35 not graph-safe]
+#   deepgemm_masked         d75806961cf4dc14  26/26  0.75x
 #   reference               c16a3bde9b55b3d2  35/35  0.04x
 #   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.28x
 #   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.35x
@@ -39,8 +41,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.82% mean, 6.33% max;
 #             1.357x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.23% mean, 6.38% max;
-#             2.010x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.70% mean, 18.54% max;
+#             2.719x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
 #   2. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr
@@ -48,9 +50,10 @@
 #   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.44x (1.32x .. 1.54x) over sglang_triton_moe; then triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr
-#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8
-#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. seq_len > 1448: triton_grouped_m64q.fr, 7 workloads, 1.84x (1.38x .. 2.60x) over sglang_triton_moe; then triton_grouped_m64.fr
+#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused
+#   3. 40 < seq_len <= 679: triton_grouped_m32q.fr, 14 workloads, 2.23x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused
+#   4. 679 < seq_len <= 5792: triton_grouped_m64q.fr, 4 workloads, 2.59x (2.30x .. 2.75x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, deepgemm_fused
+#   5. seq_len > 5792: deepgemm_fused, 5 workloads, 2.85x (2.70x .. 3.06x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
@@ -62,9 +65,10 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 16, 'speedup': (2.0, 2.29, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.38, 1.84, 2.6), 'fallbacks': ('triton_grouped_m64.fr',)},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 679)}, 'workloads': 14, 'speedup': (2.0, 2.23, 3.35), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (679, 5792)}, 'workloads': 4, 'speedup': (2.3, 2.59, 2.75), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'deepgemm_fused', 'bounds': {'seq_len': (5792, None)}, 'workloads': 5, 'speedup': (2.7, 2.85, 3.06), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,11 +98,14 @@ def route_eager(seq_len):
         return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s8'
     # region 2: 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe
     if 2 < seq_len <= 40:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 3: 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe
-    if 40 < seq_len <= 1448:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 7 workloads, 1.84x (1.38x .. 2.60x) over sglang_triton_moe
-    if seq_len > 1448:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
+    # region 3: 14 workloads, 2.23x (2.00x .. 3.35x) over sglang_triton_moe
+    if 40 < seq_len <= 679:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 4 workloads, 2.59x (2.30x .. 2.75x) over sglang_triton_moe
+    if 679 < seq_len <= 5792:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 5: 5 workloads, 2.85x (2.70x .. 3.06x) over sglang_triton_moe
+    if seq_len > 5792:
+        return ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused'
     return 'sglang_triton_moe'
