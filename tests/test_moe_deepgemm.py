@@ -6,6 +6,7 @@ every expert run starts at a multiple of 128 rows, padding rows (-1) left as gar
 masked: [G, M, K] buffers, int32 per-expert row counts, rows past them read as garbage and written
 as NaN. Sizes
 and the float64 expected value: tests/moe_small.py (the routing at full size, 32 local experts)."""
+import functools
 import sys
 import types
 
@@ -67,13 +68,14 @@ def _fake_deep_gemm(calls):
                                  m_grouped_fp8_gemm_nt_masked=m_grouped_fp8_gemm_nt_masked)
 
 
-@pytest.fixture(params=["contiguous", "masked", "fused"])
+@pytest.fixture(params=["contiguous", "masked", "fused-counted", "fused-bound"])
 def peer(monkeypatch, request):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm(calls))
     from kdispatch.kernels.library.moe import deepgemm, deepgemm_fused
     fn = {"contiguous": deepgemm.moe_fp8_deepgemm, "masked": deepgemm.moe_fp8_deepgemm_masked,
-          "fused": deepgemm_fused.moe_fp8_deepgemm_fused}[request.param]
+          "fused-counted": functools.partial(deepgemm_fused.moe_fp8_deepgemm_fused, bound=False),
+          "fused-bound": functools.partial(deepgemm_fused.moe_fp8_deepgemm_fused, bound=True)}[request.param]
     return fn, calls, request.param
 
 
@@ -88,8 +90,8 @@ def test_peer_matches_the_dense_formula(peer, T, offset):
     # the SwiGLU output is re-quantised to FP8 between the GEMMs, as in SGLang's pipeline
     torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
     assert (got - want).norm() <= 0.04 * want.norm() + 1e-9
-    # the contiguous layout is sized from the routed rows: none routed here, no GEMM
-    assert len(calls) == (0 if layout != "masked" and not want.any() else 2)
+    # the counted contiguous layouts are sized from the routed rows: none routed here, no GEMM
+    assert len(calls) == (0 if layout in ("contiguous", "fused-counted") and not want.any() else 2)
 
 
 def test_no_local_expert_gives_zeros(peer):

@@ -158,5 +158,7 @@ SPECS = {
         rotation=Rotation("routing_logits", _rotate_logits, _set_bytes, max_sets=8),
         reference_graph_safe=False,  # picks the hit experts on the host
         floor=floor,
-        coverage=Coverage({"seq_len": (1, 32768)}, points=16, heldout=10)),
+        # the grid: where DeepGEMM's variants overtake the Triton ones (eagerly between 4,096 and
+        # 8,192 tokens, H100, 2026-11-28), which the log-spaced points bracket only coarsely
+        coverage=Coverage({"seq_len": (1, 32768)}, points=16, heldout=10, grid={"seq_len": (3072, 5120, 6144, 7168)})),
 }

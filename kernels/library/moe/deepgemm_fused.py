@@ -9,9 +9,8 @@ index_add_ 898 us, the SiLU-and-mul and re-quantisation about 2 ms in a dozen el
 Here, around the same GEMMs:
 
 1. routing and the expert-sorted layout: the Triton grouped variants' `_fused_route_layout` with
-   128-row blocks (DeepGEMM's M alignment on sm_90); the live row blocks counted on the host (a sync,
-   as in deepgemm_contiguous: eager only, a capture raises; SGLang's DeepGEMM runner sizes its rows
-   from host-side counts too).
+   128-row blocks (DeepGEMM's M alignment on sm_90): each expert's run of rows, then blocks past the
+   last expert (their `block_expert` is the local expert count).
 2. `_gather_rows_kernel`: each row's token's FP8 activations and their scales ([rows, H / 128], the
    layout DeepGEMM converts itself), the row's expert (m_indices, -1 for padding rows, whose
    activations are zeros), and each routed pair's row (for the combine).
@@ -19,6 +18,14 @@ Here, around the same GEMMs:
    FP8 with one scale per row and 128 columns (SGLang's quantisation of the down projection input).
 4. GEMM2 (bf16 [rows, H]), then `_combine_kernel`: each token's output is the weighted sum of its
    routed rows, in fp32, written as bf16: no fp32 buffer, no atomics, a fixed summation order.
+
+Two sizings of the rows, two variants:
+- `deepgemm_fused`: the live row blocks counted on the host (a sync, as in deepgemm_contiguous: eager only, a
+  capture raises; SGLang's DeepGEMM runner sizes its rows from host-side counts too);
+- `deepgemm_fused_bound`: every buffer sized for the most rows the routing can place (T x 8 plus each expert's
+  padding), no sync, capturable. Blocks past the last expert are marked -1 in m_indices, which
+  DeepGEMM skips, and the glue kernels return at once there; the buffers hold ~0.26 GB per 1,000
+  tokens (8.5 GB at 32,768), kept by a CUDA graph's memory pool.
 """
 from __future__ import annotations
 
@@ -41,14 +48,17 @@ COMBINE_COLS = 1024  # output columns a combine program writes
 @triton.jit
 def _gather_rows_kernel(x_ptr, x_scale_ptr, row_pair_ptr, block_expert_ptr, a_ptr, a_scale_ptr, m_indices_ptr,
                         pair_row_ptr, num_tokens,
-                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-                        COLS: tl.constexpr, KB: tl.constexpr, KB_POW2: tl.constexpr):
+                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                        ROWS: tl.constexpr, COLS: tl.constexpr, KB: tl.constexpr, KB_POW2: tl.constexpr):
+    tl.static_assert(BLOCK_M % ROWS == 0)  # a program's rows lie in one block: one expert
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    expert = tl.load(block_expert_ptr + tl.program_id(0) * ROWS // BLOCK_M)
     pair = tl.load(row_pair_ptr + rows)
     live = pair >= 0
-    token = tl.where(live, pair // TOP_K, 0).to(tl.int64)
-    expert = tl.load(block_expert_ptr + rows // BLOCK_M)
     tl.store(m_indices_ptr + rows, tl.where(live, expert, -1))
+    if expert >= NUM_LOCAL:
+        return  # a block past the last expert (bound sizing): DeepGEMM skips it, nothing to copy
+    token = tl.where(live, pair // TOP_K, 0).to(tl.int64)
     tl.store(pair_row_ptr + pair, rows, mask=live)
     r64 = rows.to(tl.int64)
     for c in range(0, HIDDEN, COLS):  # FP8 bytes, moved as uint8
@@ -63,8 +73,11 @@ def _gather_rows_kernel(x_ptr, x_scale_ptr, row_pair_ptr, block_expert_ptr, a_pt
 
 
 @triton.jit
-def _silu_mul_quant_kernel(h_ptr, y_ptr, y_scale_ptr, INTER: tl.constexpr, ROWS: tl.constexpr, QB: tl.constexpr,
-                           ON_GRID: tl.constexpr):
+def _silu_mul_quant_kernel(h_ptr, block_expert_ptr, y_ptr, y_scale_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr,
+                           BLOCK_M: tl.constexpr, ROWS: tl.constexpr, QB: tl.constexpr, ON_GRID: tl.constexpr):
+    tl.static_assert(BLOCK_M % ROWS == 0)
+    if tl.load(block_expert_ptr + tl.program_id(0) * ROWS // BLOCK_M) >= NUM_LOCAL:
+        return  # past the last expert (bound sizing)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     block = tl.program_id(1)
     cols = block * QB + tl.arange(0, QB)
@@ -96,12 +109,12 @@ def _combine_kernel(d_ptr, pair_row_ptr, pair_weight_ptr, out_ptr, HIDDEN: tl.co
 
 def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                            gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
-                           routed_scaling_factor):
+                           routed_scaling_factor, *, bound: bool):
     import deep_gemm
 
-    if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+    if not bound and hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("deepgemm_fused sizes its rows from the routed counts, read back with a sync "
-                           "that a CUDA graph capture does not allow")
+                           "that a CUDA graph capture does not allow (deepgemm_fused_bound does not)")
     num_tokens, hidden = hidden_states.shape
     num_local, two_inter, _ = gemm1_weights.shape
     inter = two_inter // 2
@@ -113,10 +126,13 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
         return out
     pair_weights, row_pair, block_expert = _fused_route_layout(
         routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, BLOCK_M)
-    blocks = int((block_expert < num_local).sum())  # the sync: the experts' runs come first, in order
-    if blocks == 0:
-        return out.zero_()
-    rows = blocks * BLOCK_M
+    if bound:
+        rows = row_pair.numel()
+    else:
+        blocks = int((block_expert < num_local).sum())  # the sync: the experts' runs come first, in order
+        if blocks == 0:
+            return out.zero_()
+        rows = blocks * BLOCK_M
     kb = hidden // QBLOCK
     a = torch.empty(rows, hidden, dtype=torch.float8_e4m3fn, device=device)
     a_scale = torch.empty(rows, kb, dtype=torch.float32, device=device)
@@ -125,13 +141,13 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     launch(_gather_rows_kernel, (rows // GATHER_ROWS,),
            hidden_states.contiguous().view(torch.uint8), hidden_states_scale.contiguous(), row_pair, block_expert,
            a.view(torch.uint8), a_scale, m_indices, pair_row, num_tokens,
-           hidden, ref.TOP_K, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, triton.next_power_of_2(kb))
+           hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, triton.next_power_of_2(kb))
     h = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, m_indices)
     y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device)
     y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device)
-    launch(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, y, y_scale, inter, QUANT_ROWS, QBLOCK,
-           device.type != "cuda")
+    launch(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, inter,
+           num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
     d = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, m_indices)
     launch(_combine_kernel, (num_tokens, triton.cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
@@ -139,5 +155,11 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     return out
 
 
-variant("moe_fp8", "deepgemm_fused", backend="library", archs=("sm90",),
-        requires=("deep_gemm",))(moe_fp8_deepgemm_fused)
+@variant("moe_fp8", "deepgemm_fused", backend="library", archs=("sm90",), requires=("deep_gemm",))
+def moe_fp8_deepgemm_fused_counted(*args):
+    return moe_fp8_deepgemm_fused(*args, bound=False)
+
+
+@variant("moe_fp8", "deepgemm_fused_bound", backend="library", archs=("sm90",), requires=("deep_gemm",))
+def moe_fp8_deepgemm_fused_bound(*args):
+    return moe_fp8_deepgemm_fused(*args, bound=True)
