@@ -8,7 +8,7 @@ past the L2) of
     sglang       SGLang's kernel called bare, as its GDN backend calls it (needs
                  benchmarks/stage_engines.sh's staging; no slot guard)
     routed       kdispatch.ops.gdn_decode_packed (the committed router, slot guard included)
-    <config>     every configuration of cuda_decode_pool_rows
+    <config>     every configuration of cuda_decode_pool_rows and triton_decode_pool
 with the HBM floor (live slots' states read and written once, packed rows read) beside it.
 Writes JSON; prints a table, then the speedup of the routed op over SGLang per head count (mean over
 batches 1-256 and min), graph and eager.
@@ -65,7 +65,7 @@ def main() -> None:
         if bare is not None:
             cands["sglang"] = bare
         for v in registry.variants(name):
-            if v.name.startswith("cuda_decode_pool_rows") and v.why_not(kdispatch.arch.local_arch()) is None:
+            if v.name.startswith(("cuda_decode_pool_rows", "triton_decode_pool")) and v.why_not(kdispatch.arch.local_arch()) is None:
                 cands[v.name.split(".", 1)[1]] = v.fn
         for batch in opts.batches:
             w = {"uuid": f"gdn-packed-bench-{hv}-{batch}", "axes": {"batch_size": batch, "num_slots": batch + 1},
