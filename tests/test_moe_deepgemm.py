@@ -1,11 +1,11 @@
 """The DeepGEMM MoE variants' glue (kernels/library/moe/deepgemm.py: torch ops; deepgemm_fused.py: Triton
-kernels) on the CPU, against stand-ins for
-DeepGEMM 2.6.1's grouped GEMMs that keep their contracts: FP8 K-major operands with per-row,
-128-column and [G, N / 128, K / 128] fp32 scales, a bf16 output; contiguous: int32 m_indices whose
-every expert run starts at a multiple of 128 rows, padding rows (-1) left as garbage (NaN here);
-masked: [G, M, K] buffers, int32 per-expert row counts, rows past them read as garbage and written
-as NaN. Sizes
-and the float64 expected value: tests/moe_small.py (the routing at full size, 32 local experts)."""
+kernels) on the CPU, against stand-ins for DeepGEMM 2.6.1's grouped GEMMs that keep their contracts:
+FP8 K-major operands with per-row, 128-column and [G, N / 128, K / 128] fp32 scales, a bf16 output;
+contiguous: int32 m_indices whose every expert run starts at a multiple of 128 rows, or the psum
+layout (per expert the end row of its run, runs starting at the previous end rounded up to 128),
+padding rows left as garbage (NaN here); masked: [G, M, K] buffers, int32 per-expert row counts,
+rows past them read as garbage and written as NaN. Sizes and the float64 expected value:
+tests/moe_small.py (the routing at full size, 32 local experts)."""
 import functools
 import sys
 import types
@@ -28,16 +28,29 @@ def _dequant(x, scale, rows_block):
 
 
 def _fake_deep_gemm(calls):
-    def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices):
+    def m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, use_psum_layout=False,
+                                         expected_m_for_psum_layout=None):
         (x, xs), (w, ws) = a, b
         m, k = x.shape
         g, n, _ = w.shape
         assert x.dtype == w.dtype == torch.float8_e4m3fn and x.stride(-1) == 1 and w.is_contiguous()
         assert xs.shape == (m, k // 128) and ws.shape == (g, n // 128, k // 128) and xs.dtype == torch.float32
-        assert d.shape == (m, n) and d.dtype == torch.bfloat16 and m_indices.shape == (m,)
-        assert m_indices.dtype == torch.int32 and m % 128 == 0
-        starts = torch.nonzero((m_indices[1:] != m_indices[:-1]) & (m_indices[1:] >= 0)).flatten() + 1
-        assert (starts % 128 == 0).all(), "an expert's rows must start at a multiple of 128"
+        assert d.shape == (m, n) and d.dtype == torch.bfloat16 and grouped_layout.dtype == torch.int32
+        assert m % 128 == 0 and grouped_layout.is_contiguous()
+        if use_psum_layout:  # per group the end row of its run; a run starts at the previous end rounded up to 128
+            assert grouped_layout.shape == (g,) and isinstance(expected_m_for_psum_layout, int)
+            assert expected_m_for_psum_layout > 0
+            m_indices = torch.full((m,), -1, dtype=torch.int32)
+            start = 0
+            for e, end in enumerate(grouped_layout.tolist()):
+                assert start <= end <= m, (e, start, end)
+                m_indices[start:end] = e
+                start = -(-end // 128) * 128
+        else:
+            m_indices = grouped_layout
+            assert m_indices.shape == (m,) and expected_m_for_psum_layout is None
+            starts = torch.nonzero((m_indices[1:] != m_indices[:-1]) & (m_indices[1:] >= 0)).flatten() + 1
+            assert (starts % 128 == 0).all(), "an expert's rows must start at a multiple of 128"
         assert int(m_indices.max()) < g
         xd = _dequant(x, xs, 1)
         d.fill_(float("nan"))  # what padding rows may hold
@@ -99,3 +112,26 @@ def test_no_local_expert_gives_zeros(peer):
     args = moe_small.inputs(4, seed=3)
     args[8] = 1000
     assert (fn(*args) == 0).all()
+
+
+@pytest.mark.parametrize("T,offset", [(1, 0), (23, 224), (40, 64)])
+def test_psum_ends_each_run_at_its_last_routed_row(T, offset):
+    """deepgemm_fused_bound's DeepGEMM layout: expert e's run ends at its start plus its routed rows
+    (not at its padded end), an expert without rows at the previous end rounded up to 128."""
+    from kdispatch.kernels.library.moe import deepgemm_fused as F
+    from kdispatch.kernels.triton.moe.fp8_grouped import _fused_route_layout
+
+    logits, bias, *_ = moe_small.inputs(T, seed=T, offset=offset)
+    _, row_pair, block_expert = _fused_route_layout(logits, bias, offset, 2.5, moe_small.LOCAL, F.BLOCK_M)
+    psum = torch.empty(moe_small.LOCAL, dtype=torch.int32)
+    F._psum_kernel[(moe_small.LOCAL,)](row_pair, block_expert, psum, block_expert.numel(), moe_small.LOCAL,
+                                        F.BLOCK_M, F.PSUM_CHUNK)
+    owner = block_expert.repeat_interleave(F.BLOCK_M)
+    start = 0
+    for e in range(moe_small.LOCAL):
+        rows = torch.nonzero((owner == e) & (row_pair >= 0)).flatten()
+        want = start + rows.numel()
+        if rows.numel():
+            assert int(rows[0]) == start and int(rows[-1]) == want - 1  # the routed rows lead the run
+        assert int(psum[e]) == want, e
+        start = -(-want // F.BLOCK_M) * F.BLOCK_M

@@ -23,9 +23,11 @@ Two sizings of the rows, two variants:
 - `deepgemm_fused`: the live row blocks counted on the host (a sync, as in deepgemm_contiguous: eager only, a
   capture raises; SGLang's DeepGEMM runner sizes its rows from host-side counts too);
 - `deepgemm_fused_bound`: every buffer sized for the most rows the routing can place (T x 8 plus each expert's
-  padding), no sync, capturable. Blocks past the last expert are marked -1 in m_indices, which
-  DeepGEMM skips, and the glue kernels return at once there; the buffers hold ~0.26 GB per 1,000
-  tokens (8.5 GB at 32,768), kept by a CUDA graph's memory pool.
+  padding), no sync, capturable. The GEMMs take DeepGEMM's psum layout (`use_psum_layout`: per expert
+  the end row of its run, each run starting at the previous end rounded up to 128, which is this
+  layout), so they visit the routed blocks only, not the bound's; `_psum_kernel` finds the ends on
+  the device. The glue kernels return at once past the last expert. The buffers hold ~0.26 GB per
+  1,000 tokens (8.5 GB at 32,768), kept by a CUDA graph's memory pool.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ GATHER_ROWS = 16  # rows a gather program copies
 GATHER_COLS = 1024  # activation bytes a gather step copies per row
 QUANT_ROWS = 16  # rows a SiLU-and-quantise program takes (one 128-column block each)
 COMBINE_COLS = 1024  # output columns a combine program writes
+PSUM_CHUNK = 1024  # row blocks a psum step counts
 
 
 @triton.jit
@@ -107,6 +110,27 @@ def _combine_kernel(d_ptr, pair_row_ptr, pair_weight_ptr, out_ptr, HIDDEN: tl.co
     tl.store(out_ptr + token * HIDDEN + cols, acc.to(tl.bfloat16), mask=inside)
 
 
+@triton.jit
+def _psum_kernel(row_pair_ptr, block_expert_ptr, psum_ptr, num_blocks, NUM_LOCAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Expert e's run ends at psum[e] = its start (128 x the blocks before it) + its rows: the routed
+    rows of a run come first in it, so its last block holds them up to its first padding row."""
+    e = tl.program_id(0)
+    before = 0
+    upto = 0
+    for start in range(0, num_blocks, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        owner = tl.load(block_expert_ptr + offs, mask=offs < num_blocks, other=NUM_LOCAL)
+        before += tl.sum((owner < e).to(tl.int32), axis=0)
+        upto += tl.sum((owner <= e).to(tl.int32), axis=0)
+    end = before * BLOCK_M
+    if upto > before:
+        last = (upto - 1) * BLOCK_M
+        live = tl.load(row_pair_ptr + last + tl.arange(0, BLOCK_M)) >= 0
+        end = last + tl.sum(live.to(tl.int32), axis=0)
+    tl.store(psum_ptr + e, end)
+
+
 def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                            gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                            routed_scaling_factor, *, bound: bool):
@@ -142,14 +166,23 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
            hidden_states.contiguous().view(torch.uint8), hidden_states_scale.contiguous(), row_pair, block_expert,
            a.view(torch.uint8), a_scale, m_indices, pair_row, num_tokens,
            hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, triton.next_power_of_2(kb))
+    if bound:  # DeepGEMM's psum layout: the routed blocks only
+        psum = torch.empty(num_local, dtype=torch.int32, device=device)
+        launch(_psum_kernel, (num_local,), row_pair, block_expert, psum, block_expert.numel(), num_local, BLOCK_M,
+               PSUM_CHUNK)
+        # the rows an expert gets on average, for DeepGEMM's tile choice (the bound would pick prefill tiles)
+        expected = max(1, -(-num_tokens * ref.TOP_K // routing_logits.shape[1]))
+        layout = dict(grouped_layout=psum, use_psum_layout=True, expected_m_for_psum_layout=expected)
+    else:
+        layout = dict(grouped_layout=m_indices)
     h = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=device)
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, m_indices)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, **layout)
     y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device)
     y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device)
     launch(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, inter,
            num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
     d = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device)
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, m_indices)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, **layout)
     launch(_combine_kernel, (num_tokens, triton.cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
            hidden, ref.TOP_K, COMBINE_COLS)
     return out
