@@ -8,7 +8,8 @@ held-out workloads (the committed routers scored on every variant's measurements
 
 Per definition: the baseline, the variants the routed op called (and on how many workloads), and
 the arithmetic mean (min) over the workloads of baseline time / routed time (CUDA-graph time per
-call, inputs rotated through more than 4x the L2), with the device and date of the run.
+call, inputs rotated through more than 4x the L2), and of reference time / routed time where the
+run timed the reference too, with the device and date of the run.
 """
 from __future__ import annotations
 
@@ -37,20 +38,22 @@ def rows(results: dict) -> list[dict]:
         by.setdefault(r["definition"], {}).setdefault(r["uuid"], {})[slot] = r
     out = []
     for definition, workloads in by.items():
-        ratios, routed_to, dates, baseline = [], {}, [], None
+        ratios, over_ref, routed_to, dates, baseline = [], [], {}, [], None
         for w in workloads.values():
-            b, rt = w.get("baseline"), w.get("routed")
+            b, rt, ref = w.get("baseline"), w.get("routed"), w.get("reference")
             if b is None or rt is None or b["status"] != "PASSED" or rt["status"] != "PASSED":
                 continue
             baseline = b["variant"]
             ratios.append(b["median_us"] / rt["median_us"])
+            if ref is not None and ref["status"] == "PASSED":  # timed in the same run (`--variants reference`)
+                over_ref.append(ref["median_us"] / rt["median_us"])
             to = rt["metrics"].get("routed_to", "?")
             routed_to[to] = routed_to.get(to, 0) + 1
             dates.append(rt["measured_at"][:10])
         if ratios:
             out.append({"definition": definition, "baseline": baseline, "workloads": len(ratios),
                         "mean": statistics.mean(ratios), "min": min(ratios), "routed_to": routed_to,
-                        "date": max(dates)})
+                        "date": max(dates), "over_reference": over_ref if len(over_ref) == len(ratios) else None})
     return sorted(out, key=lambda x: x["definition"])
 
 
@@ -63,13 +66,18 @@ def table(results: dict) -> str:
              f"flashinfer {env['flashinfer']}) by `kdispatch bench --workloads traces/ --variants routed` "
              f"(`{RESULTS.relative_to(ROOT)}`): the baseline and the routed op side by side, CUDA-graph time per "
              "call with inputs rotated through more than 4x the L2. Speedup: arithmetic mean (min) over the "
-             "contest workloads of baseline time / routed time.", "",
-             "| op (`kdispatch.ops.`) | baseline on sm90 | routed to (workloads) | routed vs baseline | workloads | date |",
-             "| --- | --- | --- | --- | ---: | --- |"]
+             "contest workloads of baseline time / routed time; over the project's reference where the run "
+             "timed it too (`--variants reference`; a reference that cannot be captured is timed with events), "
+             "else n/a.", "",
+             "| op (`kdispatch.ops.`) | baseline on sm90 | routed to (workloads) | routed vs baseline | routed vs reference "
+             "| workloads | date |",
+             "| --- | --- | --- | --- | --- | ---: | --- |"]
     for r in rows(results):
         to = ", ".join(f"`{n}` ({k})" for n, k in sorted(r["routed_to"].items(), key=lambda x: (-x[1], x[0])))
+        ref = r["over_reference"]
+        ref = f"{statistics.mean(ref):.2f}x ({min(ref):.2f}x)" if ref else "n/a"
         lines.append(f"| `{definitions.get(r['definition']).short}` | `{r['baseline']}` | {to} | "
-                     f"{r['mean']:.2f}x ({r['min']:.2f}x) | {r['workloads']} | {r['date']} |")
+                     f"{r['mean']:.2f}x ({r['min']:.2f}x) | {ref} | {r['workloads']} | {r['date']} |")
     return "\n".join(lines + ["", END])
 
 

@@ -8,7 +8,8 @@
 #   bash benchmarks/retune.sh check MINUTES    the routed op against the baseline on the held-out set (BENCH_ARGS adds
 #                                              bench options, e.g. --definitions; TUNE_TAG names the JSON's part)
 #   bash benchmarks/retune.sh reported MINUTES every variant on the shapes the issues reported
-#   bash benchmarks/retune.sh contest          bench the baseline against the routed op on the contest workloads
+#   bash benchmarks/retune.sh contest          bench the baseline, the reference and the routed op on the contest
+#                                              workloads (CONTEST_ARGS replaces the variant and definition options)
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh prefill-host     the contest prefill's library calls, host against device time
 #                                              (benchmarks/gdn_prefill_host.py; after FlashQLA's bundles)
@@ -75,9 +76,14 @@ case "$step" in
       --json benchmarks/results/bench-reported-H100.json 2>&1 | grep -v "^\[bench\] \[" | tail -40
     keep benchmarks/results/bench-reported-H100.json ;;
   contest)
-    timeout 560 python -m kdispatch.cli bench --workloads traces --variants routed \
-      --json benchmarks/results/bench-all-H100.json 2>&1 | tail -30
-    keep benchmarks/results/bench-all-H100.json ;;
+    # with the project's reference timed in the same run (the README's second speedup column) where it is
+    # quick enough: not for gdn_prefill, whose reference takes up to 1.7 s a call (CONTEST_ARGS overrides)
+    # shellcheck disable=SC2086  # CONTEST_ARGS is a list of options
+    # (a part of the definitions: merge it into bench-all-H100.json with benchmarks/merge_bench.py)
+    timeout 560 python -m kdispatch.cli bench --workloads traces ${CONTEST_ARGS:---variants reference \
+      --definitions dsa_sparse_attention dsa_topk_indexer gdn_decode moe_fp8} --max-minutes 8 \
+      --json "benchmarks/results/bench-all${TUNE_TAG:-}-H100.json" 2>&1 | tail -30
+    keep "benchmarks/results/bench-all${TUNE_TAG:-}-H100.json" ;;
   wrapper)
     timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-H100.json \
       > /tmp/wrapper.txt 2>&1
