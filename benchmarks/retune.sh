@@ -82,8 +82,8 @@ case "$step" in
     # (a part of the definitions: merge it into bench-all-H100.json with benchmarks/merge_bench.py)
     timeout 560 python -m kdispatch.cli bench --workloads traces ${CONTEST_ARGS:---variants reference \
       --definitions dsa_sparse_attention dsa_topk_indexer gdn_decode moe_fp8} --max-minutes 8 \
-      --json "benchmarks/results/bench-all${TUNE_TAG:-}-H100.json" 2>&1 | tail -30
-    keep "benchmarks/results/bench-all${TUNE_TAG:-}-H100.json" ;;
+      --json "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" 2>&1 | tail -30
+    keep "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" ;;
   wrapper)
     timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-H100.json \
       > /tmp/wrapper.txt 2>&1
