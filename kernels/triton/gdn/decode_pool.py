@@ -15,7 +15,8 @@ state) SGLang's Triton packed decode streams the state 1-2% faster than the CUDA
 size (benchmarks/results/gdn-packed-H100.json, H100, 2026-11-27), so the routers serve SGLang's
 kernel there, behind the slot guard's extra launch (~2 us): 0.98x the bare kernel. A Triton kernel
 of the same traffic pattern that checks its slots itself needs no guard. Its launch shapes (BV rows
-a program, warps a program) are the configurations the tuner measures.
+a program, warps a program) are the configurations the tuner measures; it launches through
+kernels/triton/launch.py (less host time than the JIT call, for eager calls).
 
 Per (request, head): g = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b), then for each
 V row r: S = g * state[r]; state[r] = S + beta * (v[r] - S . k) * k; out[r] = scale * state[r] . q.
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name
+from kdispatch.kernels.triton.launch import launch
 from kdispatch.registry import variant
 
 DIM = 128
@@ -96,10 +98,9 @@ def gdn_decode_pool(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, 
     if scale is None or float(scale) == 0.0:
         scale = 1.0 / math.sqrt(DIM)
     sp = state_pool.stride()
-    _gdn_decode_pool_kernel[(B * HV * (DIM // rows),)](
-        mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, float(scale), state_pool.shape[0],
-        mixed_qkv.stride(0), a.stride(0), b.stride(0), sp[0], sp[1], sp[2],
-        HQ=HQ, HV=HV, D=DIM, BV=rows, num_warps=warps)
+    launch(_gdn_decode_pool_kernel, (B * HV * (DIM // rows),),
+           mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, float(scale), state_pool.shape[0],
+           mixed_qkv.stride(0), a.stride(0), b.stride(0), sp[0], sp[1], sp[2], HQ, HV, DIM, rows, num_warps=warps)
     return out, state_pool
 
 
