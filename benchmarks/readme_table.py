@@ -69,8 +69,8 @@ def table(results: dict) -> str:
              "contest workloads of baseline time / routed time; over the project's reference where the run "
              "timed it too (`--variants reference`; a reference that cannot be captured is timed with events), "
              "else n/a.", "",
-             "| op (`kdispatch.ops.`) | baseline on sm90 | routed to (workloads) | routed vs baseline | routed vs reference "
-             "| workloads | date |",
+             "| op (`kdispatch.ops.`) | baseline on sm90 | routed to (workloads) | routed vs baseline "
+             "| routed vs reference | workloads | date |",
              "| --- | --- | --- | --- | --- | ---: | --- |"]
     for r in rows(results):
         to = ", ".join(f"`{n}` ({k})" for n, k in sorted(r["routed_to"].items(), key=lambda x: (-x[1], x[0])))

@@ -106,7 +106,8 @@ def gdn_decode_pool(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, 
 
 # (V rows, warps) a program: one 16-byte state vector per thread at 8 x 8 (the contest decode's
 # best, kernels/triton/gdn/decode_splitv.py), up to 32 rows on one warp (SGLang's launch shape)
-CONFIGS = {f"v{rows}w{warps}": dict(rows=rows, warps=warps) for rows, warps in ((8, 8), (16, 4), (16, 2), (32, 1), (32, 2))}
+CONFIGS = {f"v{rows}w{warps}": dict(rows=rows, warps=warps)
+           for rows, warps in ((8, 8), (16, 4), (16, 2), (32, 1), (32, 2))}
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "triton_decode_pool", backend="triton", archs=("sm90",), requires=("triton",),
             configs=CONFIGS, strided=True)(gdn_decode_pool)
