@@ -5,22 +5,27 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:05:17Z
+# measured    up to 2026-11-28T06:28:45Z
 # workloads   23 (workload-set digest ce43aa87cdef1c11)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         4b597280e7578794  23/23  1.00x
-#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.14x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.12x
-#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.10x
-#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.17x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.23x
-#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.21x
+#   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.13x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.11x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.09x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.16x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.22x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.20x
 #   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
-#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.23x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.26x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.17x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.23x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.22x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.25x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.16x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.22x
+#   triton_decode_pool.v16w2     0f9fa358197d6a22  23/23  1.03x
+#   triton_decode_pool.v16w4     9728a1d9585b29b5  23/23  0.95x
+#   triton_decode_pool.v32w1     96c0f49cc39def9c  23/23  0.67x
+#   triton_decode_pool.v32w2     0e5f4e602eb11d4b  23/23  0.90x
+#   triton_decode_pool.v8w8      34dff587bca19105  23/23  1.23x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -33,41 +38,50 @@
 #   cuda_decode_pool_rows.r4cs   rows=4 cs=True
 #   cuda_decode_pool_rows.r8     rows=8 cs=False
 #   cuda_decode_pool_rows.r8cs   rows=8 cs=True
+#   triton_decode_pool.v16w2     rows=16 warps=2
+#   triton_decode_pool.v16w4     rows=16 warps=4
+#   triton_decode_pool.v32w1     rows=32 warps=1
+#   triton_decode_pool.v32w2     rows=32 warps=2
+#   triton_decode_pool.v8w8      rows=8 warps=8
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.36% mean, 3.03% max;
-#             1.055x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.78% mean, 10.95% max;
+#             1.039x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 10.86% mean, 48.49% max;
-#             1.894x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             2.482x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 16 workloads, 1.39x (1.04x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r2
-#   2. 88 < batch_size <= 193: cuda_decode_pool_rows.r8cs, 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8
-#   3. batch_size > 193: sglang_packed_decode (baseline), 4 workloads; where it cannot run here, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 8 workloads, 1.68x (1.48x .. 2.00x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, triton_decode_pool.v8w8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v16w2
+#   2. 12 < batch_size <= 27: cuda_decode_pool_rows.r8cs, 3 workloads, 1.23x (1.12x .. 1.29x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1
+#   3. 27 < batch_size <= 56: cuda_decode_pool_rows.r4cs, 3 workloads, 1.15x (1.13x .. 1.18x) over sglang_packed_decode's guarded call; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, triton_decode_pool.v8w8, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs; engine plugins keep the engine's kernel (`hand_back`)
+#   4. 56 < batch_size <= 142: cuda_decode_pool_rows.r4cs, 4 workloads, 1.07x (1.04x .. 1.09x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, triton_decode_pool.v8w8
+#   5. batch_size > 142: sglang_packed_decode (baseline), 5 workloads; where it cannot run here, cuda_decode_pool_rows.r8, triton_decode_pool.v8w8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, triton_decode_pool.v16w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w4, triton_decode_pool.v32w1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 3.61x (3.01x .. 4.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs
-#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r8, 3 workloads, 2.97x (2.74x .. 3.33x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs
-#   3. 8 < batch_size <= 19: cuda_decode_pool_rows.r1cs, 3 workloads, 3.83x (3.51x .. 4.15x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs
-#   4. 19 < batch_size <= 40: cuda_decode_pool_rows.r2, 3 workloads, 2.28x (1.87x .. 2.81x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs
-#   5. 40 < batch_size <= 117: cuda_decode_pool_rows.r4cs, 4 workloads, 2.28x (1.92x .. 2.90x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs
-#   6. batch_size > 117: cuda_decode_pool_rows.r4, 6 workloads, 1.49x (1.16x .. 2.02x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs
+#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 5.81x (3.61x .. 10.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, triton_decode_pool.v16w4, triton_decode_pool.v32w1, triton_decode_pool.v16w2, triton_decode_pool.v8w8
+#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r8, 3 workloads, 4.35x (3.02x .. 5.38x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w8, triton_decode_pool.v16w4, triton_decode_pool.v16w2, triton_decode_pool.v32w1, triton_decode_pool.v32w2
+#   3. 8 < batch_size <= 19: cuda_decode_pool_rows.r1cs, 3 workloads, 7.22x (3.20x .. 13.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w4, triton_decode_pool.v8w8, triton_decode_pool.v32w2, triton_decode_pool.v16w2, triton_decode_pool.v32w1
+#   4. 19 < batch_size <= 40: cuda_decode_pool_rows.r2, 3 workloads, 2.71x (2.40x .. 3.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w8, triton_decode_pool.v16w4, triton_decode_pool.v16w2
+#   5. 40 < batch_size <= 117: cuda_decode_pool_rows.r4cs, 4 workloads, 2.63x (1.86x .. 3.33x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v16w2, triton_decode_pool.v32w2, triton_decode_pool.v16w4
+#   6. batch_size > 117: cuda_decode_pool_rows.r4, 6 workloads, 1.57x (1.17x .. 2.26x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, triton_decode_pool.v16w2
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 16, 'speedup': (1.04, 1.39, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r2',)},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (88, 193)}, 'workloads': 3, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8')},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (193, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 12)}, 'workloads': 8, 'speedup': (1.48, 1.68, 2.0), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v16w2')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (12, 27)}, 'workloads': 3, 'speedup': (1.12, 1.23, 1.29), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (27, 56)}, 'workloads': 3, 'speedup': (1.13, 1.15, 1.18), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs'), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (56, 142)}, 'workloads': 4, 'speedup': (1.04, 1.07, 1.09), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8')},
+    {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (142, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (3.01, 3.61, 4.83), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (2.74, 2.97, 3.33), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (8, 19)}, 'workloads': 3, 'speedup': (3.51, 3.83, 4.15), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (19, 40)}, 'workloads': 3, 'speedup': (1.87, 2.28, 2.81), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.92, 2.28, 2.9), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs')},
-    {'region': 6, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.16, 1.49, 2.02), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (3.61, 5.81, 10.2), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (3.02, 4.35, 5.38), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (8, 19)}, 'workloads': 3, 'speedup': (3.2, 7.22, 13.82), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w4', 'triton_decode_pool.v8w8', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w1')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (19, 40)}, 'workloads': 3, 'speedup': (2.4, 2.71, 3.12), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4', 'triton_decode_pool.v16w2')},
+    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.86, 2.63, 3.33), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w4')},
+    {'region': 6, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.17, 1.57, 2.26), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w2')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -75,36 +89,48 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 16 workloads, 1.39x (1.04x .. 2.02x) over sglang_packed_decode
-    if batch_size <= 88:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode
-    if 88 < batch_size <= 193:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 193:
-        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+    # region 1: 8 workloads, 1.68x (1.48x .. 2.00x) over sglang_packed_decode
+    if batch_size <= 12:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 1.23x (1.12x .. 1.29x) over sglang_packed_decode
+    if 12 < batch_size <= 27:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 3: 3 workloads, 1.15x (1.13x .. 1.18x) over sglang_packed_decode's guarded call
+    if 27 < batch_size <= 56:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 4: 4 workloads, 1.07x (1.04x .. 1.09x) over sglang_packed_decode
+    if 56 < batch_size <= 142:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 5: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 142:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.61x (3.01x .. 4.83x) over sglang_packed_decode
+    # region 1: 4 workloads, 5.81x (3.61x .. 10.20x) over sglang_packed_decode
     if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 2: 3 workloads, 2.97x (2.74x .. 3.33x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8') if inside else 'cuda_decode_pool_rows.r4'
+    # region 2: 3 workloads, 4.35x (3.02x .. 5.38x) over sglang_packed_decode
     if 4 < batch_size <= 8:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
-    # region 3: 3 workloads, 3.83x (3.51x .. 4.15x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 3 workloads, 7.22x (3.20x .. 13.82x) over sglang_packed_decode
     if 8 < batch_size <= 19:
-        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 4: 3 workloads, 2.28x (1.87x .. 2.81x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w4', 'triton_decode_pool.v8w8', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r1cs'
+    # region 4: 3 workloads, 2.71x (2.40x .. 3.12x) over sglang_packed_decode
     if 19 < batch_size <= 40:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 5: 4 workloads, 2.28x (1.92x .. 2.90x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r2'
+    # region 5: 4 workloads, 2.63x (1.86x .. 3.33x) over sglang_packed_decode
     if 40 < batch_size <= 117:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 6: 6 workloads, 1.49x (1.16x .. 2.02x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w4') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 6: 6 workloads, 1.57x (1.17x .. 2.26x) over sglang_packed_decode
     if batch_size > 117:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4'
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r4'
     return 'sglang_packed_decode'
+
+
+def hand_back(batch_size, num_slots):
+    if 27 < batch_size <= 56:  # region 3
+        return True
+    return False

@@ -5,22 +5,27 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:05:29Z
+# measured    up to 2026-11-28T06:29:12Z
 # workloads   23 (workload-set digest abf0edcf0bfee28e)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         4b597280e7578794  23/23  1.00x
-#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.05x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.08x
-#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.06x
-#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.07x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.15x
-#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.13x
+#   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.04x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.07x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.05x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.06x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.14x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.12x
 #   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
-#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.15x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.17x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.12x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.16x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.14x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.16x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.11x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.15x
+#   triton_decode_pool.v16w2     0f9fa358197d6a22  23/23  1.01x
+#   triton_decode_pool.v16w4     9728a1d9585b29b5  23/23  0.91x
+#   triton_decode_pool.v32w1     96c0f49cc39def9c  23/23  0.62x
+#   triton_decode_pool.v32w2     0e5f4e602eb11d4b  23/23  0.89x
+#   triton_decode_pool.v8w8      34dff587bca19105  23/23  1.14x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -33,35 +38,44 @@
 #   cuda_decode_pool_rows.r4cs   rows=4 cs=True
 #   cuda_decode_pool_rows.r8     rows=8 cs=False
 #   cuda_decode_pool_rows.r8cs   rows=8 cs=True
+#   triton_decode_pool.v16w2     rows=16 warps=2
+#   triton_decode_pool.v16w4     rows=16 warps=4
+#   triton_decode_pool.v32w1     rows=32 warps=1
+#   triton_decode_pool.v32w2     rows=32 warps=2
+#   triton_decode_pool.v8w8      rows=8 warps=8
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.19% mean, 1.80% max;
-#             1.025x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.29% mean, 3.93% max;
+#             1.023x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 7.10% mean, 24.80% max;
-#             1.525x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.860x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 88: cuda_decode_pool_rows.r4cs, 16 workloads, 1.27x (1.04x .. 1.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   2. batch_size > 88: sglang_packed_decode (baseline), 7 workloads; where it cannot run here, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 8 workloads, 1.48x (1.22x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, triton_decode_pool.v8w8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16
+#   2. 12 < batch_size <= 27: cuda_decode_pool_rows.r4cs, 3 workloads, 1.16x (1.13x .. 1.21x) over sglang_packed_decode's guarded call; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 27 < batch_size <= 88: cuda_decode_pool_rows.r4cs, 5 workloads, 1.07x (1.03x .. 1.10x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, triton_decode_pool.v8w8, cuda_decode_pool_rows.r8
+#   4. batch_size > 88: sglang_packed_decode (baseline), 7 workloads; where it cannot run here, triton_decode_pool.v16w2, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, triton_decode_pool.v8w8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w4, triton_decode_pool.v32w1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 3: cuda_decode_pool_rows.r8cs, 3 workloads, 3.35x (3.02x .. 4.06x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs
-#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r2, 3 workloads, 2.96x (2.56x .. 3.45x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs
-#   3. 7 < batch_size <= 32: cuda_decode_pool_rows.r4, 6 workloads, 2.45x (1.94x .. 3.34x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1
-#   4. batch_size > 32: cuda_decode_pool_rows.r8, 11 workloads, 1.46x (1.08x .. 1.88x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs
+#   1. batch_size <= 3: cuda_decode_pool_rows.r8cs, 3 workloads, 6.92x (3.14x .. 26.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w2, triton_decode_pool.v8w8, triton_decode_pool.v16w4
+#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r2, 3 workloads, 4.67x (4.06x .. 6.09x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs, triton_decode_pool.v8w8, triton_decode_pool.v32w2, triton_decode_pool.v32w1
+#   3. 7 < batch_size <= 32: cuda_decode_pool_rows.r4, 6 workloads, 2.92x (2.18x .. 3.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, triton_decode_pool.v16w2, triton_decode_pool.v8w8, triton_decode_pool.v16w4
+#   4. batch_size > 32: cuda_decode_pool_rows.r8, 11 workloads, 1.48x (1.10x .. 2.45x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 88)}, 'workloads': 16, 'speedup': (1.04, 1.27, 1.85), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 2, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 12)}, 'workloads': 8, 'speedup': (1.22, 1.48, 1.84), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (12, 27)}, 'workloads': 3, 'speedup': (1.13, 1.16, 1.21), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs'), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (27, 88)}, 'workloads': 5, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8')},
+    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (3.02, 3.35, 4.06), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (2.56, 2.96, 3.45), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 32)}, 'workloads': 6, 'speedup': (1.94, 2.45, 3.34), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 11, 'speedup': (1.08, 1.46, 1.88), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (3.14, 6.92, 26.98), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (4.06, 4.67, 6.09), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 32)}, 'workloads': 6, 'speedup': (2.18, 2.92, 3.98), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 11, 'speedup': (1.1, 1.48, 2.45), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -69,27 +83,39 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 16 workloads, 1.27x (1.04x .. 1.85x) over sglang_packed_decode
-    if batch_size <= 88:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 1: 8 workloads, 1.48x (1.22x .. 1.84x) over sglang_packed_decode
+    if batch_size <= 12:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 1.16x (1.13x .. 1.21x) over sglang_packed_decode's guarded call
+    if 12 < batch_size <= 27:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 5 workloads, 1.07x (1.03x .. 1.10x) over sglang_packed_decode
+    if 27 < batch_size <= 88:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r8') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 4: 7 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 88:
-        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+        return ('sglang_packed_decode', 'triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.35x (3.02x .. 4.06x) over sglang_packed_decode
+    # region 1: 3 workloads, 6.92x (3.14x .. 26.98x) over sglang_packed_decode
     if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 2: 3 workloads, 2.96x (2.56x .. 3.45x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 2: 3 workloads, 4.67x (4.06x .. 6.09x) over sglang_packed_decode
     if 3 < batch_size <= 7:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 6 workloads, 2.45x (1.94x .. 3.34x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r2'
+    # region 3: 6 workloads, 2.92x (2.18x .. 3.98x) over sglang_packed_decode
     if 7 < batch_size <= 32:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r4'
-    # region 4: 11 workloads, 1.46x (1.08x .. 1.88x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4') if inside else 'cuda_decode_pool_rows.r4'
+    # region 4: 11 workloads, 1.48x (1.10x .. 2.45x) over sglang_packed_decode
     if batch_size > 32:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs') if inside else 'cuda_decode_pool_rows.r8'
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
+
+
+def hand_back(batch_size, num_slots):
+    if 12 < batch_size <= 27:  # region 2
+        return True
+    return False

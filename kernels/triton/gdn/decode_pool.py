@@ -12,11 +12,17 @@
 
 Why a Triton kernel beside the CUDA one (decode_warp_rows.cu): at the largest pools (>= 128 MB of
 state) SGLang's Triton packed decode streams the state 1-2% faster than the CUDA kernel in any block
-size (benchmarks/results/gdn-packed-H100.json, H100, 2026-11-27), so the routers serve SGLang's
-kernel there, behind the slot guard's extra launch (~2 us): 0.98x the bare kernel. A Triton kernel
-of the same traffic pattern that checks its slots itself needs no guard. Its launch shapes (BV rows
-a program, warps a program) are the configurations the tuner measures; it launches through
-kernels/triton/launch.py (less host time than the JIT call, for eager calls).
+size (benchmarks/results/gdn-packed-H100.json, H100, 2026-11-27), so the routers served SGLang's
+kernel there, behind the slot guard's extra launch (~2 us): 0.98x the bare kernel. This kernel checks
+its slots itself (no guard). Its launch shapes (BV rows on 1-2 warps a program) and cache hints are
+the configurations the tuner measures; it launches through kernels/triton/launch.py (less host time
+than the JIT call, for eager calls).
+
+Layout: a 2-D grid (V-row block fastest, then request x head) and the per-row quantities as [BV]
+vectors. A first version took one flat program id and [BV, 1] / [1, K] blocks (keep_dims sums):
+32 rows on one warp then ran at half SGLang's speed, and 16 rows on 2 warps 1% behind it; this form
+matches SGLang's kernel within 1% at every configuration of that shape (H100, 2026-11-28, qk16_v32
+and qk2_v4, 1-512 requests, a scratch comparison in one run).
 
 Per (request, head): g = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b), then for each
 V row r: S = g * state[r]; state[r] = S + beta * (v[r] - S . k) * k; out[r] = scale * state[r] . q.
@@ -42,51 +48,56 @@ def _gdn_decode_pool_kernel(
     scale, num_slots,
     s_row, s_ab, s_bb,  # row strides (elements) of mixed_qkv, a and b
     s_slot, s_head, s_vrow,  # the pool's slot, head and V-row strides; K is contiguous
-    HQ: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    HQ: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr,
 ):
-    NVB: tl.constexpr = D // BV
-    pid = tl.program_id(0)
-    i_vb = pid % NVB
-    i_bh = pid // NVB
+    i_vb = tl.program_id(0)
+    i_bh = tl.program_id(1)
     i_h = i_bh % HV
     i_b = (i_bh // HV).to(tl.int64)
     i_hq = i_h // (HV // HQ)
-    offs_k = tl.arange(0, D)[None, :]  # [1, K]
-    offs_v = i_vb * BV + tl.arange(0, BV)[:, None]  # [BV, 1]
+    offs_k = tl.arange(0, D)
+    offs_v = i_vb * BV + tl.arange(0, BV)
     o_ptrs = out_ptr + (i_b * HV + i_h) * D + offs_v
 
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     if (slot < 0) | (slot >= num_slots):  # padding: zero output, the pool untouched
-        tl.store(o_ptrs, tl.zeros([BV, 1], dtype=tl.float32).to(out_ptr.dtype.element_ty))
+        tl.store(o_ptrs, tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
         return
-    # the state block first (the only large load), read and written once: evict-first, streaming store
-    s_ptrs = pool_ptr + slot * s_slot + i_h * s_head + offs_v * s_vrow + offs_k
-    S = tl.load(s_ptrs, eviction_policy="evict_first")
+    # the state block first (the only large load), read and written once; STREAM: evict-first load,
+    # streaming store
+    s_ptrs = pool_ptr + slot * s_slot + i_h * s_head + offs_v[:, None] * s_vrow + offs_k[None, :]
+    if STREAM:
+        S = tl.load(s_ptrs, eviction_policy="evict_first")
+    else:
+        S = tl.load(s_ptrs)
 
     row = qkv_ptr + i_b * s_row
-    q = tl.load(row + i_hq * D + offs_k).to(tl.float32)  # [1, K]
+    q = tl.load(row + i_hq * D + offs_k).to(tl.float32)
     k = tl.load(row + (HQ + i_hq) * D + offs_k).to(tl.float32)
-    v = tl.load(row + (2 * HQ + i_h) * D + offs_v).to(tl.float32)  # [BV, 1]
-    q = q / tl.sqrt(tl.sum(q * q, axis=1, keep_dims=True) + 1e-6)
-    k = k / tl.sqrt(tl.sum(k * k, axis=1, keep_dims=True) + 1e-6)
+    v = tl.load(row + (2 * HQ + i_h) * D + offs_v).to(tl.float32)
+    q = scale * q / tl.sqrt(tl.sum(q * q) + 1e-6)
+    k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
 
     x = tl.load(a_ptr + i_b * s_ab + i_h).to(tl.float32) + tl.load(dt_bias_ptr + i_h)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # torch's threshold
     g = tl.exp(-tl.exp(tl.load(A_log_ptr + i_h)) * softplus)
-    beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + i_b * s_bb + i_h).to(tl.float32)))
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * s_bb + i_h).to(tl.float32))
 
     S = S * g
-    delta = beta * (v - tl.sum(S * k, axis=1, keep_dims=True))  # [BV, 1]
-    S = S + delta * k
-    o = scale * tl.sum(S * q, axis=1, keep_dims=True)
-    tl.store(s_ptrs, S, cache_modifier=".cs")
+    delta = beta * (v - tl.sum(S * k[None, :], 1))  # [BV]
+    S = S + delta[:, None] * k[None, :]
+    o = tl.sum(S * q[None, :], 1)
+    if STREAM:
+        tl.store(s_ptrs, S, cache_modifier=".cs")
+    else:
+        tl.store(s_ptrs, S)
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty))
 
 
 def gdn_decode_pool(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, scale, *, rows: int,
-                    warps: int):
-    """One decode step over the pool, `rows` V rows and `warps` warps a program. Returns
-    (out, state_pool), both written in place."""
+                    warps: int, stream: bool = False):
+    """One decode step over the pool, `rows` V rows and `warps` warps a program (`stream`: cache hints
+    for the state). Returns (out, state_pool), both written in place."""
     B, HV = a.shape
     if B == 0:
         return out, state_pool
@@ -98,16 +109,19 @@ def gdn_decode_pool(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, 
     if scale is None or float(scale) == 0.0:
         scale = 1.0 / math.sqrt(DIM)
     sp = state_pool.stride()
-    launch(_gdn_decode_pool_kernel, (B * HV * (DIM // rows),),
+    launch(_gdn_decode_pool_kernel, (DIM // rows, B * HV),
            mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, out, float(scale), state_pool.shape[0],
-           mixed_qkv.stride(0), a.stride(0), b.stride(0), sp[0], sp[1], sp[2], HQ, HV, DIM, rows, num_warps=warps)
+           mixed_qkv.stride(0), a.stride(0), b.stride(0), sp[0], sp[1], sp[2], HQ, HV, DIM, rows, stream,
+           num_warps=warps)
     return out, state_pool
 
 
-# (V rows, warps) a program: one 16-byte state vector per thread at 8 x 8 (the contest decode's
-# best, kernels/triton/gdn/decode_splitv.py), up to 32 rows on one warp (SGLang's launch shape)
-CONFIGS = {f"v{rows}w{warps}": dict(rows=rows, warps=warps)
-           for rows, warps in ((8, 8), (16, 4), (16, 2), (32, 1), (32, 2))}
+# (V rows, warps) a program, "cs": the streaming cache hints. Up to 32 rows on one warp (SGLang's
+# launch shape, 128 fp32 state registers a thread), down to 8; the six of the scratch comparison
+# within 2% of the best at every batch
+CONFIGS = {f"v{rows}w{warps}{'cs' if stream else ''}": dict(rows=rows, warps=warps, stream=stream)
+           for rows, warps, stream in ((32, 1, False), (32, 1, True), (32, 2, False), (16, 2, True),
+                                       (16, 1, True), (8, 1, True))}
 for _hq, _hv in PACKED_HEADS.values():
     variant(packed_name(_hq, _hv), "triton_decode_pool", backend="triton", archs=("sm90",), requires=("triton",),
             configs=CONFIGS, strided=True)(gdn_decode_pool)
