@@ -5,7 +5,7 @@
 # arch        sm90
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T06:28:24Z
+# measured    up to 2026-11-28T06:43:32Z
 # workloads   23 (workload-set digest 38589cefdb488c2f)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -21,11 +21,12 @@
 #   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.35x
 #   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.22x
 #   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.30x
-#   triton_decode_pool.v16w2     0f9fa358197d6a22  23/23  1.07x
-#   triton_decode_pool.v16w4     9728a1d9585b29b5  23/23  1.00x
-#   triton_decode_pool.v32w1     96c0f49cc39def9c  23/23  0.71x
-#   triton_decode_pool.v32w2     0e5f4e602eb11d4b  23/23  0.91x
-#   triton_decode_pool.v8w8      34dff587bca19105  23/23  1.33x
+#   triton_decode_pool.v16w1cs   24986f31986ad5d0  23/23  1.10x
+#   triton_decode_pool.v16w2cs   b51dc1ac6d51ab51  23/23  1.22x
+#   triton_decode_pool.v32w1     5ae44305629b4288  23/23  1.14x
+#   triton_decode_pool.v32w1cs   e396638b7cb64a23  23/23  1.18x
+#   triton_decode_pool.v32w2     1d364648cee9c5fa  23/23  1.14x
+#   triton_decode_pool.v8w1cs    44f657e1a571e76d  23/23  1.13x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -38,42 +39,47 @@
 #   cuda_decode_pool_rows.r4cs   rows=4 cs=True
 #   cuda_decode_pool_rows.r8     rows=8 cs=False
 #   cuda_decode_pool_rows.r8cs   rows=8 cs=True
-#   triton_decode_pool.v16w2     rows=16 warps=2
-#   triton_decode_pool.v16w4     rows=16 warps=4
-#   triton_decode_pool.v32w1     rows=32 warps=1
-#   triton_decode_pool.v32w2     rows=32 warps=2
-#   triton_decode_pool.v8w8      rows=8 warps=8
+#   triton_decode_pool.v16w1cs   rows=16 warps=1 stream=True
+#   triton_decode_pool.v16w2cs   rows=16 warps=2 stream=True
+#   triton_decode_pool.v32w1     rows=32 warps=1 stream=False
+#   triton_decode_pool.v32w1cs   rows=32 warps=1 stream=True
+#   triton_decode_pool.v32w2     rows=32 warps=2 stream=False
+#   triton_decode_pool.v8w1cs    rows=8 warps=1 stream=True
 # fit         threshold splits over batch_size; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.06% mean, 5.06% max;
-#             1.096x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.89% mean, 4.34% max;
+#             1.101x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 11.24% mean, 69.19% max;
 #             2.198x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 8: cuda_decode_pool_rows.r1cs, 7 workloads, 1.90x (1.74x .. 2.13x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, triton_decode_pool.v8w8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v16w2, triton_decode_pool.v16w4
-#   2. 8 < batch_size <= 245: cuda_decode_pool_rows.r4cs, 13 workloads, 1.23x (1.04x .. 1.68x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
-#   3. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, triton_decode_pool.v16w2, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w4, triton_decode_pool.v32w1
+#   1. batch_size <= 8: cuda_decode_pool_rows.r1cs, 7 workloads, 1.90x (1.74x .. 2.13x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
+#   2. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 6 workloads, 1.44x (1.24x .. 1.68x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
+#   3. 40 < batch_size <= 88: triton_decode_pool.v32w1cs, 3 workloads, 1.15x (1.15x .. 1.16x) over sglang_packed_decode; then triton_decode_pool.v32w1, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs
+#   4. 88 < batch_size <= 245: cuda_decode_pool_rows.r4cs, 4 workloads, 1.06x (1.04x .. 1.08x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs
+#   5. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, triton_decode_pool.v8w1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r4, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 8: cuda_decode_pool_rows.r1, 7 workloads, 2.99x (2.89x .. 3.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w8, triton_decode_pool.v16w2
-#   2. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 6 workloads, 3.15x (2.40x .. 4.63x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, triton_decode_pool.v8w8, triton_decode_pool.v16w4
-#   3. 40 < batch_size <= 117: cuda_decode_pool_rows.r2cs, 4 workloads, 2.33x (1.95x .. 3.21x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, triton_decode_pool.v8w8, triton_decode_pool.v16w2, triton_decode_pool.v32w2, triton_decode_pool.v32w1
-#   4. batch_size > 117: cuda_decode_pool_rows.r8cs, 6 workloads, 1.83x (1.39x .. 2.13x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w2
+#   1. batch_size <= 8: cuda_decode_pool_rows.r1, 7 workloads, 2.99x (2.89x .. 3.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs
+#   2. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 6 workloads, 3.15x (2.40x .. 4.63x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs
+#   3. 40 < batch_size <= 117: cuda_decode_pool_rows.r2cs, 4 workloads, 2.33x (1.95x .. 3.21x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1
+#   4. batch_size > 117: cuda_decode_pool_rows.r8cs, 6 workloads, 1.83x (1.39x .. 2.13x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (1.74, 1.9, 2.13), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v16w2', 'triton_decode_pool.v16w4')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 245)}, 'workloads': 13, 'speedup': (1.04, 1.23, 1.68), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (1.74, 1.9, 2.13), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 40)}, 'workloads': 6, 'speedup': (1.24, 1.44, 1.68), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs')},
+    {'region': 3, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (40, 88)}, 'workloads': 3, 'speedup': (1.15, 1.15, 1.16), 'fallbacks': ('triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (88, 245)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('cuda_decode_pool_rows.r8cs',)},
+    {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (2.89, 2.99, 3.12), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w2')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 40)}, 'workloads': 6, 'speedup': (2.4, 3.15, 4.63), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.95, 2.33, 3.21), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.39, 1.83, 2.13), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (2.89, 2.99, 3.12), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 40)}, 'workloads': 6, 'speedup': (2.4, 3.15, 4.63), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.95, 2.33, 3.21), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.39, 1.83, 2.13), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -83,13 +89,19 @@ def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
     # region 1: 7 workloads, 1.90x (1.74x .. 2.13x) over sglang_packed_decode
     if batch_size <= 8:
-        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v16w2', 'triton_decode_pool.v16w4') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 2: 13 workloads, 1.23x (1.04x .. 1.68x) over sglang_packed_decode
-    if 8 < batch_size <= 245:
+        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r1cs'
+    # region 2: 6 workloads, 1.44x (1.24x .. 1.68x) over sglang_packed_decode
+    if 8 < batch_size <= 40:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 3 workloads, 1.15x (1.15x .. 1.16x) over sglang_packed_decode
+    if 40 < batch_size <= 88:
+        return ('triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs') if inside else 'triton_decode_pool.v32w1cs'
+    # region 4: 4 workloads, 1.06x (1.04x .. 1.08x) over sglang_packed_decode
+    if 88 < batch_size <= 245:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 5: 3 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 245:
-        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w4', 'triton_decode_pool.v32w1') if inside else 'sglang_packed_decode'
+        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
@@ -97,14 +109,14 @@ def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
     # region 1: 7 workloads, 2.99x (2.89x .. 3.12x) over sglang_packed_decode
     if batch_size <= 8:
-        return ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r1'
+        return ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r1'
     # region 2: 6 workloads, 3.15x (2.40x .. 4.63x) over sglang_packed_decode
     if 8 < batch_size <= 40:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w4') if inside else 'cuda_decode_pool_rows.r4cs'
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
     # region 3: 4 workloads, 2.33x (1.95x .. 3.21x) over sglang_packed_decode
     if 40 < batch_size <= 117:
-        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w8', 'triton_decode_pool.v16w2', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r2cs'
+        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r2cs'
     # region 4: 6 workloads, 1.83x (1.39x .. 2.13x) over sglang_packed_decode
     if batch_size > 117:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2') if inside else 'cuda_decode_pool_rows.r8cs'
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r8cs'
     return 'sglang_packed_decode'
