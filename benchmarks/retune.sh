@@ -10,6 +10,10 @@
 #   bash benchmarks/retune.sh reported MINUTES every variant on the shapes the issues reported
 #   bash benchmarks/retune.sh contest          bench the baseline, the reference and the routed op on the contest
 #                                              workloads (CONTEST_ARGS replaces the variant and definition options)
+#   bash benchmarks/retune.sh peers MINUTES    the routed op against every peer (each library-backed variant, the
+#                                              baseline among them) in one run, contest workloads and the coverage
+#                                              sweep (PEER_DEFS picks definitions; the part is bench-peers$TUNE_TAG-H100.json,
+#                                              default -part: merge it into bench-peers-H100.json with merge_bench.py)
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh prefill-host     the contest prefill's library calls, host against device time
 #                                              (benchmarks/gdn_prefill_host.py; after FlashQLA's bundles)
@@ -84,6 +88,16 @@ case "$step" in
       --definitions dsa_sparse_attention dsa_topk_indexer gdn_decode moe_fp8} --max-minutes 8 \
       --json "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" 2>&1 | tail -30
     keep "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" ;;
+  peers)
+    defs=${PEER_DEFS:-moe_fp8 dsa_sparse_attention dsa_topk_indexer gdn_prefill}
+    # shellcheck disable=SC2086  # lists of names
+    peers=$(python -c "import sys; from kdispatch import definitions as d, registry as r
+print(*sorted({v.name for n in sys.argv[1:] for v in r.variants(d.resolve_name(n)) if v.backend == 'library'}))" $defs)
+    # shellcheck disable=SC2086
+    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces traces/coverage --definitions $defs \
+      --variants routed $peers --max-minutes "$minutes" --json "benchmarks/results/bench-peers${TUNE_TAG:--part}-H100.json" \
+      2>&1 | grep -v "^\[bench\] \[" | tail -40
+    keep "benchmarks/results/bench-peers${TUNE_TAG:--part}-H100.json" ;;
   wrapper)
     timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-H100.json \
       > /tmp/wrapper.txt 2>&1

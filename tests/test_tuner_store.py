@@ -279,6 +279,34 @@ def test_bench_compares_a_handed_back_region_with_the_guarded_call():
         assert summary["graph"]["routed_geomean_speedup"] == round(20 / 17 if back else 14 / 17, 3)
 
 
+def test_bench_compares_the_routed_op_with_each_library_peer():
+    """Every library-backed variant besides the baseline is a peer: per mode, peer / routed over the
+    workloads both timed (graph: a peer that cannot be captured is left out) and the workloads where
+    the routed op is slower than it beyond the noise margin. No peer measured: no entry."""
+    from kdispatch.tuner.flows import bench_table
+
+    s, eid = filled()
+    for b in (1, 2, 4, 8, 16, 32):
+        r = row(eid, "routed", f"w{b}", 10.0)
+        r.metrics = {"routed_to": "fast", "routed_to_eager": "fast"}
+        s.put(r)
+    assert "peers" not in bench_table(s, eid, DECODE)[1]
+    for b in (1, 2, 4, 8):
+        peer = row(eid, "lib", f"w{b}", 20.0 if b != 8 else 5.0)
+        peer.backend = "library"
+        peer.eager_us, peer.eager_p10_us, peer.eager_p90_us = 30.0, 29.0, 31.0
+        s.put(peer)
+    captured_only = row(eid, "lib_eager", "w1", 5.0)
+    captured_only.backend, captured_only.method = "library", "events:capture-failed"
+    s.put(captured_only)
+    peers = bench_table(s, eid, DECODE)[1]["peers"]
+    graph = peers["lib"]["graph"]
+    assert graph["workloads"] == 4 and graph["slower_than_peer"] == 1
+    assert graph["routed_min_speedup"] == 0.5 and graph["routed_geomean_speedup"] == round((2 * 2 * 2 * 0.5) ** 0.25, 3)
+    assert peers["lib"]["eager"]["workloads"] == 0  # the routed rows have no eager time
+    assert peers["lib_eager"]["graph"]["workloads"] == 0
+
+
 def test_bench_routes_a_workload_that_omits_dependent_axes(tmp_path):
     """Coverage and held-out prefill workloads give num_seqs and total_seq_len, not len_cu_seqlens
     (the definition's constraint implies it); the routed op is asked with every axis a call has."""

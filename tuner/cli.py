@@ -359,6 +359,11 @@ def cmd_bench(args) -> int:
                     if m.get("handed_back") else "")
             print(f"    {label:<6} routed {sp} geomean over the baseline{back}; {rg}; "
                   f"slower than baseline beyond the spread: {m['slower_than_baseline']}")
+        for peer, by_mode in s.get("peers", {}).items():  # not counted as failures: a peer is not the baseline
+            cells = "; ".join(f"{mode} {m['routed_geomean_speedup']:.3f}x (min {m['routed_min_speedup']:.3f}x, "
+                              f"{m['workloads']} workloads, slower {m['slower_than_peer']})"
+                              for mode, m in by_mode.items() if m["workloads"])
+            print(f"    vs {peer}: {cells or 'no workload timed by both'}")
     if not info["complete"]:
         print(f"\n[bench] stopped at --max-minutes {args.max_minutes:g}: {info['pending']} (variant, workload) pairs "
               "not measured; the summary covers the workloads measured")

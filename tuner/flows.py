@@ -513,4 +513,33 @@ def bench_table(store: Store, env_id: str, definition: str,
                 "regret_max_pct": round(100 * max(x["regret"] for x in xs), 2) if xs else None,
                 "slower_than_baseline": len(slower_ones[(routed, mode)]),
                 "handed_back": sum(x["handed_back"] for x in xs)}
+    if "routed" in present:
+        peers = peer_summary(by, uuids, min_gain)
+        if peers:
+            summary["peers"] = peers
     return lines, summary
+
+
+def peer_summary(by: dict, uuids: list[str], min_gain: float) -> dict:
+    """The routed op against each library-backed variant a bench measured besides the baseline (the
+    engines' and libraries' kernels: the peers issue's tables), per call mode, over the workloads
+    where both have a time (graph: a peer that cannot be captured is left out, the routed op could
+    not call it there): geomean and min of peer time / routed time, and the workloads where the
+    routed op is slower than the peer beyond the fitter's noise margin."""
+    peers = sorted({n for (n, _u), r in by.items() if r.backend == "library" and not r.baseline})
+    out = {}
+    for p in peers:
+        out[p] = {}
+        for mode in MODES:
+            ratios, slow = [], 0
+            for u in uuids:
+                rt, pt = timed(by.get(("routed", u)), mode), timed(by.get((p, u)), mode)
+                if rt is None or pt is None or (mode == "graph" and not by[(p, u)].routable):
+                    continue
+                ratios.append(pt.median_us / rt.median_us)
+                slow += slower(rt, pt, min_gain)
+            out[p][mode] = {"workloads": len(ratios),
+                            "routed_geomean_speedup": round(geomean(ratios), 3) if ratios else None,
+                            "routed_min_speedup": round(min(ratios), 3) if ratios else None,
+                            "slower_than_peer": slow}
+    return out
