@@ -20,9 +20,9 @@ than the JIT call, for eager calls).
 
 Layout: a 2-D grid (V-row block fastest, then request x head) and the per-row quantities as [BV]
 vectors. A first version took one flat program id and [BV, 1] / [1, K] blocks (keep_dims sums):
-32 rows on one warp then ran at half SGLang's speed, and 16 rows on 2 warps 1% behind it; this form
-matches SGLang's kernel within 1% at every configuration of that shape (H100, 2026-11-28, qk16_v32
-and qk2_v4, 1-512 requests, a scratch comparison in one run).
+32 rows on one warp then ran at half SGLang's speed; in this form the same launch shape runs within
+1% of SGLang's kernel (H100, 2026-11-28, qk16_v32 and qk2_v4, 1-512 requests, a scratch comparison
+in one run).
 
 Per (request, head): g = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b), then for each
 V row r: S = g * state[r]; state[r] = S + beta * (v[r] - S . k) * k; out[r] = scale * state[r] . q.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import triton
 import triton.language as tl
 
@@ -117,8 +116,8 @@ def gdn_decode_pool(mixed_qkv, a, b, A_log, dt_bias, state_pool, state_indices, 
 
 
 # (V rows, warps) a program, "cs": the streaming cache hints. Up to 32 rows on one warp (SGLang's
-# launch shape, 128 fp32 state registers a thread), down to 8; the six of the scratch comparison
-# within 2% of the best at every batch
+# launch shape, 128 fp32 state registers a thread), down to 8: the scratch comparison's best at some
+# batch size (v32w1cs, v32w2, v16w2cs, v8w1cs), SGLang's own shape (v32w1) and 16 rows on one warp
 CONFIGS = {f"v{rows}w{warps}{'cs' if stream else ''}": dict(rows=rows, warps=warps, stream=stream)
            for rows, warps, stream in ((32, 1, False), (32, 1, True), (32, 2, False), (16, 2, True),
                                        (16, 1, True), (8, 1, True))}
