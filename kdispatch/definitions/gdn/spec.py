@@ -371,7 +371,14 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                           # 2 x 186-token call went to FlashInfer at 2.8x the fused kernel's time
                           # (vLLM's convention, 32 value heads, H100, 2026-11-27)
                           more_grids=({"num_seqs": (1,), "total_seq_len": (128, 256, 512, 1024)},
-                                      {"num_seqs": (2,), "total_seq_len": (256, 1024)}),
+                                      {"num_seqs": (2,), "total_seq_len": (256, 1024)},
+                                      # batches under 512 tokens: only random draws had measured them, and
+                                      # held-out 48 tokens in 10 sequences went to the chunked kernel at
+                                      # 3.7x the recurrence's time (no bound on tokens in its region; 4
+                                      # value heads), 5 x 4 to the fused kernel at 1.6x (8; H100, 2026-11-28)
+                                      {"num_seqs": (4, 16), "total_seq_len": (64,)},
+                                      {"num_seqs": (4, 16, 64), "total_seq_len": (256,)},
+                                      {"num_seqs": (1,), "total_seq_len": (32, 64)}),
                           grid_every_mix=True, one_mix=one_sequence),
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
