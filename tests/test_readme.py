@@ -21,7 +21,7 @@ def test_peers_table_renders_each_peer_and_the_baseline(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     path = ROOT / "benchmarks" / "results" / "bench-peers-test-H100.json"  # relative_to(ROOT) must hold
-    assert "No peer run yet" in mod.peers_table(path)
+    assert "No peer run yet" in mod.peers_tables([path])
     mode = {"routed_geomean_speedup": 1.5, "slower_than_baseline": 0}
     peer = {"workloads": 3, "routed_geomean_speedup": 0.9, "routed_min_speedup": 0.8, "slower_than_peer": 2}
     res = {"env": {"device": "GPU X"}, "complete": True,
@@ -33,7 +33,7 @@ def test_peers_table_renders_each_peer_and_the_baseline(tmp_path):
                                             "eager": peer}}}}}
     try:
         path.write_text(json.dumps(res))
-        text = mod.peers_table(path)
+        text = mod.peers_tables([path])
     finally:
         path.unlink()
     assert "| `moe_fp8` | `sglang_triton_moe` (baseline) | 1.50x | 4 | 0 | 1.50x | 4 | 0 |" in text

@@ -28,10 +28,11 @@ ENV = {"device": "Fake GPU 80GB", "arch": "sm90", "driver": "1.0", "torch": "2.x
        "flashinfer": "0.x"}
 
 
-def build_store(definition, workloads, latency, failures=(), order_seed=None, spread=0.01, env=ENV):
+def build_store(definition, workloads, latency, failures=(), order_seed=None, spread=0.01, env=ENV, into=None,
+                measured_at="2026-01-01T00:00:00Z", baseline="flashinfer"):
     """workloads: [(uuid, axes)]; latency(variant, axes) -> µs or None (not measured);
-    failures: {(variant, uuid)} that fail correctness. The first variant name is the baseline."""
-    store = Store(":memory:")
+    failures: {(variant, uuid)} that fail correctness; `into`: a store to add the rows to."""
+    store = into or Store(":memory:")
     eid = store.add_env(env)
     rows = []
     for uuid, axes in workloads:
@@ -42,7 +43,7 @@ def build_store(definition, workloads, latency, failures=(), order_seed=None, sp
             failed = (name, uuid) in failures
             rows.append(Result(env=eid, definition=definition, variant=name, variant_hash="h-" + name, uuid=uuid,
                                axes=axes, status="INCORRECT_NUMERICAL" if failed else "PASSED",
-                               measured_at="2026-01-01T00:00:00Z", baseline=name == "flashinfer",
+                               measured_at=measured_at, baseline=name == baseline,
                                method="graph", median_us=None if failed else t,
                                p10_us=None if failed else t * (1 - spread), p90_us=None if failed else t * (1 + spread),
                                reason="output wrong" if failed else ""))
@@ -86,6 +87,31 @@ def test_recovers_a_one_feature_policy():
     assert pol.regions[0].stats["speedup"] == (2.0, 2.0, 2.0)
     # Held out: a fold without both batch-16 workloads puts the threshold at 20 and misroutes 16.
     assert pol.heldout["workloads"] == 16 and pol.heldout["unsafe"] == 0 and pol.heldout["regret_mean_pct"] > 0
+
+
+def test_the_devices_of_an_architecture_are_fitted_together(tmp_path):
+    """A router serves an architecture: each device's rows enter the fit, a workload once per device,
+    so a variant that wins on one part and loses on the other keeps no region; a device whose rows
+    name another baseline stays out."""
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    build_store(DECODE, decode_workloads(), lambda n, a: decode_latency(n, a) * (3.0 if n == "A" else 1.0),
+                env={**ENV, "device": "Fake GPU 141GB"}, into=store, measured_at="2026-02-01T00:00:00Z")
+    build_store(DECODE, decode_workloads(), decode_latency, env={**ENV, "device": "Other GPU"}, into=store,
+                measured_at="2026-03-01T00:00:00Z", baseline="B")  # newest, but another baseline
+    table = fitting.load_table(store, DECODE, "sm90")
+    assert table.baseline == "B" and [e["device"] for e in table.devices] == ["Other GPU"]
+    store.db.execute("DELETE FROM result WHERE env = ?", (store.add_env({**ENV, "device": "Other GPU"}),))
+    table = fitting.load_table(store, DECODE, "sm90")
+    assert table.device_names == "Fake GPU 141GB and Fake GPU 80GB"
+    assert len(table.uuids) == 2 * len(decode_workloads())
+    assert {fitting.workload_of(u) for u in table.uuids} == {u for u, _ in decode_workloads()}
+    assert len({fitting._fold_of(u, 5) for u in table.uuids if fitting.workload_of(u) == "d1-0"}) == 1
+    pol = fitting.fit(table)
+    assert [(r.variant, r.bounds) for r in pol.regions] == [("flashinfer", {"batch_size": (None, 11)}),
+                                                           ("B", {"batch_size": (11, None)})]
+    text = codegen.write(pol, tmp_path).read_text()
+    assert "# device      Fake GPU 141GB" in text and "# device      Fake GPU 80GB" in text
+    assert "16 on each of 2 devices" in text
 
 
 def test_unseen_shapes_route_to_their_region(tmp_path):
@@ -654,7 +680,7 @@ def test_incremental_store_measures_only_what_changed(tmp_path, candidates):
     (tmp_path / "store" / "fake.sqlite").unlink()
     _tune(tmp_path)
     assert MEASURED == []
-    assert (tmp_path / "store" / "traces" / "fake.jsonl").exists()
+    assert (tmp_path / "store" / "traces" / "fake.jsonl.gz").exists()
 
 
 def test_skipped_variants_are_not_measured_and_a_later_tune_measures_them(tmp_path, candidates):

@@ -9,7 +9,7 @@ import pytest
 from kdispatch import registry
 from kdispatch.tuner import cli as tcli
 from kdispatch.tuner import landing
-from kdispatch.tuner.store import STATUSES, Result, Store
+from kdispatch.tuner.store import STATUSES, Result, Store, read_twin, store_of
 
 DECODE = "gdn_decode_qk4_v8_d128_k_last"
 ENV = {"device": "Fake GPU", "arch": "sm90", "driver": "1", "torch": "2", "triton": "3", "cuda": "13", "flashinfer": "0"}
@@ -46,14 +46,14 @@ def test_missing_pairs_follow_hash_env_and_uuid():
 def test_text_twin_round_trip_is_byte_stable(tmp_path):
     s, _ = filled(tmp_path / "a.sqlite")
     s.dump_jsonl()
-    text = (tmp_path / "traces" / "a.jsonl").read_text()
+    data = (tmp_path / "traces" / "a.jsonl.gz").read_bytes()
     fresh = tmp_path / "clone"
     (fresh / "traces").mkdir(parents=True)
-    (fresh / "traces" / "b.jsonl").write_text(text)
+    (fresh / "traces" / "b.jsonl.gz").write_bytes(data)
     t = Store.open(fresh / "b.sqlite")  # a fresh clone: only the twin exists
     assert {r.key: r for r in t.results()} == {r.key: r for r in s.results()}
     t.dump_jsonl()
-    assert (fresh / "traces" / "b.jsonl").read_text() == text
+    assert (fresh / "traces" / "b.jsonl.gz").read_bytes() == data
 
 
 def test_a_later_hash_supersedes_the_rows_it_re_measured():
@@ -87,8 +87,10 @@ def test_the_twin_is_a_flashinfer_bench_trace_set(tmp_path):
     s, eid = filled(tmp_path / "fake.sqlite")
     for status in ("RUNTIME_ERROR", "TIMEOUT", "COMPILE_ERROR"):  # no correctness, no performance
         s.put(row(eid, status.lower(), "w2", 0, status=status))
-    s.dump_jsonl()
-    ts = TraceSet.from_path(str(tmp_path))
+    plain = tmp_path / "plain"  # the twin decompressed
+    (plain / "traces").mkdir(parents=True)
+    (plain / "traces" / "fake.jsonl").write_text(read_twin(s.dump_jsonl()))
+    ts = TraceSet.from_path(str(plain))
     traces = ts.traces[DECODE]
     assert len(traces) == 2 * 6 + 1 + 3  # two rows a workload, the broken one, the three failures
     want = {(r.variant, r.uuid): r.status for r in s.results()}
@@ -107,15 +109,15 @@ def test_the_reference_latency_is_the_newest_baseline_measurement(tmp_path):
     newer.measured_at = "2026-02-01T00:00:00Z"
     s.put(newer)
     s.dump_jsonl()
-    lines = [json.loads(x) for x in (tmp_path / "traces" / "fake.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in read_twin(tmp_path / "traces" / "fake.jsonl.gz").splitlines()]
     fast1 = next(x for x in lines if x["solution"] == "fast" and x["workload"]["uuid"] == "w1")
     assert abs(fast1["evaluation"]["performance"]["reference_latency_ms"] - 0.022) < 1e-9
 
 
 def test_a_twin_outside_traces_is_refused(tmp_path):
-    (tmp_path / "x.jsonl").write_text("")
-    with pytest.raises(ValueError, match="traces"):
-        Store.open(tmp_path / "x.jsonl")
+    for name in ("x.jsonl.gz", "traces/x.jsonl"):  # outside traces/, or not compressed
+        with pytest.raises(ValueError, match="traces"):
+            Store.open(tmp_path / name)
 
 
 def test_the_committed_results_load_as_a_trace_set(tmp_path):
@@ -127,20 +129,24 @@ def test_the_committed_results_load_as_a_trace_set(tmp_path):
 
     from kdispatch.tuner.store import RESULTS_DIR
 
-    twins = sorted((RESULTS_DIR / "traces").glob("*.jsonl"))
+    twins = sorted((RESULTS_DIR / "traces").glob("*.jsonl.gz"))
     assert twins, "committed results"
-    ts = TraceSet.from_path(str(RESULTS_DIR))
+    plain = tmp_path / "plain"  # the twins decompressed: the trace set FlashInfer-Bench reads
+    (plain / "traces").mkdir(parents=True)
+    for twin in twins:
+        (plain / "traces" / twin.name[:-3]).write_text(read_twin(twin))
+    ts = TraceSet.from_path(str(plain))
     got = {(t.definition, t.solution, t.workload.uuid, t.evaluation.environment.hardware,
             t.evaluation.timestamp): t.evaluation.status.value for v in ts.traces.values() for t in v}
     (tmp_path / "traces").mkdir()
     want = {}
     for twin in twins:  # opened from a copy: the test never writes into the repository
         shutil.copy(twin, tmp_path / "traces" / twin.name)
-        store = Store.open(tmp_path / f"{twin.stem}.sqlite")
+        store = Store.open(store_of(tmp_path / "traces" / twin.name))
         envs = {e["id"]: e["device"] for e in store.envs()}
         rows = store.results()
         want.update({(r.definition, r.variant, r.uuid, envs[r.env], r.measured_at): r.status for r in rows})
-        assert len(rows) == sum(1 for _ in twin.open())
+        assert len(rows) == len(read_twin(twin).splitlines())
     assert got == want and len(got) == sum(len(v) for v in ts.traces.values())
 
 

@@ -14,7 +14,7 @@
 Workload sets: `tune` measures the contest's (traces/) and the coverage set of the shapes engines
 send (traces/coverage/) unless --workloads names others; traces/heldout/ is for `bench` only.
 Stores: `tune` writes `tuner/results/<device-slug>.sqlite` (git-ignored) and its committed text
-twin `tuner/results/<device-slug>.jsonl`; `route`, `explain` and `report` read
+twin `tuner/results/traces/<device-slug>.jsonl.gz`; `route`, `explain` and `report` read
 every store under tuner/results/ by default (no GPU needed). `--quick` (a smoke run: 6 workloads
 per definition, 1 trial, few repetitions) uses `tuner/results/quick/` for both its store and its
 routers unless --store / --out say otherwise.
@@ -39,7 +39,7 @@ def _defs_arg(p):
 
 def _store_arg(p, many=True):
     p.add_argument("--store", nargs="+" if many else None, metavar="PATH",
-                   help="results store(s) (.sqlite or its .jsonl twin); default: every store under tuner/results/")
+                   help="results store(s) (.sqlite or its traces/*.jsonl.gz twin); default: every store under tuner/results/")
 
 
 def add_commands(sub) -> None:
@@ -307,7 +307,7 @@ def cmd_explain(args) -> int:
     label = "measured on this exact shape" if same else "measured on the region's workloads"
     if not near:
         return 0
-    print(f"{label} ({table.env['device']}, {len(near)} workloads), median µs per call:")
+    print(f"{label} ({table.device_names}, {len(near)} workload rows), median µs per call:")
     names = table.variants
     print("  " + "  ".join(f"{a:>13}" for a in var) + "  " + "  ".join(f"{n[:22]:>22}" for n in names))
     for u in near[:40]:

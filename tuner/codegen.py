@@ -28,7 +28,7 @@ from kdispatch import definitions as defs
 from kdispatch import registry
 
 from . import features as feats
-from .fit import Policy, required_gain, variant_summary
+from .fit import Policy, required_gain, variant_summary, workload_of
 
 HEADER_WIDTH = 100
 
@@ -214,12 +214,17 @@ def render(policy: Policy) -> str:
         f"# arch        {policy.arch}",
     ]
     if t is not None:
+        for e in t.devices or (env,):  # fitted on each device's rows: a region wins on all of them
+            lines += [
+                f"# device      {e.get('device')} ({e.get('arch')}), driver {e.get('driver')}",
+                f"# software    torch {e.get('torch')}, triton {e.get('triton')}, CUDA {e.get('cuda')}, "
+                f"flashinfer {e.get('flashinfer')}",
+            ]
+        shapes = len({workload_of(u) for u in t.uuids})
+        each = f" on each of {len(t.devices)} devices" if len(t.devices) > 1 else ""
         lines += [
-            f"# device      {env.get('device')} ({env.get('arch')}), driver {env.get('driver')}",
-            f"# software    torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
-            f"flashinfer {env.get('flashinfer')}",
             f"# measured    up to {t.measured_at}",
-            f"# workloads   {len(t.uuids)} (workload-set digest {t.workload_digest()})",
+            f"# workloads   {shapes}{each} (workload-set digest {t.workload_digest()})",
         ]
     lines.append(f"# baseline    {policy.baseline}")
     if t is not None:

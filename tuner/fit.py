@@ -114,7 +114,7 @@ from kdispatch import registry
 from . import estimate as estimates
 from . import features as feats
 from .stats import MODES, beats, geomean, slower, timed
-from .store import Result, Store
+from .store import Result, Store, slug
 
 
 def required_gain(params: "FitParams", definition: str, variant: str) -> float:
@@ -150,11 +150,17 @@ class Table:
     rows: dict[tuple[str, str], Result]  # (variant, uuid) -> row
     weights: dict[str, float] = field(default_factory=dict)
     fit_names: tuple[str, ...] = ()  # the features the fitter splits on (the spec's, then any hints)
+    devices: tuple[dict, ...] = ()  # the environment of each device fitted on, newest first (`load_table`)
 
     @property
     def variants(self) -> list[str]:
         """Baseline first, then the others by name."""
         return [self.baseline] + sorted(v for v in self.hashes if v != self.baseline)
+
+    @property
+    def device_names(self) -> str:
+        """The devices fitted on, newest first ("NVIDIA H200 and NVIDIA H100 80GB HBM3")."""
+        return " and ".join(e["device"] for e in self.devices) or self.env.get("device", "")
 
     @property
     def measured_at(self) -> str:
@@ -171,29 +177,46 @@ class Table:
         drop = set(variants) - {self.baseline}
         return Table(self.definition, self.arch, self.env, self.baseline,
                      {n: h for n, h in self.hashes.items() if n not in drop}, self.uuids, self.axes, self.features,
-                     {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights, self.fit_names)
+                     {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights, self.fit_names,
+                     self.devices)
 
     def subset(self, uuids) -> "Table":
         keep = set(uuids)
         return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,
                      [u for u in self.uuids if u in keep], self.axes, self.features,
-                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights, self.fit_names)
+                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights, self.fit_names, self.devices)
 
     def with_hints(self, values: dict[str, dict[str, int]]) -> "Table":
         """The table with the definition's call-time hints (`Spec.hints`) as more fit features, on
-        the workloads whose hint values are known (uuid -> {hint: value})."""
+        the workloads whose hint values are known (workload uuid -> {hint: value})."""
         names = tuple(defs.get(self.definition).spec.hints)
-        keep = [u for u in self.uuids if all(n in values.get(u, {}) for n in names)]
-        fts = {u: {**self.features[u], **{n: int(values[u][n]) for n in names}} for u in keep}
+        keep = [u for u in self.uuids if all(n in values.get(workload_of(u), {}) for n in names)]
+        fts = {u: {**self.features[u], **{n: int(values[workload_of(u)][n]) for n in names}} for u in keep}
         fit_names = self.fit_names + names
         order = sorted(keep, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
         kept = set(keep)
         return Table(self.definition, self.arch, self.env, self.baseline, self.hashes, order, self.axes, fts,
-                     {k: r for k, r in self.rows.items() if k[1] in kept}, self.weights, fit_names)
+                     {k: r for k, r in self.rows.items() if k[1] in kept}, self.weights, fit_names, self.devices)
+
+
+DEVICE_SEP = "@"  # a workload measured on several devices: one fitted row each, "<uuid>@<device slug>"
+
+
+def workload_of(key: str) -> str:
+    """The workload uuid of a table's workload key (`load_table`: one key per workload and device)."""
+    return key.split(DEVICE_SEP, 1)[0]
 
 
 def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | None:
-    """The store's view of (definition, arch); None when nothing was measured for it."""
+    """The store's view of (definition, arch); None when nothing was measured for it.
+
+    Per device of the architecture (H100 and H200 are both sm90), its most recently measured
+    environment, and in it each variant's most recently measured hash. Where several devices have
+    measured the definition with the same baseline, every workload enters once per device, keyed
+    "<uuid>@<device slug>": a region's variant must then win on each device (a router serves the
+    architecture, and the crossovers move with the memory bandwidth: fitted on H100 rows alone, the
+    contest decode sent batch 64 to a kernel 5% slower than FlashInfer on an H200, 2026-11-28). A
+    device whose newest rows name another baseline (one measured without a library) stays out."""
     definition = defs.resolve_name(definition)
     envs = {e["id"]: e for e in store.envs() if e["arch"] == arch}
     rows = [r for r in store.results(definition) if r.env in envs]
@@ -205,8 +228,33 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     latest: dict[str, str] = {}
     for r in rows:
         latest[r.env] = max(latest.get(r.env, ""), r.measured_at)
-    env = max(latest, key=lambda e: (latest[e], e))
-    rows = [r for r in rows if r.env == env]
+    newest_env: dict[str, str] = {}  # device -> its most recently measured environment
+    for e in sorted(latest, key=lambda e: (latest[e], e)):
+        newest_env[envs[e]["device"]] = e
+    parts = [(e, *_env_rows(definition, e, [r for r in rows if r.env == e]))
+             for e in sorted(newest_env.values(), key=lambda e: (latest[e], e), reverse=True)]
+    env, baseline, _ = parts[0]
+    parts = [p for p in parts if p[1] == baseline]
+    hashes: dict[str, str] = {}
+    by_key: dict[tuple[str, str], Result] = {}
+    for e, _base, kept in reversed(parts):  # the newest device's hash names a variant
+        for r in kept:
+            hashes[r.variant] = r.variant_hash
+            if len(parts) > 1:
+                r = replace(r, uuid=f"{r.uuid}{DEVICE_SEP}{slug(envs[e]['device'])}")
+            by_key[(r.variant, r.uuid)] = r
+    axes = {}
+    for r in by_key.values():
+        axes.setdefault(r.uuid, r.axes)
+    fts = {u: feats.compute(definition, a) for u, a in axes.items()}
+    fit_names = feats.fit_names(definition)
+    order = sorted(axes, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
+    return Table(definition, arch, envs[env], baseline, hashes, order, axes, fts, by_key,
+                 {u: 1.0 for u in order}, tuple(fit_names), tuple(envs[e] for e, _b, _k in parts))
+
+
+def _env_rows(definition: str, env: str, rows: list[Result]) -> tuple[str, list[Result]]:
+    """(baseline, rows) of one environment: each variant's most recently measured hash."""
     newest: dict[tuple[str, str], str] = {}
     for r in rows:
         k = (r.variant, r.variant_hash)
@@ -216,20 +264,10 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
         if name not in hashes or (t, h) > (newest[(name, hashes[name])], hashes[name]):
             hashes[name] = h
     rows = [r for r in rows if hashes.get(r.variant) == r.variant_hash and r.variant != "routed"]
-    hashes.pop("routed", None)
     base_rows = [r for r in rows if r.baseline]
     if not base_rows:
-        raise ValueError(f"{definition} on {arch}: the store has no baseline measurements (env {env})")
-    baseline = max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant
-    by_key = {(r.variant, r.uuid): r for r in rows}
-    axes = {}
-    for r in rows:
-        axes.setdefault(r.uuid, r.axes)
-    fts = {u: feats.compute(definition, a) for u, a in axes.items()}
-    fit_names = feats.fit_names(definition)
-    order = sorted(axes, key=lambda u: (tuple(fts[u][f] for f in fit_names), u))
-    return Table(definition, arch, envs[env], baseline, hashes, order, axes, fts, by_key,
-                 {u: 1.0 for u in order}, tuple(fit_names))
+        raise ValueError(f"{definition}: the store has no baseline measurements (env {env})")
+    return max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant, rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -722,8 +760,9 @@ def variant_summary(t: Table) -> dict[str, dict]:
     return out
 
 
-def _fold_of(uuid: str, k: int) -> int:
-    return int(hashlib.sha256(uuid.encode()).hexdigest()[:8], 16) % k
+def _fold_of(key: str, k: int) -> int:
+    """A workload's fold: by its uuid, so that its rows of several devices are held out together."""
+    return int(hashlib.sha256(workload_of(key).encode()).hexdigest()[:8], 16) % k
 
 
 def heldout_regret(t: Table, params: FitParams | None = None, mode: str = "graph") -> dict:

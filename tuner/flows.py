@@ -27,7 +27,7 @@ from .job import ROUTED_HINTED
 from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
-from .store import RESULTS_DIR, Result, Store, default_path, slug
+from .store import RESULTS_DIR, Result, Store, default_path, slug, stores_in
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,10 +173,10 @@ def pending(roots, *, definitions=None, variants=None, skip_variants=None, devic
         path = Path(store) if store is not None else default_path(env["device"])
     else:
         if store is None:
-            stems = sorted({p.stem for p in RESULTS_DIR.glob("*.sqlite")} | {p.stem for p in RESULTS_DIR.glob("traces/*.jsonl")})
-            if len(stems) != 1:
-                raise SystemExit(f"--pending without the GPU: name the store (--store), one of {stems}")
-            store = RESULTS_DIR / f"{stems[0]}.sqlite"
+            found = stores_in(RESULTS_DIR)
+            if len(found) != 1:
+                raise SystemExit(f"--pending without the GPU: name the store (--store), one of {[str(f) for f in found]}")
+            store = found[0]
         path = Path(store)
     st = Store.open(path)
     if here:
@@ -369,8 +369,7 @@ def open_stores(paths=None) -> Store:
     if paths:
         files = [Path(p) for p in paths]
     else:
-        stems = sorted({p.stem for p in RESULTS_DIR.glob("*.sqlite")} | {p.stem for p in RESULTS_DIR.glob("traces/*.jsonl")})
-        files = [RESULTS_DIR / f"{stem}.sqlite" for stem in stems]
+        files = stores_in(RESULTS_DIR)
     if len(files) == 1:
         return Store.open(files[0])
     import tempfile

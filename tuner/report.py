@@ -55,7 +55,7 @@ def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
     d = t.definition
     e = t.env
     out = [f"## {defs.get(d).short} on {t.arch}", "",
-           f"`{d}`: {len(t.uuids)} workloads; {e['device']}, driver {e['driver']}; torch {e['torch']}, "
+           f"`{d}`: {len(t.uuids)} workloads; {t.device_names}, driver {e['driver']}; torch {e['torch']}, "
            f"triton {e['triton']}, CUDA {e['cuda']}, flashinfer {e['flashinfer']}; measured up to {t.measured_at}. "
            f"Baseline: `{t.baseline}`.", "",
            "| region | shapes | variant | workloads | speedup over baseline (geomean, min .. max) |",
@@ -132,7 +132,7 @@ def _plot(plt, policy: fitting.Policy, t: fitting.Table, png: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel(main)
     ax.set_ylabel("latency per call (µs)")
-    ax.set_title(f"{defs.get(t.definition).short} on {t.env['device']} ({t.arch})")
+    ax.set_title(f"{defs.get(t.definition).short} on {t.device_names} ({t.arch})")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

@@ -16,9 +16,11 @@ dropped when the tuner writes the store (`Store.drop_superseded`): it would neve
 again, and the twin travels to the GPU machine with every call; git keeps its history.
 
 Files. The working store is `tuner/results/<device-slug>.sqlite` (git-ignored, the local index).
-After every change the tuner also writes its twin `tuner/results/traces/<device-slug>.jsonl`
-(committed, diffable, byte-stable): one FlashInfer-Bench `Trace` per result row, sorted, so that
-`flashinfer_bench.data.TraceSet.from_path("tuner/results")` loads kdispatch's results as they are:
+After every change the tuner also writes its twin `tuner/results/traces/<device-slug>.jsonl.gz`
+(committed, byte-stable): one FlashInfer-Bench `Trace` per result row, sorted, gzip-compressed
+(the twins travel to the GPU machine with every call, whose transfer holds 64 MiB: uncompressed they
+had reached 39 MB, 2026-11-28), so that `flashinfer_bench.data.TraceSet.from_path` loads kdispatch's
+results as they are from a folder holding them decompressed (`zcat`, `read_twin`):
 `definition`, `workload` (axes, inputs, uuid), `solution` = the variant's name, `evaluation`
 (`status` an `EvaluationStatus`; `environment` = device and library versions; `timestamp`; `log` =
 the failure reason or timing note; `correctness` for PASSED and INCORRECT_NUMERICAL; `performance`
@@ -50,6 +52,7 @@ Schema (SQLite):
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import re
@@ -151,9 +154,28 @@ def default_path(device_name: str) -> Path:
     return RESULTS_DIR / f"{slug(device_name)}.sqlite"
 
 
+TWIN_SUFFIX = ".jsonl.gz"
+
+
 def twin_of(path: Path) -> Path:
-    """The committed trace twin of a store file: <folder>/traces/<stem>.jsonl."""
-    return path.parent / "traces" / f"{path.stem}.jsonl"
+    """The committed trace twin of a store file: <folder>/traces/<stem>.jsonl.gz."""
+    return path.parent / "traces" / f"{path.stem}{TWIN_SUFFIX}"
+
+
+def store_of(twin: Path) -> Path:
+    """The store file a twin belongs to (<folder>/<stem>.sqlite for <folder>/traces/<stem>.jsonl.gz)."""
+    return twin.parent.parent / f"{twin.name[:-len(TWIN_SUFFIX)]}.sqlite"
+
+
+def stores_in(folder: Path) -> list[Path]:
+    """The stores of a results folder: its .sqlite files and those its committed twins stand for."""
+    return sorted(set(folder.glob("*.sqlite")) | {store_of(t) for t in folder.glob(f"traces/*{TWIN_SUFFIX}")})
+
+
+def read_twin(path: Path) -> str:
+    """The trace lines of a twin (or of a plain .jsonl dump)."""
+    data = Path(path).read_bytes()
+    return (gzip.decompress(data) if str(path).endswith(".gz") else data).decode()
 
 
 def _round(x):
@@ -190,17 +212,17 @@ class Store:
     # ---- opening, text twin -------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path) -> "Store":
-        """Open (or create) `path`, first merging its `.jsonl` twin when that is new to it."""
+        """Open (or create) `path`, first merging its twin when that is new to it."""
         path = Path(path)
-        if path.suffix == ".jsonl":  # the twin itself: its store sits one folder up
-            if path.parent.name != "traces":
-                raise ValueError(f"{path}: a store's twin lives in <folder>/traces/<name>.jsonl; give that "
+        if path.name.endswith(TWIN_SUFFIX) or path.suffix == ".jsonl":  # the twin itself: its store sits one folder up
+            if path.parent.name != "traces" or path.suffix == ".jsonl":
+                raise ValueError(f"{path}: a store's twin lives in <folder>/traces/<name>{TWIN_SUFFIX}; give that "
                                  "file or the store's .sqlite")
-            path = path.parent.parent / f"{path.stem}.sqlite"
+            path = store_of(path)
         store = cls(path)
         twin = twin_of(path)
         if twin.exists():
-            digest = hashlib.sha256(twin.read_bytes()).hexdigest()
+            digest = hashlib.sha256(read_twin(twin).encode()).hexdigest()
             if store.meta("jsonl_digest") != digest:
                 store.load_jsonl(twin)
                 store.set_meta("jsonl_digest", digest)
@@ -219,7 +241,8 @@ class Store:
         self.db.commit()
 
     def dump_jsonl(self, path: str | Path | None = None) -> Path:
-        """Writes every result as a FlashInfer-Bench trace line, sorted (byte-stable for equal data)."""
+        """Writes every result as a FlashInfer-Bench trace line, sorted (byte-stable for equal data),
+        gzip-compressed where the path ends in .gz (the twin)."""
         path = Path(path) if path is not None else self.twin
         if path is None:
             raise ValueError("an in-memory store needs an explicit dump path")
@@ -238,7 +261,10 @@ class Store:
                                     base.get((r.env, r.definition, r.uuid)))) for r in rows)
         text = "".join(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n" for _, line in lines)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        if path.name.endswith(".gz"):
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))  # no timestamp: byte-stable
+        else:
+            path.write_text(text)
         if self.path is not None and path == self.twin:
             self.set_meta("jsonl_digest", hashlib.sha256(text.encode()).hexdigest())
         return path
@@ -257,7 +283,7 @@ class Store:
     def load_jsonl(self, path: str | Path) -> None:
         """Merges a trace twin in: environments and workloads are upserted; per result key the
         later row wins."""
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        for n, line in enumerate(read_twin(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -3,25 +3,27 @@
 #
 # definition  dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T22:50:01Z
-# workloads   55 (workload-set digest 88f208243be25818)
+# measured    up to 2026-11-28T07:55:24Z
+# workloads   55 on each of 2 devices (workload-set digest 8966e5bbed16ab59)
 # baseline    flashmla_sparse
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashmla_sparse       c1753c656d506f3b  55/55  1.00x
-#   cuda_splitk.s1        269f495b0602c5e6  55/55  0.73x
-#   cuda_splitk.s16       ad5b84051cec1950  37/37  4.10x
-#   cuda_splitk.s2        77d532f5508e45bc  44/44  1.12x
-#   cuda_splitk.s4        3b3d2faa5ac9d64b  42/42  1.78x
-#   cuda_splitk.s64       4144c60a53f69e2b  32/32  4.52x
-#   cuda_splitk.s8        793e93d5b90aac65  39/39  2.92x
+#   flashmla_sparse       c1753c656d506f3b  110/110  1.00x
+#   cuda_splitk.s1        269f495b0602c5e6  110/110  0.70x
+#   cuda_splitk.s16       ad5b84051cec1950  74/74  4.18x
+#   cuda_splitk.s2        77d532f5508e45bc  88/88  1.10x
+#   cuda_splitk.s4        3b3d2faa5ac9d64b  84/84  1.76x
+#   cuda_splitk.s64       4144c60a53f69e2b  64/64  4.67x
+#   cuda_splitk.s8        793e93d5b90aac65  78/78  2.90x
 #   flashinfer_fa3        8f4b1c90701f4b2d  55/55  0.08x  [55 not graph-safe]
 #   reference             1ce1b87a23951010  55/55  0.22x
-#   triton_splitk.b32s64  ff41e540ecde982a  32/32  4.16x
-#   triton_splitk.b64s1   e47dc92f45005393  55/55  0.85x
-#   triton_splitk.b64s16  448f059404394aba  37/37  4.06x
-#   triton_splitk.b64s4   b77aa1f5f7d7e871  42/42  2.07x
+#   triton_splitk.b32s64  ff41e540ecde982a  64/64  4.26x
+#   triton_splitk.b64s1   e47dc92f45005393  110/110  0.84x
+#   triton_splitk.b64s16  448f059404394aba  74/74  4.20x
+#   triton_splitk.b64s4   b77aa1f5f7d7e871  84/84  2.08x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_splitk.s1        cfg=(1, 2, 2)
 #   cuda_splitk.s16       cfg=(16, 2, 2)
@@ -38,40 +40,52 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.96% mean, 47.05% max;
-#             1.188x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.54% mean, 74.09% max;
-#             1.376x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.33% mean, 49.56% max;
+#             1.182x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.99% mean, 76.53% max;
+#             1.306x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
-#   5. 122 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
-#   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
+#   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   3. 8 < num_tokens <= 40: triton_splitk.b64s16, 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   4. 40 < num_tokens <= 68: triton_splitk.b64s4, 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
+#   5. 68 < num_tokens <= 118: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2
+#   6. 127 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.12x (1.05x .. 1.21x) over flashmla_sparse
+#   7. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 10 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   8. num_tokens > 1056: triton_splitk.b64s1, 16 workloads, 1.11x (1.05x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 7: cuda_splitk.s16, 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   2. 7 < num_tokens <= 40: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
-#   3. 40 < num_tokens <= 156: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
-#   4. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
+#   1. num_tokens <= 8: cuda_splitk.s16, 58 workloads, 3.77x (2.02x .. 7.25x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
+#   2. 8 < num_tokens <= 40: cuda_splitk.s8, 12 workloads, 2.94x (1.93x .. 4.53x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2
+#   3. 40 < num_tokens <= 68: cuda_splitk.s2, 4 workloads, 2.09x (1.88x .. 2.29x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s1
+#   4. 68 < num_tokens <= 118: cuda_splitk.s1, 4 workloads, 1.43x (1.23x .. 1.61x) over flashmla_sparse; then triton_splitk.b64s4, triton_splitk.b64s1
+#   5. 118 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.58x (1.32x .. 1.95x) over flashmla_sparse; then triton_splitk.b64s4
+#   6. 269 < num_tokens <= 465: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s2, cuda_splitk.s1
+#   7. 465 < num_tokens <= 804: triton_splitk.b64s1, 4 workloads, 1.19x (1.08x .. 1.43x) over flashmla_sparse
+#   8. 804 < num_tokens <= 1388: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   9. num_tokens > 1388: triton_splitk.b64s1, 14 workloads, 1.08x (1.04x .. 1.13x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (6.19, 7.57, 8.35), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.27, 4.87, 5.58), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.3, 2.29, 3.58), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (122, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.21), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.12, 1.13), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 26, 'speedup': (5.36, 7.47, 8.5), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 8)}, 'workloads': 32, 'speedup': (4.27, 4.99, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 12, 'speedup': (1.57, 2.65, 3.96), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 68)}, 'workloads': 4, 'speedup': (1.29, 1.41, 1.5), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
+    {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (68, 118)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (127, 269)}, 'workloads': 6, 'speedup': (1.05, 1.12, 1.21), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1056)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 8, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1056, None)}, 'workloads': 16, 'speedup': (1.05, 1.11, 1.13), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 7)}, 'workloads': 21, 'speedup': (2.61, 4.17, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 40)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 156)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 8)}, 'workloads': 58, 'speedup': (2.02, 3.77, 7.25), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 12, 'speedup': (1.93, 2.94, 4.53), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'cuda_splitk.s2', 'bounds': {'num_tokens': (40, 68)}, 'workloads': 4, 'speedup': (1.88, 2.09, 2.29), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s1')},
+    {'region': 4, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (68, 118)}, 'workloads': 4, 'speedup': (1.23, 1.43, 1.61), 'fallbacks': ('triton_splitk.b64s4', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (118, 269)}, 'workloads': 6, 'speedup': (1.32, 1.58, 1.95), 'fallbacks': ('triton_splitk.b64s4',)},
+    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 465)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s2', 'cuda_splitk.s1')},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (465, 804)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.43), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (804, 1388)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 9, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1388, None)}, 'workloads': 14, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -79,42 +93,60 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse
-    if num_tokens <= 3:
+    # region 1: 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse
+    if num_tokens <= 4:
         return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse
-    if 3 < num_tokens <= 8:
-        return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 3: 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse
-    if 8 < num_tokens <= 52:
+    # region 2: 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse
+    if 4 < num_tokens <= 8:
+        return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
+    # region 3: 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse
+    if 8 < num_tokens <= 40:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
-    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 52 < num_tokens <= 118:
-        return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'flashmla_sparse'
-    # region 5: 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
-    if 122 < num_tokens <= 269:
+    # region 4: 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse
+    if 40 < num_tokens <= 68:
+        return ('triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4') if inside else 'triton_splitk.b64s4'
+    # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 68 < num_tokens <= 118:
+        return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'flashmla_sparse'
+    # region 6: 6 workloads, 1.12x (1.05x .. 1.21x) over flashmla_sparse
+    if 127 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
-    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 269 < num_tokens <= 612:
+    # region 7: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if 269 < num_tokens <= 1056:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 7: 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
-    if num_tokens > 612:
+    # region 8: 16 workloads, 1.11x (1.05x .. 1.13x) over flashmla_sparse
+    if num_tokens > 1056:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
 
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse
-    if num_tokens <= 7:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
-    # region 2: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
-    if 7 < num_tokens <= 40:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 3: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
-    if 40 < num_tokens <= 156:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
-    # region 4: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
-    if num_tokens > 156:
+    # region 1: 58 workloads, 3.77x (2.02x .. 7.25x) over flashmla_sparse
+    if num_tokens <= 8:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
+    # region 2: 12 workloads, 2.94x (1.93x .. 4.53x) over flashmla_sparse
+    if 8 < num_tokens <= 40:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s8'
+    # region 3: 4 workloads, 2.09x (1.88x .. 2.29x) over flashmla_sparse
+    if 40 < num_tokens <= 68:
+        return ('cuda_splitk.s2', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s1') if inside else 'cuda_splitk.s2'
+    # region 4: 4 workloads, 1.43x (1.23x .. 1.61x) over flashmla_sparse
+    if 68 < num_tokens <= 118:
+        return ('cuda_splitk.s1', 'triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
+    # region 5: 6 workloads, 1.58x (1.32x .. 1.95x) over flashmla_sparse
+    if 118 < num_tokens <= 269:
+        return ('triton_splitk.b64s1', 'triton_splitk.b64s4') if inside else 'triton_splitk.b64s1'
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 269 < num_tokens <= 465:
+        return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s2', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
+    # region 7: 4 workloads, 1.19x (1.08x .. 1.43x) over flashmla_sparse
+    if 465 < num_tokens <= 804:
+        return 'triton_splitk.b64s1'
+    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 804 < num_tokens <= 1388:
+        return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
+    # region 9: 14 workloads, 1.08x (1.04x .. 1.13x) over flashmla_sparse
+    if num_tokens > 1388:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'

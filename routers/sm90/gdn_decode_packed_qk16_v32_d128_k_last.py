@@ -3,30 +3,32 @@
 #
 # definition  gdn_decode_packed_qk16_v32_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T06:43:12Z
-# workloads   23 (workload-set digest fefd4a2ff7c91cbb)
+# measured    up to 2026-11-28T07:45:29Z
+# workloads   23 on each of 2 devices (workload-set digest 8c335801a7b62b8d)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
-#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  0.97x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.03x
-#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.01x
-#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  0.98x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.06x
-#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.05x
-#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.94x
-#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.07x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.08x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.06x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.08x
-#   triton_decode_pool.v16w1cs   24986f31986ad5d0  23/23  1.02x
-#   triton_decode_pool.v16w2cs   b51dc1ac6d51ab51  23/23  1.05x
-#   triton_decode_pool.v32w1     5ae44305629b4288  23/23  1.05x
-#   triton_decode_pool.v32w1cs   e396638b7cb64a23  23/23  1.05x
-#   triton_decode_pool.v32w2     1d364648cee9c5fa  23/23  1.03x
-#   triton_decode_pool.v8w1cs    44f657e1a571e76d  23/23  1.04x
+#   sglang_packed_decode         d3473e42cf4093b3  46/46  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  46/46  0.88x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  46/46  1.04x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  46/46  1.01x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  46/46  0.89x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  46/46  1.08x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  46/46  1.07x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  46/46  0.94x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  46/46  1.09x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  46/46  1.10x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  46/46  1.08x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  46/46  1.09x
+#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  46/46  1.00x
+#   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  46/46  1.06x
+#   triton_decode_pool.v32w1     93f6d57052337544  46/46  1.07x
+#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  46/46  1.07x
+#   triton_decode_pool.v32w2     0937b571f12424b0  46/46  1.03x
+#   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  46/46  1.06x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -50,32 +52,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.26% mean, 7.62% max;
-#             1.009x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.72% mean, 38.48% max;
-#             1.402x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.41% mean, 14.38% max;
+#             1.012x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.80% mean, 37.46% max;
+#             1.384x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 4: cuda_decode_pool_rows.r4cs, 4 workloads, 1.43x (1.28x .. 1.60x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
-#   2. 4 < batch_size <= 8: triton_decode_pool.v32w1cs, 3 workloads, 1.13x (1.10x .. 1.18x) over sglang_packed_decode; then triton_decode_pool.v32w1, cuda_decode_pool_rows.r4cs
-#   3. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 6 workloads, 1.08x (1.04x .. 1.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8
-#   4. batch_size > 40: sglang_packed_decode (baseline), 10 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 5: cuda_decode_pool_rows.r4cs, 10 workloads, 1.45x (1.17x .. 1.79x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
+#   2. 5 < batch_size <= 8: triton_decode_pool.v32w1cs, 4 workloads, 1.12x (1.10x .. 1.13x) over sglang_packed_decode; then triton_decode_pool.v32w1, cuda_decode_pool_rows.r4cs
+#   3. 8 < batch_size <= 40: cuda_decode_pool_rows.r4cs, 12 workloads, 1.12x (1.04x .. 1.26x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8
+#   4. batch_size > 40: sglang_packed_decode (baseline), 20 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 3.07x (2.27x .. 4.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs
-#   2. 3 < batch_size <= 27: cuda_decode_pool_rows.r8cs, 8 workloads, 2.78x (1.95x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs
-#   3. batch_size > 27: cuda_decode_pool_rows.r8, 12 workloads, 1.35x (1.08x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs
+#   1. batch_size <= 2: cuda_decode_pool_rows.r1, 4 workloads, 3.42x (2.60x .. 5.01x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs
+#   2. 2 < batch_size <= 8: cuda_decode_pool_rows.r8cs, 10 workloads, 2.89x (2.07x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs
+#   3. 8 < batch_size <= 15: cuda_decode_pool_rows.r8, 4 workloads, 2.38x (2.10x .. 2.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs
+#   4. 15 < batch_size <= 32: cuda_decode_pool_rows.r8cs, 6 workloads, 2.16x (1.68x .. 2.56x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v8w1cs
+#   5. 32 < batch_size <= 298: cuda_decode_pool_rows.r8, 18 workloads, 1.45x (1.08x .. 2.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs
+#   6. batch_size > 298: triton_decode_pool.v32w1, 4 workloads, 1.12x (1.05x .. 1.19x) over sglang_packed_decode
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (1.28, 1.43, 1.6), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (1.1, 1.13, 1.18), 'fallbacks': ('triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r4cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 40)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.12), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8')},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (40, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 5)}, 'workloads': 10, 'speedup': (1.17, 1.45, 1.79), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs')},
+    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (5, 8)}, 'workloads': 4, 'speedup': (1.1, 1.12, 1.13), 'fallbacks': ('triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r4cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (8, 40)}, 'workloads': 12, 'speedup': (1.04, 1.12, 1.26), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8')},
+    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (40, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.27, 3.07, 4.82), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 27)}, 'workloads': 8, 'speedup': (1.95, 2.78, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (27, None)}, 'workloads': 12, 'speedup': (1.08, 1.35, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1', 'bounds': {'batch_size': (None, 2)}, 'workloads': 4, 'speedup': (2.6, 3.42, 5.01), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (2, 8)}, 'workloads': 10, 'speedup': (2.07, 2.89, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (8, 15)}, 'workloads': 4, 'speedup': (2.1, 2.38, 2.84), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (15, 32)}, 'workloads': 6, 'speedup': (1.68, 2.16, 2.56), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs')},
+    {'region': 5, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, 298)}, 'workloads': 18, 'speedup': (1.08, 1.45, 2.2), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 6, 'variant': 'triton_decode_pool.v32w1', 'bounds': {'batch_size': (298, None)}, 'workloads': 4, 'speedup': (1.05, 1.12, 1.19), 'fallbacks': ()},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -83,30 +91,39 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.43x (1.28x .. 1.60x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.13x (1.10x .. 1.18x) over sglang_packed_decode
-    if 4 < batch_size <= 8:
+    # region 1: 10 workloads, 1.45x (1.17x .. 1.79x) over sglang_packed_decode
+    if batch_size <= 5:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 4 workloads, 1.12x (1.10x .. 1.13x) over sglang_packed_decode
+    if 5 < batch_size <= 8:
         return ('triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r4cs') if inside else 'triton_decode_pool.v32w1cs'
-    # region 3: 6 workloads, 1.08x (1.04x .. 1.12x) over sglang_packed_decode
+    # region 3: 12 workloads, 1.12x (1.04x .. 1.26x) over sglang_packed_decode
     if 8 < batch_size <= 40:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 4: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 4: 20 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 40:
-        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.07x (2.27x .. 4.82x) over sglang_packed_decode
-    if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 8 workloads, 2.78x (1.95x .. 5.25x) over sglang_packed_decode
-    if 3 < batch_size <= 27:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 3: 12 workloads, 1.35x (1.08x .. 1.83x) over sglang_packed_decode
-    if batch_size > 27:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 1: 4 workloads, 3.42x (2.60x .. 5.01x) over sglang_packed_decode
+    if batch_size <= 2:
+        return ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r1'
+    # region 2: 10 workloads, 2.89x (2.07x .. 5.25x) over sglang_packed_decode
+    if 2 < batch_size <= 8:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 3: 4 workloads, 2.38x (2.10x .. 2.84x) over sglang_packed_decode
+    if 8 < batch_size <= 15:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 4: 6 workloads, 2.16x (1.68x .. 2.56x) over sglang_packed_decode
+    if 15 < batch_size <= 32:
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r8cs'
+    # region 5: 18 workloads, 1.45x (1.08x .. 2.20x) over sglang_packed_decode
+    if 32 < batch_size <= 298:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 6: 4 workloads, 1.12x (1.05x .. 1.19x) over sglang_packed_decode
+    if batch_size > 298:
+        return 'triton_decode_pool.v32w1'
     return 'sglang_packed_decode'

@@ -3,30 +3,32 @@
 #
 # definition  gdn_decode_packed_qk4_v8_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T06:43:54Z
-# workloads   23 (workload-set digest ce43aa87cdef1c11)
+# measured    up to 2026-11-28T07:46:38Z
+# workloads   23 on each of 2 devices (workload-set digest 5e7552fbf910d16a)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
-#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.13x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.11x
-#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.09x
-#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.16x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.22x
-#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.20x
-#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
-#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.22x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.25x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.16x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.22x
-#   triton_decode_pool.v16w1cs   24986f31986ad5d0  23/23  1.08x
-#   triton_decode_pool.v16w2cs   b51dc1ac6d51ab51  23/23  1.15x
-#   triton_decode_pool.v32w1     5ae44305629b4288  23/23  1.11x
-#   triton_decode_pool.v32w1cs   e396638b7cb64a23  23/23  1.14x
-#   triton_decode_pool.v32w2     1d364648cee9c5fa  23/23  1.10x
-#   triton_decode_pool.v8w1cs    44f657e1a571e76d  23/23  1.10x
+#   sglang_packed_decode         d3473e42cf4093b3  46/46  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  46/46  1.07x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  46/46  1.12x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  46/46  1.10x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  46/46  1.09x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  46/46  1.26x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  46/46  1.23x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  46/46  0.95x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  46/46  1.26x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  46/46  1.28x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  46/46  1.19x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  46/46  1.24x
+#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  46/46  1.07x
+#   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  46/46  1.17x
+#   triton_decode_pool.v32w1     93f6d57052337544  46/46  1.13x
+#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  46/46  1.15x
+#   triton_decode_pool.v32w2     0937b571f12424b0  46/46  1.10x
+#   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  46/46  1.12x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -50,38 +52,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.20% mean, 6.21% max;
-#             1.046x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.86% mean, 48.49% max;
-#             2.482x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.55% mean, 9.39% max;
+#             1.058x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.16% mean, 29.57% max;
+#             2.307x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 19: cuda_decode_pool_rows.r4cs, 10 workloads, 1.59x (1.27x .. 2.00x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 19 < batch_size <= 40: triton_decode_pool.v32w1cs, 3 workloads, 1.14x (1.12x .. 1.18x) over sglang_packed_decode; then triton_decode_pool.v32w1
-#   3. 40 < batch_size <= 142: cuda_decode_pool_rows.r4cs, 5 workloads, 1.08x (1.04x .. 1.11x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, triton_decode_pool.v8w1cs
-#   4. batch_size > 142: sglang_packed_decode (baseline), 5 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 19: cuda_decode_pool_rows.r4cs, 20 workloads, 1.65x (1.27x .. 2.03x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
+#   2. 19 < batch_size <= 40: triton_decode_pool.v32w1cs, 6 workloads, 1.15x (1.12x .. 1.20x) over sglang_packed_decode; then triton_decode_pool.v32w1
+#   3. 40 < batch_size <= 142: cuda_decode_pool_rows.r4cs, 10 workloads, 1.11x (1.04x .. 1.22x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, triton_decode_pool.v8w1cs
+#   4. 142 < batch_size <= 245: triton_decode_pool.v8w1cs, 4 workloads, 1.06x (1.04x .. 1.09x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. batch_size > 245: sglang_packed_decode (baseline), 6 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 5.81x (3.61x .. 10.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
-#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r8, 3 workloads, 4.35x (3.02x .. 5.38x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
-#   3. 8 < batch_size <= 19: cuda_decode_pool_rows.r1cs, 3 workloads, 7.22x (3.20x .. 13.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
-#   4. 19 < batch_size <= 40: cuda_decode_pool_rows.r2, 3 workloads, 2.71x (2.40x .. 3.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2
-#   5. 40 < batch_size <= 117: cuda_decode_pool_rows.r4cs, 4 workloads, 2.63x (1.86x .. 3.33x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2
-#   6. batch_size > 117: cuda_decode_pool_rows.r4, 6 workloads, 1.57x (1.17x .. 2.26x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs
+#   1. every shape: cuda_decode_pool_rows.r4, 46 workloads, 2.77x (1.17x .. 11.68x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 19)}, 'workloads': 10, 'speedup': (1.27, 1.59, 2.0), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (19, 40)}, 'workloads': 3, 'speedup': (1.12, 1.14, 1.18), 'fallbacks': ('triton_decode_pool.v32w1',)},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 142)}, 'workloads': 5, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (142, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 19)}, 'workloads': 20, 'speedup': (1.27, 1.65, 2.03), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (19, 40)}, 'workloads': 6, 'speedup': (1.12, 1.15, 1.2), 'fallbacks': ('triton_decode_pool.v32w1',)},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 142)}, 'workloads': 10, 'speedup': (1.04, 1.11, 1.22), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w1cs')},
+    {'region': 4, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (142, 245)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (3.61, 5.81, 10.2), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (3.02, 4.35, 5.38), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (8, 19)}, 'workloads': 3, 'speedup': (3.2, 7.22, 13.82), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (19, 40)}, 'workloads': 3, 'speedup': (2.4, 2.71, 3.12), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (40, 117)}, 'workloads': 4, 'speedup': (1.86, 2.63, 3.33), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2')},
-    {'region': 6, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.17, 1.57, 2.26), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {}, 'workloads': 46, 'speedup': (1.17, 2.77, 11.68), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -89,39 +83,31 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.59x (1.27x .. 2.00x) over sglang_packed_decode
+    # region 1: 20 workloads, 1.65x (1.27x .. 2.03x) over sglang_packed_decode
     if batch_size <= 19:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.14x (1.12x .. 1.18x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 6 workloads, 1.15x (1.12x .. 1.20x) over sglang_packed_decode
     if 19 < batch_size <= 40:
         return ('triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'triton_decode_pool.v32w1cs'
-    # region 3: 5 workloads, 1.08x (1.04x .. 1.11x) over sglang_packed_decode
+    # region 3: 10 workloads, 1.11x (1.04x .. 1.22x) over sglang_packed_decode
     if 40 < batch_size <= 142:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 4: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 142:
-        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+    # region 4: 4 workloads, 1.06x (1.04x .. 1.09x) over sglang_packed_decode's guarded call
+    if 142 < batch_size <= 245:
+        return 'triton_decode_pool.v8w1cs'
+    # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 245:
+        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 5.81x (3.61x .. 10.20x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 2: 3 workloads, 4.35x (3.02x .. 5.38x) over sglang_packed_decode
-    if 4 < batch_size <= 8:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8'
-    # region 3: 3 workloads, 7.22x (3.20x .. 13.82x) over sglang_packed_decode
-    if 8 < batch_size <= 19:
-        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 4: 3 workloads, 2.71x (2.40x .. 3.12x) over sglang_packed_decode
-    if 19 < batch_size <= 40:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r2'
-    # region 5: 4 workloads, 2.63x (1.86x .. 3.33x) over sglang_packed_decode
-    if 40 < batch_size <= 117:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 6: 6 workloads, 1.57x (1.17x .. 2.26x) over sglang_packed_decode
-    if batch_size > 117:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs') if inside else 'cuda_decode_pool_rows.r4'
-    return 'sglang_packed_decode'
+    # region 1: 46 workloads, 2.77x (1.17x .. 11.68x) over sglang_packed_decode
+    return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r4'
+
+
+def hand_back(batch_size, num_slots):
+    if 142 < batch_size <= 245:  # region 4
+        return True
+    return False

@@ -3,30 +3,32 @@
 #
 # definition  gdn_decode_packed_qk8_v16_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T06:44:22Z
-# workloads   23 (workload-set digest abf0edcf0bfee28e)
+# measured    up to 2026-11-28T07:47:19Z
+# workloads   23 on each of 2 devices (workload-set digest 2d2bb0bfefe2c25e)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
-#   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  1.04x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.07x
-#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.05x
-#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.06x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.14x
-#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.12x
-#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.96x
-#   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.14x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.16x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.11x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.15x
-#   triton_decode_pool.v16w1cs   24986f31986ad5d0  23/23  1.05x
-#   triton_decode_pool.v16w2cs   b51dc1ac6d51ab51  23/23  1.10x
-#   triton_decode_pool.v32w1     5ae44305629b4288  23/23  1.08x
-#   triton_decode_pool.v32w1cs   e396638b7cb64a23  23/23  1.10x
-#   triton_decode_pool.v32w2     1d364648cee9c5fa  23/23  1.06x
-#   triton_decode_pool.v8w1cs    44f657e1a571e76d  23/23  1.08x
+#   sglang_packed_decode         d3473e42cf4093b3  46/46  1.00x
+#   cuda_decode_pool_rows.r1     6c24f131db75434c  46/46  0.96x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  46/46  1.09x
+#   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  46/46  1.06x
+#   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  46/46  0.98x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  46/46  1.17x
+#   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  46/46  1.15x
+#   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  46/46  0.95x
+#   cuda_decode_pool_rows.r4     af61e329927938a5  46/46  1.18x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  46/46  1.19x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  46/46  1.14x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  46/46  1.17x
+#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  46/46  1.05x
+#   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  46/46  1.11x
+#   triton_decode_pool.v32w1     93f6d57052337544  46/46  1.10x
+#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  46/46  1.11x
+#   triton_decode_pool.v32w2     0937b571f12424b0  46/46  1.07x
+#   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  46/46  1.10x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
 #   cuda_decode_pool_rows.r16    rows=16 cs=False
@@ -50,34 +52,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.61% mean, 8.63% max;
-#             1.024x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.10% mean, 24.80% max;
-#             1.860x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.71% mean, 8.63% max;
+#             1.031x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.69% mean, 28.72% max;
+#             1.812x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 8: cuda_decode_pool_rows.r4cs, 7 workloads, 1.52x (1.30x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
-#   2. 8 < batch_size <= 19: triton_decode_pool.v32w1cs, 3 workloads, 1.14x (1.11x .. 1.20x) over sglang_packed_decode; then triton_decode_pool.v32w1
-#   3. 19 < batch_size <= 88: cuda_decode_pool_rows.r4cs, 6 workloads, 1.08x (1.03x .. 1.13x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w1cs
-#   4. batch_size > 88: sglang_packed_decode (baseline), 7 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 16 workloads, 1.55x (1.22x .. 1.92x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
+#   2. 12 < batch_size <= 19: triton_decode_pool.v32w1cs, 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode; then triton_decode_pool.v32w1
+#   3. 19 < batch_size <= 88: cuda_decode_pool_rows.r4cs, 12 workloads, 1.11x (1.03x .. 1.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w1cs
+#   4. 88 < batch_size <= 142: triton_decode_pool.v8w1cs, 4 workloads, 1.04x (1.03x .. 1.06x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. batch_size > 142: sglang_packed_decode (baseline), 10 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 3: cuda_decode_pool_rows.r8cs, 3 workloads, 6.92x (3.14x .. 26.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r2, 3 workloads, 4.67x (4.06x .. 6.09x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs
-#   3. 7 < batch_size <= 32: cuda_decode_pool_rows.r4, 6 workloads, 2.92x (2.18x .. 3.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs
-#   4. batch_size > 32: cuda_decode_pool_rows.r8, 11 workloads, 1.48x (1.10x .. 2.45x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   1. every shape: cuda_decode_pool_rows.r4, 46 workloads, 2.33x (1.08x .. 26.81x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 8)}, 'workloads': 7, 'speedup': (1.3, 1.52, 1.84), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (8, 19)}, 'workloads': 3, 'speedup': (1.11, 1.14, 1.2), 'fallbacks': ('triton_decode_pool.v32w1',)},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (19, 88)}, 'workloads': 6, 'speedup': (1.03, 1.08, 1.13), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs')},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (88, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 12)}, 'workloads': 16, 'speedup': (1.22, 1.55, 1.92), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (12, 19)}, 'workloads': 4, 'speedup': (1.11, 1.13, 1.14), 'fallbacks': ('triton_decode_pool.v32w1',)},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (19, 88)}, 'workloads': 12, 'speedup': (1.03, 1.11, 1.25), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs')},
+    {'region': 4, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (88, 142)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (142, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (3.14, 6.92, 26.98), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (4.06, 4.67, 6.09), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 32)}, 'workloads': 6, 'speedup': (2.18, 2.92, 3.98), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 11, 'speedup': (1.1, 1.48, 2.45), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {}, 'workloads': 46, 'speedup': (1.08, 2.33, 26.81), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -85,33 +83,31 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 1.52x (1.30x .. 1.84x) over sglang_packed_decode
-    if batch_size <= 8:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.14x (1.11x .. 1.20x) over sglang_packed_decode
-    if 8 < batch_size <= 19:
+    # region 1: 16 workloads, 1.55x (1.22x .. 1.92x) over sglang_packed_decode
+    if batch_size <= 12:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode
+    if 12 < batch_size <= 19:
         return ('triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'triton_decode_pool.v32w1cs'
-    # region 3: 6 workloads, 1.08x (1.03x .. 1.13x) over sglang_packed_decode
+    # region 3: 12 workloads, 1.11x (1.03x .. 1.25x) over sglang_packed_decode
     if 19 < batch_size <= 88:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 4: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 88:
-        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+    # region 4: 4 workloads, 1.04x (1.03x .. 1.06x) over sglang_packed_decode's guarded call
+    if 88 < batch_size <= 142:
+        return 'triton_decode_pool.v8w1cs'
+    # region 5: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 142:
+        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 6.92x (3.14x .. 26.98x) over sglang_packed_decode
-    if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 2: 3 workloads, 4.67x (4.06x .. 6.09x) over sglang_packed_decode
-    if 3 < batch_size <= 7:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 6 workloads, 2.92x (2.18x .. 3.98x) over sglang_packed_decode
-    if 7 < batch_size <= 32:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 4: 11 workloads, 1.48x (1.10x .. 2.45x) over sglang_packed_decode
-    if batch_size > 32:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
-    return 'sglang_packed_decode'
+    # region 1: 46 workloads, 2.33x (1.08x .. 26.81x) over sglang_packed_decode
+    return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4'
+
+
+def hand_back(batch_size, num_slots):
+    if 88 < batch_size <= 142:  # region 4
+        return True
+    return False

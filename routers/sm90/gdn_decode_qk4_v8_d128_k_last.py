@@ -3,24 +3,26 @@
 #
 # definition  gdn_decode_qk4_v8_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:04:55Z
-# workloads   99 (workload-set digest 232f0fb8833a6507)
+# measured    up to 2026-11-28T07:43:10Z
+# workloads   99 on each of 2 devices (workload-set digest f838b075990bd261)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                  933ca35088666964  99/99  1.00x
-#   cuda_decode_warp_rows.r1    e5afd561d9c826f5  99/99  1.24x
-#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  99/99  1.29x
-#   cuda_decode_warp_rows.r2    9315130556d38308  99/99  1.23x
-#   cuda_decode_warp_rows.r2cs  fc925e5c76a947ee  99/99  1.29x
-#   cuda_decode_warp_rows.r4    f8066e6362d40cc4  99/99  1.24x
-#   cuda_decode_warp_rows.r4cs  5c39c62bb20df179  99/99  1.28x
-#   cuda_decode_warp_rows.r8    8a98854d236b876e  99/99  1.24x
-#   cuda_decode_warp_rows.r8cs  32bb8276e2b2a649  99/99  1.28x
-#   fla_fused_recurrent         947bf4f5255a9c1d  99/99  0.72x
+#   flashinfer                  3d4afd2c8a0bab9b  198/198  1.00x
+#   cuda_decode_warp_rows.r1    e5afd561d9c826f5  198/198  1.22x
+#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  198/198  1.26x
+#   cuda_decode_warp_rows.r2    9315130556d38308  198/198  1.25x
+#   cuda_decode_warp_rows.r2cs  fc925e5c76a947ee  198/198  1.31x
+#   cuda_decode_warp_rows.r4    f8066e6362d40cc4  198/198  1.25x
+#   cuda_decode_warp_rows.r4cs  5c39c62bb20df179  198/198  1.29x
+#   cuda_decode_warp_rows.r8    8a98854d236b876e  198/198  1.26x
+#   cuda_decode_warp_rows.r8cs  32bb8276e2b2a649  198/198  1.29x
+#   fla_fused_recurrent         7448799465d05766  198/198  0.71x
 #   reference                   5a09af6b07ce4345  94/94  0.14x
-#   triton_decode_splitv        3bd9f75d107db99a  99/99  1.27x
+#   triton_decode_splitv        3bd9f75d107db99a  198/198  1.21x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
 #   cuda_decode_warp_rows.r1cs  rows=1 cs=True
@@ -35,40 +37,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.63% mean, 10.79% max;
-#             1.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.39% mean, 103.37% max;
-#             1.591x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.01% mean, 14.23% max;
+#             1.062x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.22% mean, 103.37% max;
+#             1.531x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 48: cuda_decode_warp_rows.r2cs, 66 workloads, 1.42x (1.11x .. 1.95x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2
-#   2. 48 < batch_size <= 604: triton_decode_splitv, 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   3. batch_size > 604: flashinfer (baseline), 4 workloads; where it cannot run here, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, fla_fused_recurrent
+#   1. batch_size <= 331: cuda_decode_warp_rows.r2cs, 180 workloads, 1.35x (1.03x .. 1.95x) over flashinfer
+#   2. batch_size > 331: flashinfer (baseline), 18 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv, fla_fused_recurrent
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 2: cuda_decode_warp_rows.r8, 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
-#   2. 2 < batch_size <= 4: cuda_decode_warp_rows.r1, 10 workloads, 2.34x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
-#   3. 4 < batch_size <= 7: cuda_decode_warp_rows.r8cs, 3 workloads, 3.26x (2.91x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
-#   4. 7 < batch_size <= 11: cuda_decode_warp_rows.r2cs, 10 workloads, 1.90x (1.29x .. 2.26x) over flashinfer; then cuda_decode_warp_rows.r2
-#   5. 11 < batch_size <= 99: cuda_decode_warp_rows.r8cs, 45 workloads, 2.01x (1.23x .. 3.47x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   6. 99 < batch_size <= 331: cuda_decode_warp_rows.r1cs, 10 workloads, 1.45x (1.25x .. 1.90x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs
-#   7. 331 < batch_size <= 535: cuda_decode_warp_rows.r2cs, 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
-#   8. batch_size > 535: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   1. batch_size <= 1: cuda_decode_warp_rows.r8, 22 workloads, 2.01x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs
+#   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r4cs, 22 workloads, 2.14x (1.26x .. 3.05x) over flashinfer; then cuda_decode_warp_rows.r2cs
+#   3. 4 < batch_size <= 15: cuda_decode_warp_rows.r2cs, 30 workloads, 2.01x (1.20x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
+#   4. 15 < batch_size <= 16: cuda_decode_warp_rows.r8, 16 workloads, 2.09x (1.68x .. 3.17x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2cs
+#   5. 16 < batch_size <= 60: cuda_decode_warp_rows.r4cs, 46 workloads, 1.79x (1.17x .. 2.78x) over flashinfer; then cuda_decode_warp_rows.r2cs
+#   6. 60 < batch_size <= 65: cuda_decode_warp_rows.r1cs, 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
+#   7. 65 < batch_size <= 535: cuda_decode_warp_rows.r2cs, 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
+#   8. batch_size > 535: cuda_decode_warp_rows.r8cs, 10 workloads, 1.14x (1.07x .. 1.45x) over flashinfer
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (None, 48)}, 'workloads': 66, 'speedup': (1.11, 1.42, 1.95), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2')},
-    {'region': 2, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (48, 604)}, 'workloads': 29, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 3, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'fla_fused_recurrent')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (None, 331)}, 'workloads': 180, 'speedup': (1.03, 1.35, 1.95), 'fallbacks': ()},
+    {'region': 2, 'variant': 'flashinfer', 'bounds': {'batch_size': (331, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.35, 1.97, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (2, 4)}, 'workloads': 10, 'speedup': (1.28, 2.34, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (4, 7)}, 'workloads': 3, 'speedup': (2.91, 3.26, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (7, 11)}, 'workloads': 10, 'speedup': (1.29, 1.9, 2.26), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 99)}, 'workloads': 45, 'speedup': (1.23, 2.01, 3.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (99, 331)}, 'workloads': 10, 'speedup': (1.25, 1.45, 1.9), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (331, 535)}, 'workloads': 4, 'speedup': (1.09, 1.19, 1.35), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (535, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 1)}, 'workloads': 22, 'speedup': (1.35, 2.01, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (1, 4)}, 'workloads': 22, 'speedup': (1.26, 2.14, 3.05), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (4, 15)}, 'workloads': 30, 'speedup': (1.2, 2.01, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (15, 16)}, 'workloads': 16, 'speedup': (1.68, 2.09, 3.17), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (16, 60)}, 'workloads': 46, 'speedup': (1.17, 1.79, 2.78), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (60, 65)}, 'workloads': 18, 'speedup': (1.19, 1.62, 2.63), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 535)}, 'workloads': 34, 'speedup': (1.09, 1.41, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (535, None)}, 'workloads': 10, 'speedup': (1.07, 1.14, 1.45), 'fallbacks': ()},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -76,42 +76,39 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 66 workloads, 1.42x (1.11x .. 1.95x) over flashinfer
-    if batch_size <= 48:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 2: 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
-    if 48 < batch_size <= 604:
-        return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
-    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 604:
-        return ('flashinfer', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'fla_fused_recurrent') if inside else 'flashinfer'
+    # region 1: 180 workloads, 1.35x (1.03x .. 1.95x) over flashinfer
+    if batch_size <= 331:
+        return 'cuda_decode_warp_rows.r2cs'
+    # region 2: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 331:
+        return ('flashinfer', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent') if inside else 'flashinfer'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer
-    if batch_size <= 2:
-        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r8'
-    # region 2: 10 workloads, 2.34x (1.28x .. 3.73x) over flashinfer
-    if 2 < batch_size <= 4:
-        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
-    # region 3: 3 workloads, 3.26x (2.91x .. 3.73x) over flashinfer
-    if 4 < batch_size <= 7:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 4: 10 workloads, 1.90x (1.29x .. 2.26x) over flashinfer
-    if 7 < batch_size <= 11:
+    # region 1: 22 workloads, 2.01x (1.35x .. 3.19x) over flashinfer
+    if batch_size <= 1:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r8'
+    # region 2: 22 workloads, 2.14x (1.26x .. 3.05x) over flashinfer
+    if 1 < batch_size <= 4:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 3: 30 workloads, 2.01x (1.20x .. 3.85x) over flashinfer
+    if 4 < batch_size <= 15:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 5: 45 workloads, 2.01x (1.23x .. 3.47x) over flashinfer
-    if 11 < batch_size <= 99:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 6: 10 workloads, 1.45x (1.25x .. 1.90x) over flashinfer
-    if 99 < batch_size <= 331:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 7: 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer
-    if 331 < batch_size <= 535:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 8: 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer
+    # region 4: 16 workloads, 2.09x (1.68x .. 3.17x) over flashinfer
+    if 15 < batch_size <= 16:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r8'
+    # region 5: 46 workloads, 1.79x (1.17x .. 2.78x) over flashinfer
+    if 16 < batch_size <= 60:
+        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4cs'
+    # region 6: 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
+    if 60 < batch_size <= 65:
+        return 'cuda_decode_warp_rows.r1cs'
+    # region 7: 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer
+    if 65 < batch_size <= 535:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 8: 10 workloads, 1.14x (1.07x .. 1.45x) over flashinfer
     if batch_size > 535:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
+        return 'cuda_decode_warp_rows.r8cs'
     return 'flashinfer'
