@@ -215,8 +215,9 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     measured the definition with the same baseline, every workload enters once per device, keyed
     "<uuid>@<device slug>": a region's variant must then win on each device (a router serves the
     architecture, and the crossovers move with the memory bandwidth: fitted on H100 rows alone, the
-    contest decode sent batch 64 to a kernel 5% slower than FlashInfer on an H200, 2026-11-28). A
-    device whose newest rows name another baseline (one measured without a library) stays out."""
+    contest decode sent batch 64 to a kernel 5% slower than FlashInfer on an H200, 2026-11-28). The
+    baseline is the one first in the registry's order among the devices' (a device measured without
+    the library of the preferred baseline, such as FlashInfer's top-k module, stays out)."""
     definition = defs.resolve_name(definition)
     envs = {e["id"]: e for e in store.envs() if e["arch"] == arch}
     rows = [r for r in store.results(definition) if r.env in envs]
@@ -233,8 +234,11 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
         newest_env[envs[e]["device"]] = e
     parts = [(e, *_env_rows(definition, e, [r for r in rows if r.env == e]))
              for e in sorted(newest_env.values(), key=lambda e: (latest[e], e), reverse=True)]
-    env, baseline, _ = parts[0]
+    # the registry's order of preference (registry.baseline): the first library baseline that runs
+    rank = {v.name: i for i, v in enumerate(v for v in registry.variants(definition) if v.baseline)}
+    baseline = min((b for _e, b, _k in parts), key=lambda b: rank.get(b, len(rank)))
     parts = [p for p in parts if p[1] == baseline]
+    env = parts[0][0]
     hashes: dict[str, str] = {}
     by_key: dict[tuple[str, str], Result] = {}
     for e, _base, kept in reversed(parts):  # the newest device's hash names a variant
