@@ -325,7 +325,8 @@ def _warn_stale(table, stream, step: str = "route") -> list[str]:
     recorded, and not at all where they recorded none (measured before rows did)."""
     stale = []
     here = _device_name()
-    for name, h in sorted(table.hashes.items()):
+    # every hash the rows hold: with several devices each brings its own newest (tuner/fit.py `load_table`)
+    for name, h in sorted({(r.variant, r.variant_hash) for r in table.rows.values()}):
         try:
             v = registry.get(table.definition, name)
         except KeyError:
@@ -333,11 +334,11 @@ def _warn_stale(table, stream, step: str = "route") -> list[str]:
         current = v.provenance
         if v.backend == "library" and here != table.env.get("device"):
             versions = next((r.metrics["library_versions"] for (n, _), r in table.rows.items()
-                             if n == name and "library_versions" in (r.metrics or {})), None)
+                             if n == name and r.variant_hash == h and "library_versions" in (r.metrics or {})), None)
             if versions is None:
                 continue
             current = provenance.digest(v.name, v.files, versions)
-        if current != h:
+        if current != h and name not in stale:
             stale.append(name)
             stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: provenance changed since "
                          f"it was measured ({h} -> {current}); re-run `kdispatch tune`\n")
