@@ -232,8 +232,11 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     newest_env: dict[str, str] = {}  # device -> its most recently measured environment
     for e in sorted(latest, key=lambda e: (latest[e], e)):
         newest_env[envs[e]["device"]] = e
-    parts = [(e, *_env_rows(definition, e, [r for r in rows if r.env == e]))
+    parts = [(e, *_env_rows([r for r in rows if r.env == e]))
              for e in sorted(newest_env.values(), key=lambda e: (latest[e], e), reverse=True)]
+    parts = [p for p in parts if p[1] is not None]
+    if not parts:
+        raise ValueError(f"{definition} on {arch}: the store has no baseline measurements")
     # the registry's order of preference (registry.baseline): the first library baseline that runs
     rank = {v.name: i for i, v in enumerate(v for v in registry.variants(definition) if v.baseline)}
     baseline = min((b for _e, b, _k in parts), key=lambda b: rank.get(b, len(rank)))
@@ -257,8 +260,9 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
                  {u: 1.0 for u in order}, tuple(fit_names), tuple(envs[e] for e, _b, _k in parts))
 
 
-def _env_rows(definition: str, env: str, rows: list[Result]) -> tuple[str, list[Result]]:
-    """(baseline, rows) of one environment: each variant's most recently measured hash."""
+def _env_rows(rows: list[Result]) -> tuple[str | None, list[Result]]:
+    """(baseline, rows) of one environment: each variant's most recently measured hash; no baseline
+    where none was measured there (that device stays out)."""
     newest: dict[tuple[str, str], str] = {}
     for r in rows:
         k = (r.variant, r.variant_hash)
@@ -269,9 +273,7 @@ def _env_rows(definition: str, env: str, rows: list[Result]) -> tuple[str, list[
             hashes[name] = h
     rows = [r for r in rows if hashes.get(r.variant) == r.variant_hash and r.variant != "routed"]
     base_rows = [r for r in rows if r.baseline]
-    if not base_rows:
-        raise ValueError(f"{definition}: the store has no baseline measurements (env {env})")
-    return max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant, rows
+    return (max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant if base_rows else None), rows
 
 
 # ----------------------------------------------------------------------------------------------
