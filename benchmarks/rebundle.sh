@@ -2,7 +2,8 @@
 # Re-packs the GPU machine's package bundles (shared/device's stage-wheels.sh: .kd-wheels/c1 ..)
 # into bundles that each fit one transfer beside the working tree. A transfer carries the tracked
 # tree and the paths named in `carry`, 64 MiB at most; the tree grows with the results twins (29 MB
-# on 2026-11-26, when c2's and c3's 43 MB halves of the CuTe-DSL wheel no longer fit beside it).
+# on 2026-11-26, when c2's and c3's 43 MB halves of the CuTe-DSL wheel no longer fit beside it; 18 MB
+# on 2026-11-28 once the twins were gzip-compressed: three bundles).
 #
 #   bash benchmarks/rebundle.sh        # here, after stage-wheels.sh (and benchmarks/stage_engines.sh)
 #   bash benchmarks/rebundle.sh qla q  # another staged folder (.kd-wheels/qla, its own gpu-setup.sh)

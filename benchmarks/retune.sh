@@ -36,7 +36,7 @@
 #                                              each candidate's host time (benchmarks/moe.py), then the per-kernel
 #                                              profile at decode sizes with host times (benchmarks/moe_profile.py)
 #
-# Each step archives what it wrote (stores' jsonl twins, routers, report, bench JSONs) as $OUT/<step>.tgz
+# Each step archives what it wrote (stores' twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
 # carried twin older than its sqlite merges in harmlessly (per key, the later measurement wins).
 # Every call copies the working tree afresh, so the routers a tune wrote there are gone by the next call:
