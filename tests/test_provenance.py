@@ -131,8 +131,9 @@ def test_a_library_variants_code_change_is_found_under_the_versions_its_rows_rec
     versions = {"flashinfer": "9.9.9", "cuda": "1.7.0"}
 
     def table(stored_hash, metrics):
+        row = types.SimpleNamespace(variant=v.name, variant_hash=stored_hash, metrics=metrics)
         return types.SimpleNamespace(definition=v.definition, env={"device": "a GPU this machine is not"},
-                                     hashes={v.name: stored_hash}, rows={(v.name, "u1"): types.SimpleNamespace(metrics=metrics)})
+                                     hashes={v.name: stored_hash}, rows={(v.name, "u1"): row})
 
     out = io.StringIO()
     assert flows._warn_stale(table(provenance.digest(v.name, v.files, versions), {"library_versions": versions}), out) == []
