@@ -2,7 +2,8 @@
 (device time per call from torch.profiler over eager calls, after warm-up) beside the call's CUDA-graph
 time (kdispatch.tuner.timing, inputs rotated past the L2) and the floor (benchmarks/floors.py: the
 FP8 weight bytes of the experts the batch hits at peak HBM bandwidth). What the decode path of the
-MoE issue has to remove, measured rather than guessed. With --host, also the host time of a call (the
+MoE issue has to remove, measured rather than guessed; each call's eager time too (single synchronised
+calls, as the tuner times the eager mode). With --host, also the host time of a call (the
 time until it returns, the device synchronised outside the timed window) and where it goes: the
 functions with the most own time under cProfile, for each variant and the routed op; the Triton
 variants also with their kernels launched by JIT calls instead of kernels/triton/launch.py's
@@ -27,6 +28,7 @@ from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
 from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402
 
 DEF = "moe_fp8"
+EAGER_CALLS = 50  # single synchronised calls (timing.eager_times_us: host + device, what the tuner times eagerly)
 
 
 @contextlib.contextmanager
@@ -51,12 +53,13 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "triton_decode.n64s8",
                                                        "triton_decode.n128s8", "sglang_triton_moe"])
     ap.add_argument("--host", action="store_true", help="host time per call and its cProfile breakdown")
+    ap.add_argument("--label", default="", help="said in the header (e.g. which kernels' sources were measured)")
     opts = ap.parse_args()
     registry.discover()
     import triton
 
     print(f"# benchmarks/moe_profile.py on {torch.cuda.get_device_name()}, {datetime.date.today()}, torch "
-          f"{torch.__version__}, triton {triton.__version__}")
+          f"{torch.__version__}, triton {triton.__version__}{', ' + opts.label if opts.label else ''}")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     for seq_len in opts.seq_lens:
         axes = {"seq_len": seq_len}
@@ -70,9 +73,15 @@ def main() -> None:
                 print(f"  {name}: not run ({why})")
                 continue
             try:
-                graph = f"graph {statistics.median(timing.graph_times_us(v.fn, sets, 3)[0]):.1f} us per call"
+                graph_us = statistics.median(timing.graph_times_us(v.fn, sets, 3)[0])
             except Exception as exc:  # an eager-only variant (deepgemm_contiguous reads its row count back)
-                graph = f"no graph ({type(exc).__name__})"
+                graph_us, graph = None, f"no graph ({type(exc).__name__})"
+            v.fn(*args)  # compiled (warmed up) before the eager calls are timed
+            eager = statistics.median(timing.eager_times_us(v.fn, sets, EAGER_CALLS))
+            if graph_us is None:
+                graph += f", eager {eager:.1f} us per call"
+            else:
+                graph = f"graph {graph_us:.1f} us per call, eager {eager:.1f} (eager - graph {eager - graph_us:.1f})"
             kernels = kernel_times(v.fn, args)
             print(f"  {name}: {graph}; kernels {sum(kernels.values()):.1f} us of device time")
             for kname, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
@@ -87,7 +96,10 @@ def main() -> None:
             import kdispatch
 
             routed = kdispatch.ops.DISPATCHERS[DEF].choose("sm90", axes, mode="eager").name
-            print(f"  routed op (-> {routed}): host {host_us(kdispatch.ops.moe_fp8, args):.1f} us per call; own time:")
+            kdispatch.ops.moe_fp8(*args)
+            eager = statistics.median(timing.eager_times_us(kdispatch.ops.moe_fp8, sets, EAGER_CALLS))
+            print(f"  routed op (-> {routed}): eager {eager:.1f} us per call, host "
+                  f"{host_us(kdispatch.ops.moe_fp8, args):.1f} us per call; own time:")
             print("\n".join(f"    {line}" for line in host_breakdown(kdispatch.ops.moe_fp8, args)))
 
 

@@ -12,8 +12,8 @@
 #                                              workloads (CONTEST_ARGS replaces the variant and definition options)
 #   bash benchmarks/retune.sh peers MINUTES    the routed op against every peer (each library-backed variant, the
 #                                              baseline among them) in one run, contest workloads and the coverage
-#                                              sweep (PEER_DEFS picks definitions; the part is bench-peers$TUNE_TAG-H100.json,
-#                                              default -part: merge it into bench-peers-H100.json with merge_bench.py)
+#                                              sweep (PEER_DEFS picks definitions; the part is bench-peers$TUNE_TAG-$GPU.json,
+#                                              default -part: merge it into bench-peers-$GPU.json with merge_bench.py)
 #   bash benchmarks/retune.sh wrapper          library-backed variants against the bare library calls
 #   bash benchmarks/retune.sh prefill-host     the contest prefill's library calls, host against device time
 #                                              (benchmarks/gdn_prefill_host.py; after FlashQLA's bundles)
@@ -48,6 +48,8 @@ set -u
 . benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/kd-out}
 DEVICE_SLUG=$(python -c "import torch; from kdispatch.tuner.store import slug; print(slug(torch.cuda.get_device_name()))")
+# results files name the GPU model (H100, H200), as the README's per-device tables read them
+GPU=${GPU:-$(python -c "import torch; print(torch.cuda.get_device_name().split()[1])")}
 MAIN_STORE=tuner/results/$DEVICE_SLUG.sqlite
 HELDOUT_STORE=tuner/results/heldout/$DEVICE_SLUG.sqlite
 step=${1:?step}
@@ -71,23 +73,23 @@ case "$step" in
     # them over two calls; --max-minutes keeps what was measured when time runs out)
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
-      --max-minutes "$minutes" ${BENCH_ARGS:-} --json "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-H100.json" \
+      --max-minutes "$minutes" ${BENCH_ARGS:-} --json "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-$GPU.json" \
       2>&1 | grep -v "^\[bench\] \[" | tail -40
-    keep "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-H100.json" ;;
+    keep "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-$GPU.json" ;;
   reported)
     python benchmarks/reported_shapes.py --out /tmp/reported
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads /tmp/reported --max-minutes "$minutes" \
-      --json benchmarks/results/bench-reported-H100.json 2>&1 | grep -v "^\[bench\] \[" | tail -40
-    keep benchmarks/results/bench-reported-H100.json ;;
+      --json benchmarks/results/bench-reported-$GPU.json 2>&1 | grep -v "^\[bench\] \[" | tail -40
+    keep benchmarks/results/bench-reported-$GPU.json ;;
   contest)
     # with the project's reference timed in the same run (the README's second speedup column) where it is
     # quick enough: not for gdn_prefill, whose reference takes up to 1.7 s a call (CONTEST_ARGS overrides)
     # shellcheck disable=SC2086  # CONTEST_ARGS is a list of options
-    # (a part of the definitions: merge it into bench-all-H100.json with benchmarks/merge_bench.py)
+    # (a part of the definitions: merge it into bench-all-$GPU.json with benchmarks/merge_bench.py)
     timeout 560 python -m kdispatch.cli bench --workloads traces ${CONTEST_ARGS:---variants reference \
       --definitions dsa_sparse_attention dsa_topk_indexer gdn_decode moe_fp8} --max-minutes 8 \
-      --json "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" 2>&1 | tail -30
-    keep "benchmarks/results/bench-all${TUNE_TAG:--part}-H100.json" ;;
+      --json "benchmarks/results/bench-all${TUNE_TAG:--part}-$GPU.json" 2>&1 | tail -30
+    keep "benchmarks/results/bench-all${TUNE_TAG:--part}-$GPU.json" ;;
   peers)
     defs=${PEER_DEFS:-moe_fp8 dsa_sparse_attention dsa_topk_indexer gdn_prefill}
     # shellcheck disable=SC2086  # lists of names
@@ -95,19 +97,19 @@ case "$step" in
 print(*sorted({v.name for n in sys.argv[1:] for v in r.variants(d.resolve_name(n)) if v.backend == 'library'}))" $defs)
     # shellcheck disable=SC2086
     timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces traces/coverage --definitions $defs \
-      --variants routed $peers --max-minutes "$minutes" --json "benchmarks/results/bench-peers${TUNE_TAG:--part}-H100.json" \
+      --variants routed $peers --max-minutes "$minutes" --json "benchmarks/results/bench-peers${TUNE_TAG:--part}-$GPU.json" \
       2>&1 | grep -v "^\[bench\] \[" | tail -40
-    keep "benchmarks/results/bench-peers${TUNE_TAG:--part}-H100.json" ;;
+    keep "benchmarks/results/bench-peers${TUNE_TAG:--part}-$GPU.json" ;;
   wrapper)
-    timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-H100.json \
+    timeout 300 python benchmarks/wrapper_overhead.py --json benchmarks/results/wrapper-overhead-$GPU.json \
       > /tmp/wrapper.txt 2>&1
     cat /tmp/wrapper.txt
-    cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-H100.txt
-    keep benchmarks/results/wrapper-overhead-H100.json benchmarks/results/wrapper-overhead-H100.txt ;;
+    cp /tmp/wrapper.txt benchmarks/results/wrapper-overhead-$GPU.txt
+    keep benchmarks/results/wrapper-overhead-$GPU.json benchmarks/results/wrapper-overhead-$GPU.txt ;;
   prefill-host)
-    timeout 540 python benchmarks/gdn_prefill_host.py --json benchmarks/results/gdn-prefill-host-H100.json 2>&1 \
+    timeout 540 python benchmarks/gdn_prefill_host.py --json benchmarks/results/gdn-prefill-host-$GPU.json 2>&1 \
       | grep -v TileLang | tail -80
-    keep benchmarks/results/gdn-prefill-host-H100.json ;;
+    keep benchmarks/results/gdn-prefill-host-$GPU.json ;;
   engines)
     log="$OUT/engines${ENGINES_TAG:-}.txt"
     : > "$log"
@@ -126,28 +128,28 @@ print(*sorted({v.name for n in sys.argv[1:] for v in r.variants(d.resolve_name(n
     done
     grep -E "^== |^(FAILED|ERROR)|passed|failed" "$log" | cut -c1-300 | tail -60 ;;
   layer)
-    timeout 500 python benchmarks/sglang_layer.py --json benchmarks/results/sglang-layer-H100.json 2>&1 | tail -75
-    keep benchmarks/results/sglang-layer-H100.json ;;
+    timeout 500 python benchmarks/sglang_layer.py --json benchmarks/results/sglang-layer-$GPU.json 2>&1 | tail -75
+    keep benchmarks/results/sglang-layer-$GPU.json ;;
   sanitize)
     timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
     tail -25 "$OUT/sanitize.txt" ;;
   engine-bench)
     for family in prefill gathered verify verify_steps; do
-      timeout 180 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-engine-$family-H100.json \
+      timeout 180 python benchmarks/gdn_engine.py $family --json benchmarks/results/gdn-engine-$family-$GPU.json \
         2>&1 | tail -25
     done
-    keep benchmarks/results/gdn-engine-*-H100.json ;;
+    keep benchmarks/results/gdn-engine-*-$GPU.json ;;
   indexer-host)
     timeout 300 python benchmarks/variant_host.py dsa_topk_indexer triton_fp8_torch_topk triton_fp8_flashinfer_topk \
       cuda_wgmma_radix triton_passthrough --shape batch_size=1,max_num_pages=845,num_pages=16384 \
       --shape batch_size=51,max_num_pages=144,num_pages=16384 --shape batch_size=8,max_num_pages=30,num_pages=4096 \
       --shape batch_size=64,max_num_pages=91,num_pages=8192 \
-      --json benchmarks/results/indexer-host-H100.json 2>&1 | tail -120
-    keep benchmarks/results/indexer-host-H100.json ;;
+      --json benchmarks/results/indexer-host-$GPU.json 2>&1 | tail -120
+    keep benchmarks/results/indexer-host-$GPU.json ;;
   moe)
-    timeout 420 python benchmarks/moe.py --out benchmarks/results/moe-H100.json 2>&1 | tail -30
-    (cd benchmarks && timeout 170 python moe_profile.py --host) > benchmarks/results/moe-profile-H100.txt 2>&1
-    cat benchmarks/results/moe-profile-H100.txt
-    keep benchmarks/results/moe-H100.json benchmarks/results/moe-profile-H100.txt ;;
+    timeout 420 python benchmarks/moe.py --out benchmarks/results/moe-$GPU.json 2>&1 | tail -30
+    (cd benchmarks && timeout 170 python moe_profile.py --host) > benchmarks/results/moe-profile-$GPU.txt 2>&1
+    cat benchmarks/results/moe-profile-$GPU.txt
+    keep benchmarks/results/moe-$GPU.json benchmarks/results/moe-profile-$GPU.txt ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

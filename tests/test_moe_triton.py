@@ -23,6 +23,14 @@ HIDDEN, LOCAL = moe_small.HIDDEN, moe_small.LOCAL
 _inputs, _expected = moe_small.inputs, moe_small.expected
 
 
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    """torch.empty filled with NaN (fp32) or 5: what a kernel reads before it writes shows."""
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *s, dtype=None, device=None: empty(*s, dtype=dtype, device=device)
+                        .fill_(float("nan") if dtype in (None, torch.float32) else 5))
+
+
 def _check(out, want):
     assert out.dtype == torch.bfloat16 and out.shape == want.shape
     assert torch.isfinite(out.float()).all()
@@ -32,8 +40,9 @@ def _check(out, want):
 @pytest.mark.parametrize("T,seed,name,inter", [(1, 0, "triton_grouped_m16.fr", 128), (6, 1, "triton_grouped_m16.fr", 128),
                                                (5, 2, "triton_grouped_m64.fr", 128), (9, 5, "triton_grouped_m32.fr", 128),
                                                (7, 3, "triton_grouped_m32q.fr", 256), (4, 4, "triton_grouped_m64q.fr", 128)])
-def test_grouped_matches_dense_formula(T, seed, name, inter):
-    """(an intermediate size of 256 gives the FP8 intermediate two scale blocks per row)"""
+def test_grouped_matches_dense_formula(T, seed, name, inter, poisoned_buffers):
+    """(an intermediate size of 256 gives the FP8 intermediate two scale blocks per row; the fp32
+    output the routing kernel zeroes comes poisoned)"""
     args = _inputs(T, seed, inter=inter)
     want = _expected(*args, fp8_down=M.CONFIGS[name].get("fp8_y", False))
     assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
@@ -130,16 +139,14 @@ DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 @pytest.mark.parametrize("T,seed,label,inter", [(1, 0, "n32s8", 128), (6, 1, "n64s4q", 256), (32, 6, "n128s8", 128),
                                                 (3, 2, "n128s8q", 128)])
-def test_decode_matches_dense_formula(T, seed, label, inter, monkeypatch):
+def test_decode_matches_dense_formula(T, seed, label, inter, poisoned_buffers):
     """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing; an intermediate size of 256 gives the FP8 down projection two
-    scale blocks); their internal buffers come poisoned except the zeroed ones."""
+    scale blocks); their workspace comes poisoned, the accumulators and counters the routing kernel
+    zeroes included."""
     args = _inputs(T, seed, inter=inter)
     want = _expected(*args, fp8_down=DECODE.CONFIGS[label].get("fp8_down", False))
     assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
-    empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *s, dtype=None, device=None: empty(*s, dtype=dtype, device=device)
-                        .fill_(float("nan") if dtype in (None, torch.float32) else 5))
     _check(DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS[label]), want)
 
 

@@ -8,19 +8,26 @@ nearly all of which find no rows and exit. Here a program is one (N tile, K spli
 standing for the j-th of the experts some pair reached (worked out by every program from the 8T
 local ids; programs of slots past the last hit expert exit): every program streams. Its M rows are
 the batch's tokens, masked to those that chose the slot's expert (a token chooses an expert at most
-once): masked rows fetch nothing, and no layout is needed. Five launches, no host sync (capturable):
+once): masked rows fetch nothing, and no layout is needed. Three launches and two allocations (the
+bf16 output and one workspace, `_workspace`), no host sync (capturable):
 
-1. `_route_kernel` (fp8_grouped.py, without its layout part): local expert id and weight per pair.
+1. `_route_zero_kernel`, grid (T, Z): local expert id and weight per pair (`_route_token`,
+   fp8_grouped.py), and the workspace's fp32 accumulators and arrival counters zeroed.
 2. `_gemm1_splitk_kernel`, grid (2048 / BLOCK_N1, SPLIT_K, slots): the slot's expert's up and gate
    rows [n, n + BLOCK_N1) over 1/SPLIT_K of the hidden dimension, FP8 tensor-core dots with the
    per-block scales, atomically added into an fp32 [pairs, 4096] buffer. The split multiplies the
-   programs streaming at once: 64 N tiles of one expert leave most of an H100's 132 SMs idle.
-3. `_silu_mul_kernel`: y = silu(gate) * up of every local pair, bf16 (as the grouped kernels round
-   it), or FP8 with a scale per 128 columns (`fp8_down`, as SGLang feeds its down projection).
-4. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2, slots): y times the expert's W2 rows (FP8
+   programs streaming at once: 64 N tiles of one expert leave most of an H100's 132 SMs idle. The
+   last program to add into a 128-column block (an arrival counter) writes that block of
+   y = silu(gate) * up for the slot's pairs: bf16 (as the grouped kernels round it), or FP8 with a
+   scale per 128 columns (`fp8_down`, as SGLang feeds its down projection).
+3. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2, slots): y times the expert's W2 rows (FP8
    widened to bf16, or FP8 x FP8 with `fp8_down`), times the pair's routing weight, atomically added
-   into the fp32 output.
-5. The output rounded to bf16 (after a single memset that zeroes both fp32 buffers).
+   into the fp32 output; the last program of an N tile rounds its columns to the bf16 result.
+
+Eager calls are bound by host time at these sizes (the GPU finishes each kernel before the next is
+launched): until 2026-11-28 the memset, the activation kernel and the cast were launches of their
+own and the buffers four allocations (benchmarks/results/moe-profile-*.txt: 140-170 us of host time
+per call on the GPU machine).
 
 Measured on an H100 (2026-11-26, benchmarks/results/moe-profile-H100.txt, one run, CUDA-graph time
 per call): 1 token 53 us (n128s8) against 75 for SGLang's fused MoE and 79 for the grouped kernels
@@ -44,7 +51,7 @@ import triton
 import triton.language as tl
 
 from kdispatch.kernels.triton.launch import launch
-from kdispatch.kernels.triton.moe.fp8_grouped import FILL_BLOCK, FP8_MAX, QBLOCK, _e4m3_grid, _route_kernel
+from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _route_token
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -76,13 +83,91 @@ def _expert_rows(local_ptr, e, num_tokens, TOKENS: tl.constexpr, TOP_K: tl.const
 
 
 @triton.jit
+def _workspace(ws_ptr, num_tokens, HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+               QB: tl.constexpr, FP8_DOWN: tl.constexpr):
+    """The typed regions of a call's one fp32 workspace (its size: `_workspace_words`), in order: pair
+    weights [pairs]; local expert ids [pairs] int32; the fp32 accumulators, output [T, HIDDEN] then
+    gate/up [pairs, 2 * INTER]; y's scales [pairs, INTER / QB]; y [pairs, INTER] (FP8 with FP8_DOWN,
+    else bf16); arrival counters int32, gemm1's one per (slot, 128-column block) then gemm2's one
+    per N tile. The routing kernel zeroes the accumulators and the counters."""
+    pairs = num_tokens * TOP_K
+    local = (ws_ptr + pairs).to(tl.pointer_type(tl.int32), bitcast=True)
+    acc = ws_ptr + 2 * pairs
+    h = acc + num_tokens * HIDDEN
+    y_scale = h + pairs * 2 * INTER
+    y_words = y_scale + pairs * (INTER // QB)
+    if FP8_DOWN:
+        y = y_words.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+        counts = (y_words + pairs * INTER // 4).to(tl.pointer_type(tl.int32), bitcast=True)
+    else:
+        y = y_words.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        counts = (y_words + pairs * INTER // 2).to(tl.pointer_type(tl.int32), bitcast=True)
+    return ws_ptr, local, acc, h, y_scale, y, counts
+
+
+@triton.jit
+def _route_zero_kernel(
+    logits_ptr, bias_ptr, ws_ptr, num_tokens, local_offset, scaling, zero_chunk, num_counts,
+    NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
+    NUM_LOCAL: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, QB: tl.constexpr,
+    FP8_DOWN: tl.constexpr, ZB: tl.constexpr,
+):
+    """Program (t, z): with z = 0 token t's routing (local expert id and weight per pair); every program
+    zeroes its `zero_chunk` of the accumulators (program (0, 0) the counters too), in place of a
+    memset launch."""
+    t = tl.program_id(0)
+    z = tl.program_id(1)
+    weight, local, acc, _, _, _, counts = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
+    if z == 0:
+        ids, w, _ = _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
+                                 NUM_EXPERTS, NUM_GROUPS, TOP_GROUPS, TOP_K, NUM_LOCAL)
+        ks = tl.arange(0, TOP_K)
+        tl.store(weight + t * TOP_K + ks, w)
+        tl.store(local + t * TOP_K + ks, ids)
+    q = t * tl.num_programs(1) + z
+    end = tl.minimum((q + 1) * zero_chunk, num_tokens * (HIDDEN + TOP_K * 2 * INTER))  # output, then gate/up
+    for start in range(q * zero_chunk, end, ZB):
+        offs = start + tl.arange(0, ZB)
+        tl.store(acc + offs, 0.0, mask=offs < end)
+    if q == 0:
+        for start in range(0, num_counts, ZB):
+            offs = start + tl.arange(0, ZB)
+            tl.store(counts + offs, 0, mask=offs < num_counts)
+
+
+@triton.jit
+def _silu_mul_block(h_ptr, y_ptr, y_scale_ptr, pair, has, blk, INTER: tl.constexpr, QB: tl.constexpr,
+                    FP8_DOWN: tl.constexpr, ON_GRID: tl.constexpr):
+    """y = silu(gate) * up of the `has` pairs' 128-column block blk: bf16 (the grouped kernels'
+    rounding), or with FP8_DOWN FP8 with one scale per row and block (amax / 448), as SGLang quantises
+    the down projection's input. h is read from L2 (.cg): other programs' adds landed there."""
+    offs = blk * QB + tl.arange(0, QB)
+    rows = h_ptr + pair[:, None].to(tl.int64) * (2 * INTER) + offs[None, :]
+    up = tl.load(rows, mask=has[:, None], other=0.0, cache_modifier=".cg")
+    gate = tl.load(rows + INTER, mask=has[:, None], other=0.0, cache_modifier=".cg")
+    y = up * gate * tl.sigmoid(gate)
+    y_rows = y_ptr + pair[:, None].to(tl.int64) * INTER + offs[None, :]
+    if FP8_DOWN:
+        scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / FP8_MAX
+        q = y / scale[:, None]
+        if ON_GRID:
+            q = _e4m3_grid(q)
+        tl.store(y_rows, q.to(tl.float8e4nv), mask=has[:, None])
+        tl.store(y_scale_ptr + pair * (INTER // QB) + blk, scale, mask=has)
+    else:
+        tl.store(y_rows, y.to(tl.bfloat16), mask=has[:, None])
+
+
+@triton.jit
 def _gemm1_splitk_kernel(
-    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, local_ptr, h_ptr, num_tokens, num_pairs,
+    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr, QB: tl.constexpr, DOT_FP32: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    e = _slot_expert(local_ptr, num_pairs, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    _, local_ptr, _, h_ptr, y_scale_ptr, y_ptr, counts = _workspace(
+        ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
+    e = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
     if e < 0:
         return
     t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
@@ -123,77 +208,82 @@ def _gemm1_splitk_kernel(
     tl.atomic_add(h_rows, acc_up, mask=has[:, None], sem="relaxed")
     tl.atomic_add(h_rows + INTER, acc_gate, mask=has[:, None], sem="relaxed")
 
-
-@triton.jit
-def _silu_mul_kernel(h_ptr, local_ptr, y_ptr, y_scale_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr,
-                     QB: tl.constexpr, FP8_DOWN: tl.constexpr, ON_GRID: tl.constexpr):
-    """y[p] = silu(gate) * up of a pair routed to this rank, one 128-column block a program: bf16 (the
-    grouped kernels' rounding), or with FP8_DOWN FP8 with one scale per block (amax / 448), as SGLang
-    quantises the down projection's input."""
-    p = tl.program_id(0)
-    if tl.load(local_ptr + p) >= NUM_LOCAL:
-        return
-    blk = tl.program_id(1)
-    offs = blk * QB + tl.arange(0, QB)
-    row = h_ptr + p.to(tl.int64) * (2 * INTER)
-    up = tl.load(row + offs)
-    gate = tl.load(row + INTER + offs)
-    y = up * gate * tl.sigmoid(gate)
-    if FP8_DOWN:
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
-        tl.store(y_scale_ptr + p * (INTER // QB) + blk, scale)
-        q = y / scale
-        if ON_GRID:
-            q = _e4m3_grid(q)
-        tl.store(y_ptr + p.to(tl.int64) * INTER + offs, q.to(tl.float8e4nv))
-    else:
-        tl.store(y_ptr + p.to(tl.int64) * INTER + offs, y.to(tl.bfloat16))
+    # The last of the SPLIT_K * (QB / BLOCK_N) programs adding into this 128-column block of the slot's
+    # gate/up rows writes the block of y (the barrier and the acquire-release count order every
+    # thread's adds before it, as Triton's stream-K kernels hand over partial tiles).
+    tl.debug_barrier()
+    blk = pid_n * BLOCK_N // QB
+    arrived = tl.atomic_add(counts + tl.program_id(2) * (INTER // QB) + blk, 1, sem="acq_rel")
+    if arrived == SPLIT_K * (QB // BLOCK_N) - 1:
+        _silu_mul_block(h_ptr, y_ptr, y_scale_ptr, pair, has, blk, INTER, QB, FP8_DOWN, DOT_FP32)
 
 
 @triton.jit
 def _gemm2_kernel(
-    y_ptr, y_scale_ptr, w2_ptr, w2_scale_ptr, local_ptr, pair_weight_ptr, out_ptr, num_tokens, num_pairs,
+    w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    e = _slot_expert(local_ptr, num_pairs, PAIRS, NUM_LOCAL, LOCAL_POW2)
-    if e < 0:
-        return
-    t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
+    pair_weight_ptr, local_ptr, acc_ptr, _, y_scale_ptr, y_ptr, counts = _workspace(
+        ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
+    e = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
     pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    e64 = e.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, QB)
-    KB: tl.constexpr = INTER // QB
-    STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K
-    kb0 = split * STEPS
-    y_ptrs = y_ptr + pair[:, None].to(tl.int64) * INTER + offs_k[None, :]
-    w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
-    scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
+    if e >= 0:
+        t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
+        e64 = e.to(tl.int64)
+        offs_k = tl.arange(0, QB)
+        KB: tl.constexpr = INTER // QB
+        STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K
+        kb0 = tl.program_id(1) * STEPS
+        y_ptrs = y_ptr + pair[:, None].to(tl.int64) * INTER + offs_k[None, :]
+        w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
+        scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
 
-    acc = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
-    for i in range(STEPS):
-        # steps past the end (a ragged split) read a clamped, in-bounds block and add nothing
-        kb = kb0 + i
-        kbc = tl.minimum(kb, KB - 1)
-        live = has & (t * 0 + kb < KB)
-        y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
-        w = tl.load(w_ptrs + kbc * QB)
-        if DOT_FP32:
-            y, w = y.to(tl.float32), w.to(tl.float32)
-        elif not FP8_DOWN:
-            w = w.to(tl.bfloat16)
-        if FP8_DOWN:  # FP8 x FP8 on the tensor cores, both scales applied per block
-            y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0)
-            acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * tl.load(scale_ptr + kbc))
-        else:
-            acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
+        acc = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+        for i in range(STEPS):
+            # steps past the end (a ragged split) read a clamped, in-bounds block and add nothing
+            kb = kb0 + i
+            kbc = tl.minimum(kb, KB - 1)
+            live = has & (t * 0 + kb < KB)
+            y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
+            w = tl.load(w_ptrs + kbc * QB)
+            if DOT_FP32:
+                y, w = y.to(tl.float32), w.to(tl.float32)
+            elif not FP8_DOWN:
+                w = w.to(tl.bfloat16)
+            if FP8_DOWN:  # FP8 x FP8 on the tensor cores, both scales applied per block
+                y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0)
+                acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * tl.load(scale_ptr + kbc))
+            else:
+                acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
 
-    weight = tl.load(pair_weight_ptr + pair, mask=has, other=0.0)
-    tl.atomic_add(out_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
-                  mask=has[:, None], sem="relaxed")
+        weight = tl.load(pair_weight_ptr + pair, mask=has, other=0.0)
+        tl.atomic_add(acc_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
+                      mask=has[:, None], sem="relaxed")
+
+    # Every program counts in (those of unhit slots too): the last of this N tile's rounds its columns
+    # of the fp32 output to the bf16 result, in place of a cast launch.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
+        rows = tl.arange(0, TOKENS)
+        offs = rows[:, None].to(tl.int64) * HIDDEN + offs_n[None, :]
+        live = rows[:, None] < num_tokens
+        total = tl.load(acc_ptr + offs, mask=live, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + offs, total.to(tl.bfloat16), mask=live)
+
+
+ZERO_CHUNK = 4096  # accumulator words a routing program zeroes (a token's are 7168 + 8 * 4096 at full size)
+ZERO_BLOCK = 1024  # words per store
+
+
+def _workspace_words(num_tokens: int, hidden: int, inter: int, fp8_down: bool, num_counts: int) -> int:
+    """fp32 words of the workspace `_workspace` lays out."""
+    pairs = num_tokens * ref.TOP_K
+    return (2 * pairs + num_tokens * hidden + pairs * 2 * inter + pairs * (inter // QBLOCK)
+            + pairs * inter // (4 if fp8_down else 2) + num_counts)
 
 
 def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -212,39 +302,32 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         raise ValueError("hidden and intermediate sizes must be multiples of 128, BLOCK_N divide 128")
     if dot_fp32 is None:
         dot_fp32 = device.type != "cuda"
-    num_pairs = num_tokens * ref.TOP_K
-    # one memset for both fp32 accumulators: the output [T, HIDDEN] and gemm1's [pairs, 2 * INTER]
-    acc = torch.zeros(num_tokens * hidden + num_pairs * two_inter, dtype=torch.float32, device=device)
-    out = acc[:num_tokens * hidden].view(num_tokens, hidden)
+    out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
     if num_tokens == 0:
-        return out.to(torch.bfloat16)
-    h = acc[num_tokens * hidden:]
-    weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
-    local = torch.empty(num_pairs, dtype=torch.int32, device=device)
-    launch(_route_kernel, (num_tokens,),
-           routing_logits.contiguous(), routing_bias.contiguous(), weights, local, local, local,
-           int(local_expert_offset), float(routed_scaling_factor), 0, 0,
-           routing_logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, False)
-    tokens = max(16, triton.next_power_of_2(num_tokens))
+        return out
+    num_pairs = num_tokens * ref.TOP_K
     slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
+    num_counts = slots * (inter // QBLOCK) + hidden // block_n2
+    fp8_down, dot_fp32 = bool(fp8_down), bool(dot_fp32)
+    ws = torch.empty(_workspace_words(num_tokens, hidden, inter, fp8_down, num_counts), dtype=torch.float32,
+                     device=device)
+    zero_split = triton.cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
+    launch(_route_zero_kernel, (num_tokens, zero_split),
+           routing_logits.contiguous(), routing_bias.contiguous(), ws, num_tokens, int(local_expert_offset),
+           float(routed_scaling_factor), triton.cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
+           routing_logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden, inter, QBLOCK,
+           fp8_down, ZERO_BLOCK)
     # the constexprs both GEMMs take after their runtime arguments: HIDDEN .. TOKENS
     shape = (hidden, inter, ref.TOP_K, num_local, triton.next_power_of_2(num_local),
-             triton.next_power_of_2(num_pairs), tokens)
-    dot_fp32 = bool(dot_fp32)
+             triton.next_power_of_2(num_pairs), max(16, triton.next_power_of_2(num_tokens)))
     launch(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots),
            hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
-           gemm1_weights_scale.contiguous(), local, h, num_tokens, num_pairs, *shape, block_n1, split_k, QBLOCK,
+           gemm1_weights_scale.contiguous(), ws, num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down,
            dot_fp32, num_warps=num_warps, num_stages=num_stages)
-    # rows of other ranks' pairs are left unset (never read)
-    y = torch.empty(num_pairs, inter, dtype=torch.float8_e4m3fn if fp8_down else torch.bfloat16, device=device)
-    y_scale = torch.empty(num_pairs, inter // QBLOCK, dtype=torch.float32, device=device) if fp8_down else y
-    launch(_silu_mul_kernel, (num_pairs, inter // QBLOCK), h, local, y, y_scale, inter, num_local, QBLOCK,
-           fp8_down, dot_fp32)
     launch(_gemm2_kernel, (hidden // block_n2, split_k2, slots),
-           y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), local, weights, out, num_tokens,
-           num_pairs, *shape, block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps,
-           num_stages=num_stages)
-    return out.to(torch.bfloat16)
+           gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), ws, out, num_tokens, *shape, block_n2,
+           split_k2, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+    return out
 
 
 def _decode_sized(features: dict, _config: dict) -> str | None:

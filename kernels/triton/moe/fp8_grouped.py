@@ -18,9 +18,9 @@ call is safe under CUDA-graph capture (the reference is not: it reads the expert
    DeepGEMM does). Writes y = silu(gate) * up as bf16 into a [rows, 2048] workspace.
 3. `_gemm2_scatter_kernel`, grid (row blocks, 7168 / BLOCK_N): y [rows, 2048] bf16 times W2[e]^T
    (FP8 weights widened to bf16 in registers, per-block scales), times the pair's routing weight,
-   atomically added into an fp32 [T, 7168] output, rounded to bf16 at the end. The summation order
-   of a token's (at most 8) experts is therefore not fixed: results may differ in the last bits
-   from call to call.
+   atomically added into an fp32 [T, 7168] output (zeroed by the routing programs), rounded to bf16
+   at the end. The summation order of a token's (at most 8) experts is therefore not fixed: results
+   may differ in the last bits from call to call.
 
 Rounding differs from the reference (which dequantises to fp32): y is rounded to bf16 between the
 GEMMs, and the FP8 products are exact in fp32 accumulation. The contest tolerance for this
@@ -170,17 +170,13 @@ def _gemm2_scatter_kernel(
 
 
 @triton.jit
-def _route_kernel(
-    logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr,
-    local_offset, scaling, num_rows, fill_chunk,
-    NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
-    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr, LAYOUT: tl.constexpr,
-):
-    """One token: DeepSeek-V3 routing as ref._route (sigmoid scores, bias for selection only, the
+def _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
+                 NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr,
+                 TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr):
+    """Token t's DeepSeek-V3 routing as ref._route (sigmoid scores, bias for selection only, the
     TOP_GROUPS groups of the best two-expert sums, the TOP_K best experts among them, weights
-    renormalised times `scaling`); its local expert ids (NUM_LOCAL: another rank's); with LAYOUT
-    (the layout kernel runs after) also counted into counts[e], and its share of row_pair set to -1."""
-    t = tl.program_id(0)
+    renormalised times `scaling`): ([TOP_K] local expert ids, NUM_LOCAL for another rank's; weights;
+    whether each is local)."""
     GS: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
     offs = tl.arange(0, NUM_EXPERTS)
     score = tl.sigmoid(tl.load(logits_ptr + t.to(tl.int64) * NUM_EXPERTS + offs).to(tl.float32))
@@ -206,14 +202,33 @@ def _route_kernel(
     w = w / (tl.sum(w, axis=0) + 1e-20) * scaling
     local = ids - local_offset
     is_local = (local >= 0) & (local < NUM_LOCAL)
-    local = tl.where(is_local, local, NUM_LOCAL)
+    return tl.where(is_local, local, NUM_LOCAL), w, is_local
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr, zero_ptr,
+    local_offset, scaling, num_rows, fill_chunk, zero_cols,
+    NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
+    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr, ZERO: tl.constexpr,
+):
+    """One token: its routing (`_route_token`) stored per pair, counted into counts[e] for the
+    layout kernel that runs after, and its share of row_pair set to -1; with ZERO its row of the
+    fp32 [T, zero_cols] accumulator zeroed (in place of a memset launch)."""
+    t = tl.program_id(0)
+    local, w, is_local = _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
+                                      NUM_EXPERTS, NUM_GROUPS, TOP_GROUPS, TOP_K, NUM_LOCAL)
+    ks = tl.arange(0, TOP_K)
     tl.store(weight_ptr + t * TOP_K + ks, w)
     tl.store(local_ptr + t * TOP_K + ks, local)
-    if LAYOUT:
-        tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
-        for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
-            rows = r + tl.arange(0, FILL)
-            tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
+    tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
+    for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
+        rows = r + tl.arange(0, FILL)
+        tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
+    if ZERO:
+        for c in range(0, zero_cols, FILL * 8):
+            cols = c + tl.arange(0, FILL * 8)
+            tl.store(zero_ptr + t.to(tl.int64) * zero_cols + cols, 0.0, mask=cols < zero_cols)
 
 
 @triton.jit
@@ -245,10 +260,11 @@ FILL_BLOCK = 128  # row_pair entries a routing program sets per store
 
 
 def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local: int,
-                        block_m: int):
+                        block_m: int, zero: torch.Tensor | None = None):
     """Routing and the expert-sorted layout in three launches (a memset and two kernels), no host
     sync: (pair weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32);
-    the order of the pairs inside an expert's run is the atomics' order."""
+    the order of the pairs inside an expert's run is the atomics' order. `zero`, a contiguous fp32
+    [T, N] tensor, is zeroed on the way (a row per routing program)."""
     num_tokens, num_experts = routing_logits.shape
     device = routing_logits.device
     num_pairs = num_tokens * ref.TOP_K
@@ -261,8 +277,9 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
     block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=device)
     launch(_route_kernel, (num_tokens,),
            routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
-           int(local_expert_offset), float(routed_scaling_factor), rows, triton.cdiv(rows, num_tokens),
-           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, True)
+           weights if zero is None else zero, int(local_expert_offset), float(routed_scaling_factor), rows,
+           triton.cdiv(rows, num_tokens), 0 if zero is None else zero.shape[1],
+           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, zero is not None)
     launch(_layout_kernel, (triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
            local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
            num_local, local_pow2, block_m, LAYOUT_BLOCK)
@@ -285,12 +302,11 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
         raise ValueError("an FP8 intermediate needs 128-wide gate/up tiles (one scale block per tile)")
     if dot_fp32 is None:
         dot_fp32 = device.type != "cuda"
-    out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=device)
     if num_tokens == 0:
-        return out.to(torch.bfloat16)
-
+        return torch.empty(0, hidden, dtype=torch.bfloat16, device=device)
+    out = torch.empty(num_tokens, hidden, dtype=torch.float32, device=device)  # zeroed by the routing kernel
     pair_weights, row_pair, block_expert = _fused_route_layout(
-        routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m)
+        routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m, zero=out)
     rows = row_pair.numel()
 
     x = hidden_states.contiguous()
