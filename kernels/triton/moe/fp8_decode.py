@@ -119,8 +119,8 @@ def _route_zero_kernel(
     z = tl.program_id(1)
     weight, local, acc, _, _, _, counts = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
     if z == 0:
-        ids, w, _ = _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
-                                 NUM_EXPERTS, NUM_GROUPS, TOP_GROUPS, TOP_K, NUM_LOCAL)
+        ids, w, _is_local = _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
+                                        NUM_EXPERTS, NUM_GROUPS, TOP_GROUPS, TOP_K, NUM_LOCAL)
         ks = tl.arange(0, TOP_K)
         tl.store(weight + t * TOP_K + ks, w)
         tl.store(local + t * TOP_K + ks, ids)
