@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_qk2_v4_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:09:48Z
-# workloads   21 (workload-set digest 904429b7297c7a57)
+# measured    up to 2026-11-28T08:59:05Z
+# workloads   21 on each of 2 devices (workload-set digest 88cd739e4da9998a)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        bcf501ffeb835a03  21/21  1.00x
-#   cuda_verify_rows.r1  d17d4f6876065a15  21/21  0.81x
-#   cuda_verify_rows.r2  9991a00aa2f585e0  21/21  0.99x
-#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.96x
-#   cuda_verify_rows.r8  96bd10991a68155b  21/21  0.84x
+#   sglang_verify        be87da121c798002  42/42  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  42/42  0.76x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  42/42  0.97x
+#   cuda_verify_rows.r4  9020b799747f7de9  42/42  0.96x
+#   cuda_verify_rows.r8  96bd10991a68155b  42/42  0.84x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,34 +26,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.18% mean, 31.67% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.46% mean, 36.25% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.23% mean, 39.24% max;
-#             2.460x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.62% mean, 67.99% max;
+#             2.525x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 10: cuda_verify_rows.r2, 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 10 < num_seqs <= 71: cuda_verify_rows.r4, 6 workloads, 1.20x (1.10x .. 1.33x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 71 < num_seqs <= 185: cuda_verify_rows.r8, 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
-#   4. num_seqs > 185: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 1.81x (1.76x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   2. num_seqs <= 1 and cache_steps > 4: cuda_verify_rows.r2, 4 workloads, 1.10x (1.07x .. 1.13x) over sglang_verify; then cuda_verify_rows.r1
+#   3. 1 < num_seqs <= 10: cuda_verify_rows.r2, 10 workloads, 1.53x (1.29x .. 1.72x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   4. 10 < num_seqs <= 71: cuda_verify_rows.r4, 12 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. 71 < num_seqs <= 185: cuda_verify_rows.r8, 6 workloads, 1.13x (1.05x .. 1.36x) over sglang_verify
+#   6. num_seqs > 185: sglang_verify (baseline), 6 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 3: cuda_verify_rows.r2, 6 workloads, 3.62x (2.55x .. 5.23x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8
-#   2. 3 < num_seqs <= 14 and cache_steps <= 4: cuda_verify_rows.r1, 3 workloads, 3.68x (2.60x .. 4.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r8
-#   3. num_seqs > 3 and cache_steps > 4: cuda_verify_rows.r8, 3 workloads, 2.44x (1.28x .. 3.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
-#   4. num_seqs > 14 and cache_steps <= 4: cuda_verify_rows.r4, 9 workloads, 2.47x (1.58x .. 5.19x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
+#   1. num_seqs <= 3 and cache_steps <= 3: cuda_verify_rows.r4, 4 workloads, 3.36x (2.63x .. 3.76x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   2. num_seqs <= 3 and cache_steps > 3: cuda_verify_rows.r2, 8 workloads, 3.95x (3.26x .. 5.23x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8
+#   3. 3 < num_seqs <= 10 and cache_steps <= 4: cuda_verify_rows.r1, 4 workloads, 4.37x (2.60x .. 5.59x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
+#   4. num_seqs > 3 and cache_steps > 4: cuda_verify_rows.r8, 6 workloads, 2.34x (1.28x .. 3.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   5. num_seqs > 10 and cache_steps <= 4: cuda_verify_rows.r4, 20 workloads, 2.60x (1.58x .. 5.19x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 10)}, 'workloads': 9, 'speedup': (1.29, 1.61, 1.87), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (10, 71)}, 'workloads': 6, 'speedup': (1.1, 1.2, 1.33), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 3, 'speedup': (1.05, 1.12, 1.28), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.76, 1.81, 1.87), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.07, 1.1, 1.13), 'fallbacks': ('cuda_verify_rows.r1',)},
+    {'region': 3, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (1, 10)}, 'workloads': 10, 'speedup': (1.29, 1.53, 1.72), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (10, 71)}, 'workloads': 12, 'speedup': (1.07, 1.19, 1.38), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 6, 'speedup': (1.05, 1.13, 1.36), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 6, 'speedup': (2.55, 3.62, 5.23), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (3, 14)}, 'workloads': 3, 'speedup': (2.6, 3.68, 4.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (3, None)}, 'workloads': 3, 'speedup': (1.28, 2.44, 3.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (14, None)}, 'workloads': 9, 'speedup': (1.58, 2.47, 5.19), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (2.63, 3.36, 3.76), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (3.26, 3.95, 5.23), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (3, 10)}, 'workloads': 4, 'speedup': (2.6, 4.37, 5.59), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (3, None)}, 'workloads': 6, 'speedup': (1.28, 2.34, 3.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (10, None)}, 'workloads': 20, 'speedup': (1.58, 2.6, 5.19), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -59,16 +67,22 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call
-    if num_seqs <= 10:
+    # region 1: 4 workloads, 1.81x (1.76x .. 1.87x) over sglang_verify's guarded call
+    if num_seqs <= 1 and cache_steps <= 4:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 2: 4 workloads, 1.10x (1.07x .. 1.13x) over sglang_verify
+    if num_seqs <= 1 and cache_steps > 4:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
+    # region 3: 10 workloads, 1.53x (1.29x .. 1.72x) over sglang_verify's guarded call
+    if 1 < num_seqs <= 10:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 6 workloads, 1.20x (1.10x .. 1.33x) over sglang_verify's guarded call
+    # region 4: 12 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call
     if 10 < num_seqs <= 71:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
+        return 'cuda_verify_rows.r4'
+    # region 5: 6 workloads, 1.13x (1.05x .. 1.36x) over sglang_verify
     if 71 < num_seqs <= 185:
         return 'cuda_verify_rows.r8'
-    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 185:
         return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
@@ -76,24 +90,29 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 3.62x (2.55x .. 5.23x) over sglang_verify
-    if num_seqs <= 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 3.68x (2.60x .. 4.58x) over sglang_verify
-    if 3 < num_seqs <= 14 and cache_steps <= 4:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
-    # region 3: 3 workloads, 2.44x (1.28x .. 3.40x) over sglang_verify
+    # region 1: 4 workloads, 3.36x (2.63x .. 3.76x) over sglang_verify
+    if num_seqs <= 3 and cache_steps <= 3:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 2: 8 workloads, 3.95x (3.26x .. 5.23x) over sglang_verify
+    if num_seqs <= 3 and cache_steps > 3:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 3: 4 workloads, 4.37x (2.60x .. 5.59x) over sglang_verify
+    if 3 < num_seqs <= 10 and cache_steps <= 4:
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
+    # region 4: 6 workloads, 2.34x (1.28x .. 3.40x) over sglang_verify
     if num_seqs > 3 and cache_steps > 4:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 4: 9 workloads, 2.47x (1.58x .. 5.19x) over sglang_verify
-    if num_seqs > 14 and cache_steps <= 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 5: 20 workloads, 2.60x (1.58x .. 5.19x) over sglang_verify
+    if num_seqs > 10 and cache_steps <= 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 10:  # region 1
+    if num_seqs <= 1 and cache_steps <= 4:  # region 1
         return True
-    if 10 < num_seqs <= 71:  # region 2
+    if 1 < num_seqs <= 10:  # region 3
+        return True
+    if 10 < num_seqs <= 71:  # region 4
         return True
     return False

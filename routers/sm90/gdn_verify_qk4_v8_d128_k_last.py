@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_qk4_v8_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:09:56Z
-# workloads   21 (workload-set digest e648ff52c61ba93e)
+# measured    up to 2026-11-28T08:59:33Z
+# workloads   21 on each of 2 devices (workload-set digest b8ca02183363dca0)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        bcf501ffeb835a03  21/21  1.00x
-#   cuda_verify_rows.r1  d17d4f6876065a15  21/21  0.75x
-#   cuda_verify_rows.r2  9991a00aa2f585e0  21/21  0.95x
-#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.94x
-#   cuda_verify_rows.r8  96bd10991a68155b  21/21  0.84x
+#   sglang_verify        be87da121c798002  42/42  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  42/42  0.70x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  42/42  0.93x
+#   cuda_verify_rows.r4  9020b799747f7de9  42/42  0.94x
+#   cuda_verify_rows.r8  96bd10991a68155b  42/42  0.84x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,34 +26,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.04% mean, 7.98% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.43% mean, 15.66% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.37% mean, 67.75% max;
-#             1.989x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.66% mean, 69.19% max;
+#             2.065x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.51x (1.23x .. 1.75x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 6 < num_seqs <= 98: cuda_verify_rows.r4, 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. num_seqs > 98: sglang_verify (baseline), 5 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   1. num_seqs <= 11: cuda_verify_rows.r2, 20 workloads, 1.46x (1.13x .. 1.77x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 11 < num_seqs <= 25: cuda_verify_rows.r8, 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 25 < num_seqs <= 57: sglang_verify (baseline), 4 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   4. 57 < num_seqs <= 98: cuda_verify_rows.r4, 4 workloads, 1.09x (1.03x .. 1.18x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. num_seqs > 98: sglang_verify (baseline), 10 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 2 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 4.01x (2.42x .. 6.06x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4
-#   2. num_seqs <= 11 and cache_steps > 4: cuda_verify_rows.r4, 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r8
-#   3. 2 < num_seqs <= 11 and cache_steps <= 4: cuda_verify_rows.r8, 3 workloads, 3.85x (3.22x .. 4.65x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r2
-#   4. 11 < num_seqs <= 40: cuda_verify_rows.r2, 3 workloads, 3.29x (2.38x .. 4.28x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
-#   5. num_seqs > 40: cuda_verify_rows.r8, 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   1. num_seqs <= 1: cuda_verify_rows.r2, 6 workloads, 4.04x (2.20x .. 6.41x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
+#   2. 1 < num_seqs <= 2: cuda_verify_rows.r4, 4 workloads, 3.43x (2.20x .. 5.45x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
+#   3. 2 < num_seqs <= 4: cuda_verify_rows.r1, 4 workloads, 3.96x (2.80x .. 5.56x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8, cuda_verify_rows.r4
+#   4. 4 < num_seqs <= 57: cuda_verify_rows.r4, 14 workloads, 2.90x (1.47x .. 4.40x) over sglang_verify; then cuda_verify_rows.r8
+#   5. num_seqs > 57: cuda_verify_rows.r8, 14 workloads, 1.65x (1.20x .. 2.58x) over sglang_verify; then cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 8, 'speedup': (1.23, 1.51, 1.75), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 98)}, 'workloads': 8, 'speedup': (1.03, 1.13, 1.34), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 11)}, 'workloads': 20, 'speedup': (1.13, 1.46, 1.77), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (11, 25)}, 'workloads': 4, 'speedup': (1.1, 1.14, 1.2), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, 57)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (57, 98)}, 'workloads': 4, 'speedup': (1.03, 1.09, 1.18), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (2.42, 4.01, 6.06), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 11)}, 'workloads': 3, 'speedup': (2.37, 3.14, 4.4), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (2, 11)}, 'workloads': 3, 'speedup': (3.22, 3.85, 4.65), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (11, 40)}, 'workloads': 3, 'speedup': (2.38, 3.29, 4.28), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (40, None)}, 'workloads': 8, 'speedup': (1.2, 1.58, 1.92), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (2.2, 4.04, 6.41), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 2)}, 'workloads': 4, 'speedup': (2.2, 3.43, 5.45), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (2.8, 3.96, 5.56), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (4, 57)}, 'workloads': 14, 'speedup': (1.47, 2.9, 4.4), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (57, None)}, 'workloads': 14, 'speedup': (1.2, 1.65, 2.58), 'fallbacks': ('cuda_verify_rows.r2',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -59,13 +65,19 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 1.51x (1.23x .. 1.75x) over sglang_verify's guarded call
-    if num_seqs <= 6:
+    # region 1: 20 workloads, 1.46x (1.13x .. 1.77x) over sglang_verify's guarded call
+    if num_seqs <= 11:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 8 workloads, 1.13x (1.03x .. 1.34x) over sglang_verify's guarded call
-    if 6 < num_seqs <= 98:
+    # region 2: 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call
+    if 11 < num_seqs <= 25:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 25 < num_seqs <= 57:
+        return ('sglang_verify', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
+    # region 4: 4 workloads, 1.09x (1.03x .. 1.18x) over sglang_verify's guarded call
+    if 57 < num_seqs <= 98:
         return 'cuda_verify_rows.r4'
-    # region 3: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 5: 10 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 98:
         return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
@@ -73,27 +85,29 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.01x (2.42x .. 6.06x) over sglang_verify
-    if num_seqs <= 2 and cache_steps <= 4:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify
-    if num_seqs <= 11 and cache_steps > 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 3 workloads, 3.85x (3.22x .. 4.65x) over sglang_verify
-    if 2 < num_seqs <= 11 and cache_steps <= 4:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 4: 3 workloads, 3.29x (2.38x .. 4.28x) over sglang_verify
-    if 11 < num_seqs <= 40:
+    # region 1: 6 workloads, 4.04x (2.20x .. 6.41x) over sglang_verify
+    if num_seqs <= 1:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 5: 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify
-    if num_seqs > 40:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 2: 4 workloads, 3.43x (2.20x .. 5.45x) over sglang_verify
+    if 1 < num_seqs <= 2:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 4 workloads, 3.96x (2.80x .. 5.56x) over sglang_verify
+    if 2 < num_seqs <= 4:
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r1'
+    # region 4: 14 workloads, 2.90x (1.47x .. 4.40x) over sglang_verify
+    if 4 < num_seqs <= 57:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 5: 14 workloads, 1.65x (1.20x .. 2.58x) over sglang_verify
+    if num_seqs > 57:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 6:  # region 1
+    if num_seqs <= 11:  # region 1
         return True
-    if 6 < num_seqs <= 98:  # region 2
+    if 11 < num_seqs <= 25:  # region 2
+        return True
+    if 57 < num_seqs <= 98:  # region 4
         return True
     return False

@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_qk8_v16_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:10:09Z
-# workloads   20 (workload-set digest 5d79802fe2272f45)
+# measured    up to 2026-11-28T09:00:08Z
+# workloads   20 on each of 2 devices (workload-set digest 2bf4f787c14069b8)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_verify        bcf501ffeb835a03  20/20  1.00x
-#   cuda_verify_rows.r1  d17d4f6876065a15  20/20  0.74x
-#   cuda_verify_rows.r2  9991a00aa2f585e0  20/20  0.95x
-#   cuda_verify_rows.r4  9020b799747f7de9  20/20  0.97x
-#   cuda_verify_rows.r8  96bd10991a68155b  20/20  0.91x
+#   sglang_verify        be87da121c798002  40/40  1.00x
+#   cuda_verify_rows.r1  d17d4f6876065a15  40/40  0.68x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  40/40  0.92x
+#   cuda_verify_rows.r4  9020b799747f7de9  40/40  0.96x
+#   cuda_verify_rows.r8  96bd10991a68155b  40/40  0.90x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
 #   cuda_verify_rows.r2  rows=2
@@ -24,26 +26,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.25% mean, 33.93% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.02% mean, 33.93% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.91% mean, 17.83% max;
-#             1.552x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.44% mean, 44.20% max;
+#             1.603x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   1. num_seqs <= 2: cuda_verify_rows.r2, 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 2 < num_seqs <= 21: cuda_verify_rows.r4, 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 21 < num_seqs <= 43: cuda_verify_rows.r8, 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   4. num_seqs > 43: sglang_verify (baseline), 16 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r8, 20 workloads, 2.23x (1.06x .. 5.40x) over sglang_verify; then cuda_verify_rows.r4
+#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r4, 4 workloads, 4.37x (3.51x .. 5.49x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
+#   2. 4 < cache_steps <= 7: cuda_verify_rows.r4, 6 workloads, 1.95x (1.28x .. 4.11x) over sglang_verify; then cuda_verify_rows.r8
+#   3. cache_steps > 7: cuda_verify_rows.r8, 4 workloads, 1.57x (1.06x .. 2.84x) over sglang_verify; then cuda_verify_rows.r4
+#   4. num_seqs > 1 and cache_steps <= 4: cuda_verify_rows.r8, 26 workloads, 2.17x (1.21x .. 3.90x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.37, 1.48, 1.62), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.12, 1.19), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
-    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 10, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 21)}, 'workloads': 10, 'speedup': (1.06, 1.14, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (21, 43)}, 'workloads': 4, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r8', 'bounds': {}, 'workloads': 20, 'speedup': (1.06, 2.23, 5.4), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.51, 4.37, 5.49), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, 7)}, 'workloads': 6, 'speedup': (1.28, 1.95, 4.11), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (7, None)}, 'workloads': 4, 'speedup': (1.06, 1.57, 2.84), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (1, None)}, 'workloads': 26, 'speedup': (1.21, 2.17, 3.9), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -51,13 +61,16 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call
+    # region 1: 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call
     if num_seqs <= 2:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call
-    if 2 < num_seqs <= 43:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 2: 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call
+    if 2 < num_seqs <= 21:
+        return 'cuda_verify_rows.r4'
+    # region 3: 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call
+    if 21 < num_seqs <= 43:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 4: 16 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 43:
         return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
@@ -65,13 +78,26 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 20 workloads, 2.23x (1.06x .. 5.40x) over sglang_verify
-    return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 1: 4 workloads, 4.37x (3.51x .. 5.49x) over sglang_verify
+    if num_seqs <= 1 and cache_steps <= 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 2: 6 workloads, 1.95x (1.28x .. 4.11x) over sglang_verify
+    if 4 < cache_steps <= 7:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 3: 4 workloads, 1.57x (1.06x .. 2.84x) over sglang_verify
+    if cache_steps > 7:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 4: 26 workloads, 2.17x (1.21x .. 3.90x) over sglang_verify
+    if num_seqs > 1 and cache_steps <= 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     if num_seqs <= 2:  # region 1
         return True
-    if 2 < num_seqs <= 43:  # region 2
+    if 2 < num_seqs <= 21:  # region 2
+        return True
+    if 21 < num_seqs <= 43:  # region 3
         return True
     return False

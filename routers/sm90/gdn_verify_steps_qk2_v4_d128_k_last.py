@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_steps_qk2_v4_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:13:31Z
-# workloads   12 (workload-set digest ca56be8826037903)
+# measured    up to 2026-11-28T09:01:16Z
+# workloads   12 on each of 2 devices (workload-set digest cf0ae08f837dd53e)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  126.68x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  137.17x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  139.90x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  138.57x
+#   reference                  560cadca091e8900  24/24  1.00x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  143.14x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  159.66x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  167.44x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  166.37x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,28 +26,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.48% mean, 8.04% max;
-#             73.847x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.26% mean, 30.98% max;
-#             39.822x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.72% mean, 51.82% max;
+#             93.608x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.02% mean, 19.81% max;
+#             51.556x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 7: cuda_verify_steps_rows.r1, 5 workloads, 471.12x (331.35x .. 606.83x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 7: cuda_verify_steps_rows.r4, 7 workloads, 68.69x (31.70x .. 280.69x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 590.10x (470.05x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. 3 < num_seqs <= 16: cuda_verify_steps_rows.r2, 4 workloads, 415.08x (276.35x .. 627.93x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
+#   3. num_seqs > 16: cuda_verify_steps_rows.r8, 12 workloads, 63.65x (31.70x .. 202.92x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 3: cuda_verify_steps_rows.r8, 4 workloads, 64.60x (47.58x .. 113.30x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2
-#   2. 3 < num_seqs <= 38: cuda_verify_steps_rows.r2, 3 workloads, 74.78x (58.13x .. 101.19x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   3. num_seqs > 38: cuda_verify_steps_rows.r8, 5 workloads, 29.16x (20.77x .. 50.79x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 86.79x (45.65x .. 216.05x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4
+#   2. 3 < num_seqs <= 16: cuda_verify_steps_rows.r2, 4 workloads, 96.33x (58.13x .. 176.17x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
+#   3. num_seqs > 16: cuda_verify_steps_rows.r8, 12 workloads, 38.59x (20.77x .. 90.64x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 7)}, 'workloads': 5, 'speedup': (331.35, 471.12, 606.83), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, None)}, 'workloads': 7, 'speedup': (31.7, 68.69, 280.69), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (470.05, 590.1, 873.44), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 4, 'speedup': (276.35, 415.08, 627.93), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (16, None)}, 'workloads': 12, 'speedup': (31.7, 63.65, 202.92), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (47.58, 64.6, 113.3), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 38)}, 'workloads': 3, 'speedup': (58.13, 74.78, 101.19), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (38, None)}, 'workloads': 5, 'speedup': (20.77, 29.16, 50.79), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (45.65, 86.79, 216.05), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 4, 'speedup': (58.13, 96.33, 176.17), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (16, None)}, 'workloads': 12, 'speedup': (20.77, 38.59, 90.64), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -53,24 +57,27 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 471.12x (331.35x .. 606.83x) over reference
-    if num_seqs <= 7:
+    # region 1: 8 workloads, 590.10x (470.05x .. 873.44x) over reference
+    if num_seqs <= 3:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 7 workloads, 68.69x (31.70x .. 280.69x) over reference
-    if num_seqs > 7:
-        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 4 workloads, 415.08x (276.35x .. 627.93x) over reference
+    if 3 < num_seqs <= 16:
+        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
+    # region 3: 12 workloads, 63.65x (31.70x .. 202.92x) over reference
+    if num_seqs > 16:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 64.60x (47.58x .. 113.30x) over reference
+    # region 1: 8 workloads, 86.79x (45.65x .. 216.05x) over reference
     if num_seqs <= 3:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r8'
-    # region 2: 3 workloads, 74.78x (58.13x .. 101.19x) over reference
-    if 3 < num_seqs <= 38:
-        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r2'
-    # region 3: 5 workloads, 29.16x (20.77x .. 50.79x) over reference
-    if num_seqs > 38:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r1'
+    # region 2: 4 workloads, 96.33x (58.13x .. 176.17x) over reference
+    if 3 < num_seqs <= 16:
+        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r2'
+    # region 3: 12 workloads, 38.59x (20.77x .. 90.64x) over reference
+    if num_seqs > 16:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

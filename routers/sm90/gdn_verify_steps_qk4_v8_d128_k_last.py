@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_steps_qk4_v8_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:13:38Z
-# workloads   12 (workload-set digest 3f2a2c54ebd409d4)
+# measured    up to 2026-11-28T09:01:37Z
+# workloads   12 on each of 2 devices (workload-set digest 68f1843beac79dd4)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  95.62x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  111.23x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  114.40x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  112.86x
+#   reference                  560cadca091e8900  24/24  1.00x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  102.38x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  122.35x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  130.23x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  128.76x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,24 +26,24 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.35% mean, 32.50% max;
-#             46.903x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.53% mean, 11.79% max;
-#             34.952x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.33% mean, 10.60% max;
+#             54.985x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.64% mean, 11.79% max;
+#             41.286x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 404.92x (329.71x .. 519.15x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 8 workloads, 65.07x (25.63x .. 260.22x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 8 workloads, 449.02x (329.71x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 16 workloads, 75.07x (25.63x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 44.81x (20.91x .. 92.61x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 52.86x (20.91x .. 205.01x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (329.71, 404.92, 519.15), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (25.63, 65.07, 260.22), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 8, 'speedup': (329.71, 449.02, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 16, 'speedup': (25.63, 75.07, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (20.91, 44.81, 92.61), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 24, 'speedup': (20.91, 52.86, 205.01), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -49,10 +51,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 404.92x (329.71x .. 519.15x) over reference
+    # region 1: 8 workloads, 449.02x (329.71x .. 587.90x) over reference
     if num_seqs <= 4:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 8 workloads, 65.07x (25.63x .. 260.22x) over reference
+        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
+    # region 2: 16 workloads, 75.07x (25.63x .. 321.44x) over reference
     if num_seqs > 4:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
@@ -60,5 +62,5 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 44.81x (20.91x .. 92.61x) over reference
+    # region 1: 24 workloads, 52.86x (20.91x .. 205.01x) over reference
     return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'

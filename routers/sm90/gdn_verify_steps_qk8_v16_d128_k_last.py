@@ -3,17 +3,19 @@
 #
 # definition  gdn_verify_steps_qk8_v16_d128_k_last
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-26T11:13:51Z
-# workloads   12 (workload-set digest 6594a396562cc041)
+# measured    up to 2026-11-28T09:02:11Z
+# workloads   12 on each of 2 devices (workload-set digest c2ed5ad250f234d9)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  67.42x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  79.90x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  84.30x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  83.91x
+#   reference                  560cadca091e8900  24/24  1.00x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  70.02x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  85.53x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  94.15x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  94.34x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -24,28 +26,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.65% mean, 6.19% max;
-#             33.587x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.29% mean, 70.46% max;
-#             27.427x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.98% mean, 22.64% max;
+#             37.935x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.64% mean, 77.97% max;
+#             30.152x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 388.35x (351.87x .. 423.13x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   2. num_seqs > 1: cuda_verify_steps_rows.r4, 9 workloads, 52.79x (21.93x .. 285.37x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 6 workloads, 423.81x (351.87x .. 509.25x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   2. num_seqs > 1: cuda_verify_steps_rows.r8, 18 workloads, 59.73x (22.17x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 9: cuda_verify_steps_rows.r4, 5 workloads, 62.93x (52.39x .. 108.37x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. 9 < num_seqs <= 68: cuda_verify_steps_rows.r2, 3 workloads, 35.99x (26.71x .. 45.07x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
-#   3. num_seqs > 68: cuda_verify_steps_rows.r8, 4 workloads, 22.54x (20.54x .. 24.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3 and num_steps <= 2: cuda_verify_steps_rows.r2, 4 workloads, 55.78x (43.62x .. 67.69x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
+#   2. num_seqs <= 3 and num_steps > 2: cuda_verify_steps_rows.r1, 4 workloads, 98.48x (74.79x .. 150.68x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   3. num_seqs > 3 and num_steps <= 5: cuda_verify_steps_rows.r8, 10 workloads, 29.96x (20.54x .. 69.36x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 3 and num_steps > 5: cuda_verify_steps_rows.r4, 6 workloads, 38.65x (23.18x .. 66.98x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (351.87, 388.35, 423.13), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (21.93, 52.79, 285.37), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (351.87, 423.81, 509.25), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 18, 'speedup': (22.17, 59.73, 346.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (52.39, 62.93, 108.37), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (9, 68)}, 'workloads': 3, 'speedup': (26.71, 35.99, 45.07), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (68, None)}, 'workloads': 4, 'speedup': (20.54, 22.54, 24.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (None, 3), 'num_steps': (None, 2)}, 'workloads': 4, 'speedup': (43.62, 55.78, 67.69), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3), 'num_steps': (2, None)}, 'workloads': 4, 'speedup': (74.79, 98.48, 150.68), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (3, None), 'num_steps': (None, 5)}, 'workloads': 10, 'speedup': (20.54, 29.96, 69.36), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None), 'num_steps': (5, None)}, 'workloads': 6, 'speedup': (23.18, 38.65, 66.98), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -53,24 +57,27 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 388.35x (351.87x .. 423.13x) over reference
+    # region 1: 6 workloads, 423.81x (351.87x .. 509.25x) over reference
     if num_seqs <= 1:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 9 workloads, 52.79x (21.93x .. 285.37x) over reference
+    # region 2: 18 workloads, 59.73x (22.17x .. 346.82x) over reference
     if num_seqs > 1:
-        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 62.93x (52.39x .. 108.37x) over reference
-    if num_seqs <= 9:
-        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r4'
-    # region 2: 3 workloads, 35.99x (26.71x .. 45.07x) over reference
-    if 9 < num_seqs <= 68:
+    # region 1: 4 workloads, 55.78x (43.62x .. 67.69x) over reference
+    if num_seqs <= 3 and num_steps <= 2:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
-    # region 3: 4 workloads, 22.54x (20.54x .. 24.23x) over reference
-    if num_seqs > 68:
+    # region 2: 4 workloads, 98.48x (74.79x .. 150.68x) over reference
+    if num_seqs <= 3 and num_steps > 2:
+        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
+    # region 3: 10 workloads, 29.96x (20.54x .. 69.36x) over reference
+    if num_seqs > 3 and num_steps <= 5:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 4: 6 workloads, 38.65x (23.18x .. 66.98x) over reference
+    if num_seqs > 3 and num_steps > 5:
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'

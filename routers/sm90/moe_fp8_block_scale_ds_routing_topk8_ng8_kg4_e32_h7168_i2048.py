@@ -3,30 +3,32 @@
 #
 # definition  moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048
 # arch        sm90
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T06:25:23Z
-# workloads   39 (workload-set digest dc9fa40f52ac507d)
+# measured    up to 2026-11-28T08:54:30Z
+# workloads   39 on each of 2 devices (workload-set digest a68b61a72e2a9523)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_triton_moe       369eca1758853bb6  39/39  1.00x
-#   deepgemm_contiguous     fc6272498afab248  39/39  0.33x  [39 not graph-safe]
-#   deepgemm_fused          f62329467ae0a90c  39/39  0.77x  [39 not graph-safe]
-#   deepgemm_fused_bound    76a32c97ae6b2f40  39/39  1.39x
-#   deepgemm_masked         d75806961cf4dc14  26/26  0.75x
+#   sglang_triton_moe       369eca1758853bb6  78/78  1.00x
+#   deepgemm_contiguous     e2279d3572edfdba  78/78  0.33x  [78 not graph-safe]
+#   deepgemm_fused          cd94bf62f220d5f7  78/78  0.73x  [78 not graph-safe]
+#   deepgemm_fused_bound    ff7cc4282533e9dc  78/78  1.43x
+#   deepgemm_masked         7f8e08ab2d74a284  52/52  0.75x
 #   reference               c16a3bde9b55b3d2  35/35  0.04x
-#   triton_decode.n128s8    be1b0bd5a30b62f3  12/12  1.28x
-#   triton_decode.n128s8q   ff29ea3a461ba710  12/12  1.35x
-#   triton_decode.n32s8     b3c593e35d99fcc3  12/12  0.98x
-#   triton_decode.n64s4     06a565c00c5816e6  12/12  1.26x
-#   triton_decode.n64s4q    5f1b52b381449548  12/12  1.32x
-#   triton_decode.n64s8     de1901d868bf3112  12/12  1.22x
-#   triton_decode.n64s8q    f83e3feb81e3085e  12/12  1.28x
-#   triton_grouped_m16.fr   f57d8ea2cb4b2991  39/39  0.97x
-#   triton_grouped_m32.fr   630b1baad8af7bcc  39/39  1.06x
-#   triton_grouped_m32q.fr  b9c68f046dc6f938  39/39  1.15x
-#   triton_grouped_m64.fr   c5f5412a8a4682a0  39/39  1.04x
-#   triton_grouped_m64q.fr  d20aa7d9936a60a5  39/39  1.23x
+#   triton_decode.n128s8    f7ab82d8c16c7379  24/24  1.27x
+#   triton_decode.n128s8q   764a855ae2da9d53  24/24  1.37x
+#   triton_decode.n32s8     f72e2916c2ecf1d0  24/24  0.92x
+#   triton_decode.n64s4     79328b7b47aedbcb  24/24  1.26x
+#   triton_decode.n64s4q    955988c791b61ef4  24/24  1.37x
+#   triton_decode.n64s8     162f5e455ecb63bd  24/24  1.18x
+#   triton_decode.n64s8q    c07188153abc21a6  24/24  1.27x
+#   triton_grouped_m16.fr   54c3907d280109f8  78/78  0.97x
+#   triton_grouped_m32.fr   62232e865c489ccd  78/78  1.04x
+#   triton_grouped_m32q.fr  a41094fb5d4c4daa  78/78  1.18x
+#   triton_grouped_m64.fr   fc785c59d8660d20  78/78  1.01x
+#   triton_grouped_m64q.fr  367d73bf989f47a9  78/78  1.24x
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
@@ -40,34 +42,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.58% mean, 6.33% max;
-#             2.147x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.30% mean, 90.19% max;
-#             2.824x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.32% mean, 18.41% max;
+#             2.195x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.32% mean, 90.19% max;
+#             3.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
-#   2. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
-#   3. 52 < seq_len <= 1448: triton_grouped_m32q.fr, 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   4. seq_len > 1448: deepgemm_fused_bound, 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 22: triton_decode.n64s4q, 20 workloads, 1.42x (1.07x .. 2.02x) over sglang_triton_moe; then triton_decode.n128s8q
+#   2. 22 < seq_len <= 40: triton_grouped_m16.fr, 4 workloads, 1.28x (1.24x .. 1.33x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_decode.n128s8q, triton_grouped_m32q.fr, deepgemm_fused_bound, triton_decode.n64s4q, triton_grouped_m32.fr
+#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 32 workloads, 1.33x (1.20x .. 1.56x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   4. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 2.64x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, deepgemm_fused, deepgemm_fused_bound
-#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused
-#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. seq_len > 1448: deepgemm_fused_bound, 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 40: triton_decode.n128s8q, 24 workloads, 4.69x (2.62x .. 12.64x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m16.fr, triton_decode.n32s8, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
+#   2. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 32 workloads, 2.46x (2.00x .. 3.83x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr
+#   3. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 3.09x (2.52x .. 3.44x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 10, 'speedup': (1.09, 1.37, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 1448)}, 'workloads': 15, 'speedup': (1.2, 1.27, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 11, 'speedup': (1.81, 2.61, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 20, 'speedup': (1.07, 1.42, 2.02), 'fallbacks': ('triton_decode.n128s8q',)},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 40)}, 'workloads': 4, 'speedup': (1.24, 1.28, 1.33), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_decode.n64s4q', 'triton_grouped_m32.fr')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 32, 'speedup': (1.2, 1.33, 1.56), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (1.81, 2.64, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 16, 'speedup': (2.0, 2.29, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 11, 'speedup': (2.76, 3.04, 3.35), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 40)}, 'workloads': 24, 'speedup': (2.62, 4.69, 12.64), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_decode.n32s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 2, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 32, 'speedup': (2.0, 2.46, 3.83), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr')},
+    {'region': 3, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (2.52, 3.09, 3.44), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -75,16 +75,16 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe
+    # region 1: 20 workloads, 1.42x (1.07x .. 2.02x) over sglang_triton_moe
     if seq_len <= 22:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
-    # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
-    if 22 < seq_len <= 52:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m16.fr'
-    # region 3: 15 workloads, 1.27x (1.20x .. 1.50x) over sglang_triton_moe
-    if 52 < seq_len <= 1448:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe
+        return ('triton_decode.n64s4q', 'triton_decode.n128s8q') if inside else 'triton_decode.n64s4q'
+    # region 2: 4 workloads, 1.28x (1.24x .. 1.33x) over sglang_triton_moe
+    if 22 < seq_len <= 40:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_decode.n64s4q', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
+    # region 3: 32 workloads, 1.33x (1.20x .. 1.56x) over sglang_triton_moe
+    if 40 < seq_len <= 1448:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 22 workloads, 2.64x (1.81x .. 3.11x) over sglang_triton_moe
     if seq_len > 1448:
         return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
@@ -92,16 +92,13 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe
-    if seq_len <= 2:
-        return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s8'
-    # region 2: 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe
-    if 2 < seq_len <= 40:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
-    # region 3: 16 workloads, 2.29x (2.00x .. 3.35x) over sglang_triton_moe
+    # region 1: 24 workloads, 4.69x (2.62x .. 12.64x) over sglang_triton_moe
+    if seq_len <= 40:
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_decode.n32s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n128s8q'
+    # region 2: 32 workloads, 2.46x (2.00x .. 3.83x) over sglang_triton_moe
     if 40 < seq_len <= 1448:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 3: 22 workloads, 3.09x (2.52x .. 3.44x) over sglang_triton_moe
     if seq_len > 1448:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
