@@ -22,7 +22,8 @@ bf16 output and one workspace, `_workspace`), no host sync (capturable):
    scale per 128 columns (`fp8_down`, as SGLang feeds its down projection).
 3. `_gemm2_kernel`, grid (7168 / BLOCK_N2, SPLIT_K2, slots): y times the expert's W2 rows (FP8
    widened to bf16, or FP8 x FP8 with `fp8_down`), times the pair's routing weight, atomically added
-   into the fp32 output; the last program of an N tile rounds its columns to the bf16 result.
+   into the fp32 output; the last program of an N tile rounds its columns to the bf16 result (or,
+   with `fused_cast` off, a fourth launch rounds the whole output).
 
 Eager calls are bound by host time at these sizes (the GPU finishes each kernel before the next is
 launched): until 2026-11-28 the memset, the activation kernel and the cast were launches of their
@@ -224,6 +225,7 @@ def _gemm2_kernel(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
+    FUSED_CAST: tl.constexpr,
 ):
     pair_weight_ptr, local_ptr, acc_ptr, _, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
@@ -263,20 +265,32 @@ def _gemm2_kernel(
         tl.atomic_add(acc_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
                       mask=has[:, None], sem="relaxed")
 
-    # Every program counts in (those of unhit slots too): the last of this N tile's rounds its columns
-    # of the fp32 output to the bf16 result, in place of a cast launch.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
-        rows = tl.arange(0, TOKENS)
-        offs = rows[:, None].to(tl.int64) * HIDDEN + offs_n[None, :]
-        live = rows[:, None] < num_tokens
-        total = tl.load(acc_ptr + offs, mask=live, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + offs, total.to(tl.bfloat16), mask=live)
+    if FUSED_CAST:
+        # Every program counts in (those of unhit slots too): the last of this N tile's rounds its
+        # columns of the fp32 output to the bf16 result, in place of a cast launch.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
+            rows = tl.arange(0, TOKENS)
+            offs = rows[:, None].to(tl.int64) * HIDDEN + offs_n[None, :]
+            live = rows[:, None] < num_tokens
+            total = tl.load(acc_ptr + offs, mask=live, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offs, total.to(tl.bfloat16), mask=live)
+
+
+@triton.jit
+def _cast_kernel(ws_ptr, out_ptr, num_tokens, HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+                 QB: tl.constexpr, FP8_DOWN: tl.constexpr, BLOCK: tl.constexpr):
+    """The fp32 output rounded to the bf16 result, BLOCK elements a program (without FUSED_CAST)."""
+    _, _, acc_ptr, _, _, _, _ = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < num_tokens * HIDDEN
+    tl.store(out_ptr + offs, tl.load(acc_ptr + offs, mask=live).to(tl.bfloat16), mask=live)
 
 
 ZERO_CHUNK = 4096  # accumulator words a routing program zeroes (a token's are 7168 + 8 * 4096 at full size)
 ZERO_BLOCK = 1024  # words per store
+CAST_BLOCK = 1024  # output elements per cast program
 
 
 def _workspace_words(num_tokens: int, hidden: int, inter: int, fp8_down: bool, num_counts: int) -> int:
@@ -289,7 +303,8 @@ def _workspace_words(num_tokens: int, hidden: int, inter: int, fp8_down: bool, n
 def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                    routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, split_k2: int,
-                   num_warps: int, num_stages: int, fp8_down: bool = False, dot_fp32: bool | None = None):
+                   num_warps: int, num_stages: int, fp8_down: bool = False, fused_cast: bool = True,
+                   dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts for up to MAX_TOKENS tokens; returns [T, HIDDEN] bf16. Any
     HIDDEN and intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
@@ -326,7 +341,10 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
            dot_fp32, num_warps=num_warps, num_stages=num_stages)
     launch(_gemm2_kernel, (hidden // block_n2, split_k2, slots),
            gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), ws, out, num_tokens, *shape, block_n2,
-           split_k2, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+           split_k2, QBLOCK, fp8_down, dot_fp32, bool(fused_cast), num_warps=num_warps, num_stages=num_stages)
+    if not fused_cast:
+        launch(_cast_kernel, (triton.cdiv(num_tokens * hidden, CAST_BLOCK),), ws, out, num_tokens, hidden, inter,
+               ref.TOP_K, QBLOCK, fp8_down, CAST_BLOCK)
     return out
 
 
@@ -338,7 +356,11 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 
 # Candidates the tuner measures: N tile widths and K splits (more programs streaming at once against
 # more atomics into the fp32 buffers). "q": the down projection on FP8 activations (fp8_down), which
-# led at every size the tuner measured (H100, 2026-11-26: n128s8q, then n64s4q).
+# led at every size the tuner measured (H100, 2026-11-26: n128s8q, then n64s4q). "c": the output
+# rounded by a launch of its own instead of by each N tile's last down-GEMM program: the fused
+# rounding saved a launch's host time eagerly but made the down GEMM 3-12 us slower at 1-32 tokens in
+# graphs (benchmarks/results/moe-profile-H200.txt: every program counts in, behind a barrier and an
+# acquire-release atomic), so the tuner weighs both per call mode.
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
@@ -347,6 +369,10 @@ CONFIGS = {
     "n64s8q": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
     "n64s4q": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True),
     "n128s8q": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
+    "n64s4qc": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True,
+                    fused_cast=False),
+    "n128s8qc": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
+                     fused_cast=False),
 }
 
 
