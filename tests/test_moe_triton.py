@@ -160,3 +160,10 @@ def test_decode_refuses_what_it_cannot_hold():
     args = _inputs(4, 3, offset=64)
     args[8] = 1000  # no global expert id lands on this rank
     assert (DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS["n64s4"]) == 0).all()
+
+
+def test_host_side_cdiv_and_next_pow2_match_tritons():
+    import triton
+
+    assert all(M.next_pow2(n) == triton.next_power_of_2(n) for n in range(1, 5000))
+    assert all(M.cdiv(a, b) == triton.cdiv(a, b) for a in range(200) for b in range(1, 40))

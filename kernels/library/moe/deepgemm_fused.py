@@ -37,7 +37,7 @@ import triton.language as tl
 
 from kdispatch.kernels.library.moe.deepgemm import BLOCK_M
 from kdispatch.kernels.triton.launch import launch
-from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _fused_route_layout
+from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _fused_route_layout, cdiv, next_pow2
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -165,7 +165,7 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     launch(_gather_rows_kernel, (rows // GATHER_ROWS,),
            hidden_states.contiguous().view(torch.uint8), hidden_states_scale.contiguous(), row_pair, block_expert,
            a.view(torch.uint8), a_scale, m_indices, pair_row, num_tokens,
-           hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, triton.next_power_of_2(kb))
+           hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, next_pow2(kb))
     if bound:  # DeepGEMM's psum layout: the routed blocks only
         psum = torch.empty(num_local, dtype=torch.int32, device=device)
         launch(_psum_kernel, (num_local,), row_pair, block_expert, psum, block_expert.numel(), num_local, BLOCK_M,
@@ -183,7 +183,7 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
            num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
     d = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, **layout)
-    launch(_combine_kernel, (num_tokens, triton.cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
+    launch(_combine_kernel, (num_tokens, cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
            hidden, ref.TOP_K, COMBINE_COLS)
     return out
 

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from kdispatch.kernels.triton.launch import launch
-from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _route_token
+from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _route_token, cdiv, next_pow2
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -326,15 +326,15 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     fp8_down, dot_fp32 = bool(fp8_down), bool(dot_fp32)
     ws = torch.empty(_workspace_words(num_tokens, hidden, inter, fp8_down, num_counts), dtype=torch.float32,
                      device=device)
-    zero_split = triton.cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
+    zero_split = cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
     launch(_route_zero_kernel, (num_tokens, zero_split),
            routing_logits.contiguous(), routing_bias.contiguous(), ws, num_tokens, int(local_expert_offset),
-           float(routed_scaling_factor), triton.cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
+           float(routed_scaling_factor), cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
            routing_logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden, inter, QBLOCK,
            fp8_down, ZERO_BLOCK)
     # the constexprs both GEMMs take after their runtime arguments: HIDDEN .. TOKENS
-    shape = (hidden, inter, ref.TOP_K, num_local, triton.next_power_of_2(num_local),
-             triton.next_power_of_2(num_pairs), max(16, triton.next_power_of_2(num_tokens)))
+    shape = (hidden, inter, ref.TOP_K, num_local, next_pow2(num_local),
+             next_pow2(num_pairs), max(16, next_pow2(num_tokens)))
     launch(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots),
            hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
            gemm1_weights_scale.contiguous(), ws, num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down,
@@ -343,7 +343,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
            gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), ws, out, num_tokens, *shape, block_n2,
            split_k2, QBLOCK, fp8_down, dot_fp32, bool(fused_cast), num_warps=num_warps, num_stages=num_stages)
     if not fused_cast:
-        launch(_cast_kernel, (triton.cdiv(num_tokens * hidden, CAST_BLOCK),), ws, out, num_tokens, hidden, inter,
+        launch(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, out, num_tokens, hidden, inter,
                ref.TOP_K, QBLOCK, fp8_down, CAST_BLOCK)
     return out
 

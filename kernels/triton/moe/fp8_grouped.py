@@ -56,6 +56,17 @@ from kdispatch.registry import variant
 QBLOCK = 128  # the quantisation block of the weights and activations
 
 
+def cdiv(a: int, b: int) -> int:
+    """triton.cdiv for the host code: Triton's is a constexpr function costing a few us a call
+    (benchmarks/results/moe-profile-H200.txt: `__call__ (jit.py)`), and a MoE call made several."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """triton.next_power_of_2 for the host code (as cdiv): the least power of two >= n, for n >= 1."""
+    return 1 << (n - 1).bit_length()
+
+
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
 
@@ -268,8 +279,8 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
     num_tokens, num_experts = routing_logits.shape
     device = routing_logits.device
     num_pairs = num_tokens * ref.TOP_K
-    rows = triton.cdiv(num_pairs + num_local * (block_m - 1), block_m) * block_m
-    local_pow2 = triton.next_power_of_2(num_local + 1)
+    rows = cdiv(num_pairs + num_local * (block_m - 1), block_m) * block_m
+    local_pow2 = next_pow2(num_local + 1)
     counters = torch.zeros(2, local_pow2, dtype=torch.int32, device=device)  # counts, cursors
     weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
     local = torch.empty(num_pairs, dtype=torch.int32, device=device)
@@ -278,9 +289,9 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
     launch(_route_kernel, (num_tokens,),
            routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
            weights if zero is None else zero, int(local_expert_offset), float(routed_scaling_factor), rows,
-           triton.cdiv(rows, num_tokens), 0 if zero is None else zero.shape[1],
+           cdiv(rows, num_tokens), 0 if zero is None else zero.shape[1],
            num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, zero is not None)
-    launch(_layout_kernel, (triton.cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
+    launch(_layout_kernel, (cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
            local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
            num_local, local_pow2, block_m, LAYOUT_BLOCK)
     return weights, row_pair, block_expert
