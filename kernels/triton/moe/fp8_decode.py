@@ -359,8 +359,8 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 # led at every size the tuner measured (H100, 2026-11-26: n128s8q, then n64s4q). "c": the output
 # rounded by a launch of its own instead of by each N tile's last down-GEMM program: the fused
 # rounding saved a launch's host time eagerly but made the down GEMM 3-12 us slower at 1-32 tokens in
-# graphs (benchmarks/results/moe-profile-H200.txt: every program counts in, behind a barrier and an
-# acquire-release atomic), so the tuner weighs both per call mode.
+# graphs (benchmarks/results/moe-profile-H200.txt; likely because every program now counts in, behind
+# a barrier and an acquire-release atomic), so the tuner weighs both per call mode.
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
