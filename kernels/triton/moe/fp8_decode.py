@@ -61,14 +61,15 @@ MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
 
 @triton.jit
 def _slot_expert(local_ptr, num_pairs, PAIRS: tl.constexpr, NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr):
-    """The local expert of this program's slot (program_id 2): the slot-th of the experts some pair
-    reached, in expert order; -1 past the last one."""
+    """(The local expert of this program's slot (program_id 2): the slot-th of the experts some pair
+    reached, in expert order, -1 past the last one; how many experts some pair reached)."""
     offs_p = tl.arange(0, PAIRS)
     local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
     es = tl.arange(0, LOCAL_POW2)
     hit = tl.max((local[:, None] == es[None, :]).to(tl.int32), axis=0)  # [LOCAL_POW2]: no pair is NUM_LOCAL+
     chosen = (hit > 0) & (tl.cumsum(hit, axis=0) == tl.program_id(2) + 1)
-    return tl.sum(tl.where(chosen, es, 0), axis=0) - (tl.sum(chosen.to(tl.int32), axis=0) == 0).to(tl.int32)
+    expert = tl.sum(tl.where(chosen, es, 0), axis=0) - (tl.sum(chosen.to(tl.int32), axis=0) == 0).to(tl.int32)
+    return expert, tl.sum(hit, axis=0)
 
 
 @triton.jit
@@ -168,7 +169,7 @@ def _gemm1_splitk_kernel(
 ):
     _, local_ptr, _, h_ptr, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
-    e = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    e, _hits = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
     if e < 0:
         return
     t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
@@ -229,7 +230,7 @@ def _gemm2_kernel(
 ):
     pair_weight_ptr, local_ptr, acc_ptr, _, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
-    e = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    e, hits = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if e >= 0:
@@ -266,11 +267,15 @@ def _gemm2_kernel(
                       mask=has[:, None], sem="relaxed")
 
     if FUSED_CAST:
-        # Every program counts in (those of unhit slots too): the last of this N tile's rounds its
-        # columns of the fp32 output to the bf16 result, in place of a cast launch.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
-        if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
+        # The programs of hit slots count in: the last of this N tile's rounds its columns of the fp32
+        # output to the bf16 result, in place of a cast launch (with no expert hit, slot 0's first
+        # split rounds the zeroed output). Programs of unhit slots exit without counting.
+        last = (hits == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+        if e >= 0:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
+            last = arrived == tl.num_programs(1) * hits - 1
+        if last:
             rows = tl.arange(0, TOKENS)
             offs = rows[:, None].to(tl.int64) * HIDDEN + offs_n[None, :]
             live = rows[:, None] < num_tokens
@@ -359,8 +364,9 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 # led at every size the tuner measured (H100, 2026-11-26: n128s8q, then n64s4q). "c": the output
 # rounded by a launch of its own instead of by each N tile's last down-GEMM program: the fused
 # rounding saved a launch's host time eagerly but made the down GEMM 3-12 us slower at 1-32 tokens in
-# graphs (benchmarks/results/moe-profile-H200.txt; likely because every program now counts in, behind
-# a barrier and an acquire-release atomic), so the tuner weighs both per call mode.
+# graphs (benchmarks/results/moe-profile-H200.txt, when every program, of unhit slots too, counted in
+# behind a barrier and an acquire-release atomic; now only hit slots' programs do), so the tuner
+# weighs both per call mode.
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
