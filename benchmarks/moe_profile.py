@@ -50,8 +50,10 @@ def jit_launches():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--variants", nargs="+", default=["triton_grouped_m16.fr", "triton_decode.n64s8",
-                                                       "triton_decode.n128s8", "sglang_triton_moe"])
+    ap.add_argument("--variants", nargs="+", default=["triton_decode.n64s4q", "triton_decode.n64s4qc",
+                                                       "triton_decode.n128s8q", "triton_decode.n128s8qc",
+                                                       "triton_grouped_m16.fr", "triton_grouped_m32q.fr",
+                                                       "sglang_triton_moe"])
     ap.add_argument("--host", action="store_true", help="host time per call and its cProfile breakdown")
     ap.add_argument("--label", default="", help="said in the header (e.g. which kernels' sources were measured)")
     opts = ap.parse_args()
