@@ -30,18 +30,21 @@ from triton.backends.driver import DriverBase
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
-# One small shape per definition whose variants include Triton ones (the engine conventions' kernels
-# are the same for every head count: the largest is taken); MoE at 5 tokens reaches the decode and the
-# grouped kernels.
+# Small shapes of each definition whose variants include Triton ones (the engine conventions' kernels
+# are the same for every head count: the largest is taken): a batch of one, where Triton specialises
+# the integers equal to 1, and one more (MoE at 5 tokens reaches the decode and the grouped kernels).
 SHAPES = {
-    "gdn_decode": {"batch_size": 33},
-    "gdn_prefill": {"total_seq_len": 300, "num_seqs": 4},
-    "dsa_topk_indexer": {"batch_size": 2, "max_num_pages": 40, "num_pages": 400},
-    "dsa_sparse_attention": {"num_tokens": 8, "num_pages": 200},
-    "moe_fp8": {"seq_len": 5},
-    "gdn_decode_packed_qk16_v32": {"batch_size": 37, "num_slots": 50},
-    "gdn_prefill_pool_qk16_v32": {"total_seq_len": 300, "num_seqs": 9, "num_slots": 12},
-    "gdn_prefill_gathered_qk16_v32": {"total_seq_len": 300, "num_seqs": 9},
+    "gdn_decode": [{"batch_size": 1}, {"batch_size": 33}],
+    "gdn_prefill": [{"total_seq_len": 1, "num_seqs": 1}, {"total_seq_len": 300, "num_seqs": 4}],
+    "dsa_topk_indexer": [{"batch_size": 1, "max_num_pages": 40, "num_pages": 400},
+                         {"batch_size": 2, "max_num_pages": 40, "num_pages": 400}],
+    "dsa_sparse_attention": [{"num_tokens": 1, "num_pages": 200}, {"num_tokens": 8, "num_pages": 200}],
+    "moe_fp8": [{"seq_len": 1}, {"seq_len": 5}],
+    "gdn_decode_packed_qk16_v32": [{"batch_size": 1, "num_slots": 2}, {"batch_size": 37, "num_slots": 50}],
+    "gdn_prefill_pool_qk16_v32": [{"total_seq_len": 1, "num_seqs": 1, "num_slots": 2},
+                                  {"total_seq_len": 300, "num_seqs": 9, "num_slots": 12}],
+    "gdn_prefill_gathered_qk16_v32": [{"total_seq_len": 1, "num_seqs": 1},
+                                      {"total_seq_len": 300, "num_seqs": 9}],
 }
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -128,13 +131,13 @@ def main() -> int:
 
     registry.discover()
     results = {}
-    for short in opts.definitions:
-        axes = SHAPES[short]
+    for short, axes in ((s, a) for s in opts.definitions for a in SHAPES[s]):
         variants = [v for v in registry.variants(short) if v.backend == "triton" and "sm90" in v.archs
                     and v.declines(axes) is None]
         if not variants:
             continue
-        args = list(materialize(short, {"uuid": f"sm90-compile-{short}", "axes": axes, "inputs": {}}, device="cpu"))
+        uuid = f"sm90-compile-{short}-{'-'.join(map(str, axes.values()))}"
+        args = list(materialize(short, {"uuid": uuid, "axes": axes, "inputs": {}}, device="cpu"))
         for v in variants:
             compiles.kernels, compiles.error = [], None
             t0 = time.perf_counter()
@@ -144,10 +147,10 @@ def main() -> int:
             except Exception as exc:
                 if compiles.error is None:  # past the compiles: the host code on unwritten outputs
                     host_error = f"{type(exc).__name__}: {str(exc)[:300]}"
-            results[f"{short}/{v.name}"] = {"kernels": sorted(set(compiles.kernels)),
-                                           "compile_error": compiles.error, "host_error": host_error}
+            results[f"{short}/{v.name}/{axes}"] = {"kernels": sorted(set(compiles.kernels)),
+                                                  "compile_error": compiles.error, "host_error": host_error}
             status = "COMPILE ERROR " + compiles.error if compiles.error else f"ok {len(set(compiles.kernels))} kernels"
-            print(f"{short} {v.name}: {status} ({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(f"{short} {v.name} {axes}: {status} ({time.perf_counter() - t0:.1f} s)", flush=True)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(results, f, indent=1)
