@@ -7,34 +7,38 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:54:30Z
-# workloads   39 on each of 2 devices (workload-set digest a68b61a72e2a9523)
+# measured    up to 2026-11-28T10:24:21Z
+# workloads   39 on each of 2 devices (workload-set digest 56f1db2354616018)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_triton_moe       369eca1758853bb6  78/78  1.00x
-#   deepgemm_contiguous     e2279d3572edfdba  78/78  0.33x  [78 not graph-safe]
-#   deepgemm_fused          cd94bf62f220d5f7  78/78  0.73x  [78 not graph-safe]
-#   deepgemm_fused_bound    ff7cc4282533e9dc  78/78  1.43x
-#   deepgemm_masked         7f8e08ab2d74a284  52/52  0.75x
-#   reference               c16a3bde9b55b3d2  35/35  0.04x
-#   triton_decode.n128s8    f7ab82d8c16c7379  24/24  1.27x
-#   triton_decode.n128s8q   764a855ae2da9d53  24/24  1.37x
-#   triton_decode.n32s8     f72e2916c2ecf1d0  24/24  0.92x
-#   triton_decode.n64s4     79328b7b47aedbcb  24/24  1.26x
-#   triton_decode.n64s4q    955988c791b61ef4  24/24  1.37x
-#   triton_decode.n64s8     162f5e455ecb63bd  24/24  1.18x
-#   triton_decode.n64s8q    c07188153abc21a6  24/24  1.27x
-#   triton_grouped_m16.fr   54c3907d280109f8  78/78  0.97x
-#   triton_grouped_m32.fr   62232e865c489ccd  78/78  1.04x
-#   triton_grouped_m32q.fr  a41094fb5d4c4daa  78/78  1.18x
-#   triton_grouped_m64.fr   fc785c59d8660d20  78/78  1.01x
-#   triton_grouped_m64q.fr  367d73bf989f47a9  78/78  1.24x
+#   sglang_triton_moe       369eca1758853bb6  66/66  1.00x
+#   deepgemm_contiguous     f70dbe746962a65f  66/66  0.36x  [66 not graph-safe]
+#   deepgemm_fused          3219e43119bb92a2  66/66  0.80x  [66 not graph-safe]
+#   deepgemm_fused_bound    ea05fb8ecd8c7999  66/66  1.53x
+#   deepgemm_masked         5f3c1b2f75c9cbb4  40/40  0.77x
+#   reference               c16a3bde9b55b3d2  23/23  0.05x
+#   triton_decode.n128s8    bd939b33bf5cb8c9  12/12  1.31x
+#   triton_decode.n128s8q   bf6767e1d3543482  12/12  1.46x
+#   triton_decode.n128s8qc  a7ea2d05304f2bd9  12/12  1.47x
+#   triton_decode.n32s8     38aceaf81f915e73  12/12  0.93x
+#   triton_decode.n64s4     a882894c36a50e52  12/12  1.30x
+#   triton_decode.n64s4q    7de33e2f6a2d332b  12/12  1.45x
+#   triton_decode.n64s4qc   cf3c6b5aac07e3fc  12/12  1.45x
+#   triton_decode.n64s8     25c5486bdbd4bacd  12/12  1.21x
+#   triton_decode.n64s8q    d93f39008ef7ed94  12/12  1.34x
+#   triton_grouped_m16.fr   61a6c0dac620371e  66/66  0.94x
+#   triton_grouped_m32.fr   688c584f6dc75586  66/66  1.06x
+#   triton_grouped_m32q.fr  e9f5e57e692ab60e  66/66  1.21x
+#   triton_grouped_m64.fr   2f268a68b3d51ce8  66/66  1.03x
+#   triton_grouped_m64q.fr  02cb0acc0819318b  66/66  1.28x
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n128s8qc  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
 #   triton_decode.n32s8     block_n1=32 block_n2=32 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s4     block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3
 #   triton_decode.n64s4q    block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n64s4qc   block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
 #   triton_decode.n64s8     block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s8q    block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 # fit         threshold splits over seq_len; a variant replaces the baseline
@@ -42,32 +46,36 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.32% mean, 18.41% max;
-#             2.195x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.32% mean, 90.19% max;
-#             3.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.00% mean, 12.05% max;
+#             2.281x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.00% mean, 90.19% max;
+#             2.869x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 22: triton_decode.n64s4q, 20 workloads, 1.42x (1.07x .. 2.02x) over sglang_triton_moe; then triton_decode.n128s8q
-#   2. 22 < seq_len <= 40: triton_grouped_m16.fr, 4 workloads, 1.28x (1.24x .. 1.33x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_decode.n128s8q, triton_grouped_m32q.fr, deepgemm_fused_bound, triton_decode.n64s4q, triton_grouped_m32.fr
-#   3. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 32 workloads, 1.33x (1.20x .. 1.56x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   4. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 2.64x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 1.99x (1.67x .. 2.29x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
+#   2. 2 < seq_len <= 22: triton_decode.n64s4qc, 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q
+#   3. 22 < seq_len <= 1448: triton_grouped_m32q.fr, 34 workloads, 1.32x (1.20x .. 1.57x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   4. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 2.70x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 40: triton_decode.n128s8q, 24 workloads, 4.69x (2.62x .. 12.64x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m16.fr, triton_decode.n32s8, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
-#   2. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 32 workloads, 2.46x (2.00x .. 3.83x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr
-#   3. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 3.09x (2.52x .. 3.44x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 8.06x (6.10x .. 13.23x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qc, triton_decode.n32s8, triton_decode.n64s4qc, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr, deepgemm_fused_bound, deepgemm_fused
+#   2. 2 < seq_len <= 14: triton_decode.n64s4q, 4 workloads, 4.39x (2.61x .. 7.28x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n32s8, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
+#   3. 14 < seq_len <= 40: triton_decode.n128s8qc, 5 workloads, 5.59x (4.10x .. 8.33x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused_bound, deepgemm_fused, deepgemm_contiguous, deepgemm_masked
+#   4. 40 < seq_len <= 1448: triton_grouped_m32q.fr, 32 workloads, 2.32x (1.98x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   5. seq_len > 1448: deepgemm_fused_bound, 22 workloads, 3.00x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 20, 'speedup': (1.07, 1.42, 2.02), 'fallbacks': ('triton_decode.n128s8q',)},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 40)}, 'workloads': 4, 'speedup': (1.24, 1.28, 1.33), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_decode.n64s4q', 'triton_grouped_m32.fr')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 32, 'speedup': (1.2, 1.33, 1.56), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (1.81, 2.64, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.67, 1.99, 2.29), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
+    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 22)}, 'workloads': 7, 'speedup': (1.13, 1.39, 1.78), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (22, 1448)}, 'workloads': 34, 'speedup': (1.2, 1.32, 1.57), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (1.81, 2.7, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 40)}, 'workloads': 24, 'speedup': (2.62, 4.69, 12.64), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_decode.n32s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 2, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 32, 'speedup': (2.0, 2.46, 3.83), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr')},
-    {'region': 3, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (2.52, 3.09, 3.44), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (6.1, 8.06, 13.23), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (2, 14)}, 'workloads': 4, 'speedup': (2.61, 4.39, 7.28), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 3, 'variant': 'triton_decode.n128s8qc', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.1, 5.59, 8.33), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1448)}, 'workloads': 32, 'speedup': (1.98, 2.32, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 22, 'speedup': (2.51, 3.0, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -75,16 +83,16 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 20 workloads, 1.42x (1.07x .. 2.02x) over sglang_triton_moe
-    if seq_len <= 22:
-        return ('triton_decode.n64s4q', 'triton_decode.n128s8q') if inside else 'triton_decode.n64s4q'
-    # region 2: 4 workloads, 1.28x (1.24x .. 1.33x) over sglang_triton_moe
-    if 22 < seq_len <= 40:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_decode.n64s4q', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
-    # region 3: 32 workloads, 1.33x (1.20x .. 1.56x) over sglang_triton_moe
-    if 40 < seq_len <= 1448:
+    # region 1: 3 workloads, 1.99x (1.67x .. 2.29x) over sglang_triton_moe
+    if seq_len <= 2:
+        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
+    # region 2: 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe
+    if 2 < seq_len <= 22:
+        return ('triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q') if inside else 'triton_decode.n64s4qc'
+    # region 3: 34 workloads, 1.32x (1.20x .. 1.57x) over sglang_triton_moe
+    if 22 < seq_len <= 1448:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 22 workloads, 2.64x (1.81x .. 3.11x) over sglang_triton_moe
+    # region 4: 22 workloads, 2.70x (1.81x .. 3.11x) over sglang_triton_moe
     if seq_len > 1448:
         return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
@@ -92,13 +100,19 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 24 workloads, 4.69x (2.62x .. 12.64x) over sglang_triton_moe
-    if seq_len <= 40:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_decode.n32s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n128s8q'
-    # region 2: 32 workloads, 2.46x (2.00x .. 3.83x) over sglang_triton_moe
+    # region 1: 3 workloads, 8.06x (6.10x .. 13.23x) over sglang_triton_moe
+    if seq_len <= 2:
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
+    # region 2: 4 workloads, 4.39x (2.61x .. 7.28x) over sglang_triton_moe
+    if 2 < seq_len <= 14:
+        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n64s4q'
+    # region 3: 5 workloads, 5.59x (4.10x .. 8.33x) over sglang_triton_moe
+    if 14 < seq_len <= 40:
+        return ('triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked') if inside else 'triton_decode.n128s8qc'
+    # region 4: 32 workloads, 2.32x (1.98x .. 3.35x) over sglang_triton_moe
     if 40 < seq_len <= 1448:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 3: 22 workloads, 3.09x (2.52x .. 3.44x) over sglang_triton_moe
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 5: 22 workloads, 3.00x (2.51x .. 3.43x) over sglang_triton_moe
     if seq_len > 1448:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'

@@ -290,7 +290,7 @@ def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, route
            routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
            weights if zero is None else zero, int(local_expert_offset), float(routed_scaling_factor), rows,
            cdiv(rows, num_tokens), 0 if zero is None else zero.shape[1],
-           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, zero is not None)
+           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, zero is not None, num_warps=1)
     launch(_layout_kernel, (cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
            local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
            num_local, local_pow2, block_m, LAYOUT_BLOCK)
