@@ -1,7 +1,27 @@
-"""Architecture names ("sm90", "sm100", "cpu", "meta") for devices, as routers and variants use them."""
+"""Architecture names ("sm90", "sm100", "cpu", "meta") for devices, as routers and variants use them;
+a CUDA device's also names its GPU model, for the routers fitted on one model's measurements."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
+
+
+class Arch(str):
+    """An architecture name ("sm90") that also names its device's model (`model`: the GPU's
+    `device_module` name, or None): where routers/<arch>/<model>/ has a router fitted on that model's
+    measurements alone, it serves the device (`Dispatcher.router`); everything else sees the name."""
+
+    model: str | None
+
+    def __new__(cls, name: str, model: str | None = None):
+        self = super().__new__(cls, name)
+        self.model = model
+        return self
+
+
+def device_module(name: str) -> str:
+    """The router package of a device model: 'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
 @lru_cache(maxsize=None)
@@ -9,7 +29,7 @@ def _cuda_arch(index: int) -> str:
     import torch
 
     major, minor = torch.cuda.get_device_capability(index)
-    return f"sm{major}{minor}"
+    return Arch(f"sm{major}{minor}", device_module(torch.cuda.get_device_name(index)))
 
 
 _BY_DEVICE: dict = {}  # torch.device -> its architecture: reading device.type alone costs ~0.4 us

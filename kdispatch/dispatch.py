@@ -223,6 +223,8 @@ class Dispatcher:
         self._seen_once: dict = {}  # first tensors' shapes that had a one-off decision (keys only)
         self._gives_back: dict = {}  # (arch, mode, strided, *axes) -> whether plugins give the call back
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
+        self._model_routers: dict = {}  # (arch, GPU model) -> the same, of the model's own router
+        self._set_by_hand: set = set()  # archs whose router `set_router` replaced (model routers too)
         self._failed: set = set()  # (variant name, arch, axes) that raised
         self._copies: dict = {}  # variant name -> it on contiguous copies of strided views
         self._warned: set = set()
@@ -460,7 +462,9 @@ class Dispatcher:
             def source() -> str:  # only where a step is explained: one-off decisions (prefill) are hot
                 hinted = route is not None and route in (routes.get(HINTED + "graph"), routes.get(HINTED + "eager"))
                 tag = HINTED if hinted else ""
-                return (f"router for {arch}" + (f" (calls passing {', '.join(self.hints)})" if hinted else "")
+                own = routes is self._model_routers.get((str(arch), getattr(arch, "model", None)))
+                return (f"router for {arch}" + (f" {arch.model}" if own else "")
+                        + (f" (calls passing {', '.join(self.hints)})" if hinted else "")
                         + (" (eager calls)" if route is not routes[tag + "graph"] else ""))
         steps = []
         copies = None  # strided call: the first runnable choice that needs contiguous inputs
@@ -522,25 +526,35 @@ class Dispatcher:
         return self._copies[v.name]
 
     def router(self, arch: str) -> dict | None:
-        """{mode: route function, ("hand_back", mode): its hand-back function or None} of `arch`'s
-        generated router (None: no router)."""
+        """{mode: route function, ("hand_back", mode): its hand-back function or None} of the
+        generated router for `arch` (None: no router): the one fitted on its GPU model's measurements
+        alone (routers/<arch>/<model>/, `arch.model`) where there is one, else the architecture's."""
+        model = getattr(arch, "model", None)
+        if model is not None and arch not in self._set_by_hand:
+            key = (str(arch), model)
+            if key not in self._model_routers:
+                self._model_routers[key] = self._load_router(f"{arch}.{model}")
+            if self._model_routers[key] is not None:
+                return self._model_routers[key]
         if arch not in self._routers:
-            try:
-                mod = importlib.import_module(f"kdispatch.routers.{arch}.{self.definition}")
-            except ModuleNotFoundError:
-                self._routers[arch] = None
-            else:
-                eager = hasattr(mod, "route_eager")  # then its hand-back answers are its own too
-                self._routers[arch] = self._routes(mod.route, getattr(mod, "route_eager", None),
-                                                   getattr(mod, "hand_back", None),
-                                                   getattr(mod, "hand_back_eager" if eager else "hand_back", None))
-                hinted = getattr(mod, "route_hinted", None)  # calls that pass the call-time hints
-                if hinted is not None:
-                    eager = hasattr(mod, "route_hinted_eager")
-                    self._routers[arch].update(self._routes(
-                        hinted, getattr(mod, "route_hinted_eager", None), getattr(mod, "hand_back_hinted", None),
-                        getattr(mod, "hand_back_hinted_eager" if eager else "hand_back_hinted", None), HINTED))
+            self._routers[arch] = self._load_router(arch)
         return self._routers[arch]
+
+    def _load_router(self, package: str) -> dict | None:
+        try:
+            mod = importlib.import_module(f"kdispatch.routers.{package}.{self.definition}")
+        except ModuleNotFoundError:
+            return None
+        eager = hasattr(mod, "route_eager")  # then its hand-back answers are its own too
+        routes = self._routes(mod.route, getattr(mod, "route_eager", None), getattr(mod, "hand_back", None),
+                              getattr(mod, "hand_back_eager" if eager else "hand_back", None))
+        hinted = getattr(mod, "route_hinted", None)  # calls that pass the call-time hints
+        if hinted is not None:
+            eager = hasattr(mod, "route_hinted_eager")
+            routes.update(self._routes(
+                hinted, getattr(mod, "route_hinted_eager", None), getattr(mod, "hand_back_hinted", None),
+                getattr(mod, "hand_back_hinted_eager" if eager else "hand_back_hinted", None), HINTED))
+        return routes
 
     @staticmethod
     def _routes(route, route_eager, hand_back, hand_back_eager, tag: str = "") -> dict:
@@ -563,7 +577,9 @@ class Dispatcher:
         """Replace the router of `arch` (None: baseline only; `route_eager`: eager calls' answers,
         default `route`'s; `hand_back`: which shapes engine plugins give back to the engine's kernel,
         default none, and `hand_back_eager` for eager calls, default `hand_back`'s; `route_hinted`:
-        the answers for calls that pass the call-time hints, both modes); forgets every cached decision."""
+        the answers for calls that pass the call-time hints, both modes), for every GPU model of the
+        architecture too; forgets every cached decision."""
+        self._set_by_hand.add(str(arch))
         self._routers[arch] = None if route is None else self._routes(route, route_eager, hand_back,
                                                                       hand_back_eager or hand_back)
         if route is not None and route_hinted is not None:

@@ -839,3 +839,65 @@ def test_workloads_a_variant_missed_leave_the_fit_only_if_it_wins_somewhere(vari
     out = io.StringIO()
     assert len(flows._without_unmeasured(table, out).uuids) == kept
     assert ("left out" in out.getvalue()) == (kept < 16)
+
+
+def two_device_store(into=None):
+    """80GB: A wins below batch 16, B above; 141GB: A 3x slower (it loses everywhere), B as on 80GB."""
+    store = build_store(DECODE, decode_workloads(), decode_latency, into=into)
+    return build_store(DECODE, decode_workloads(), lambda n, a: decode_latency(n, a) * (3.0 if n == "A" else 1.0),
+                       env={**ENV, "device": "Fake GPU 141GB"}, into=store, measured_at="2026-02-01T00:00:00Z")
+
+
+def test_each_device_measured_gets_a_router_of_its_own(tmp_path, variants_a_b):
+    """The architecture's router is fitted on both devices (A, losing on one, keeps no region); each
+    device's own router on its rows alone (A below batch 16 on the 80GB part); a later fit from one
+    device's rows deletes the device routers it no longer writes."""
+    out = tmp_path / "routers"
+    done = flows.compile_all(two_device_store(), out, "sm90", [DECODE], stream=io.StringIO())
+    (_d, path, pol), = done
+    assert [r.variant for r in pol.regions] == ["flashinfer", "B"]
+    assert set(pol.devices) == {"Fake GPU 80GB", "Fake GPU 141GB"}
+    assert [r.variant for r in pol.devices["Fake GPU 80GB"].regions] == ["A", "B"]
+    assert [r.variant for r in pol.devices["Fake GPU 141GB"].regions] == ["flashinfer", "B"]
+    assert pol.for_device("Other GPU") is pol
+    own = out / "sm90" / "fake_gpu_80gb" / f"{DECODE}.py"
+    assert (own.parent / "__init__.py").exists() and (out / "sm90" / "fake_gpu_141gb" / f"{DECODE}.py").exists()
+    route, _ = codegen.load_route(own)
+    assert first(route(batch_size=4)) == "A" and first(codegen.load_route(path)[0](batch_size=4)) == "flashinfer"
+    text = own.read_text()
+    assert "# serves      Fake GPU 80GB GPUs" in text and "# device      Fake GPU 141GB" not in text
+    assert "without a router of their own" in path.read_text()
+    flows.compile_all(build_store(DECODE, decode_workloads(), decode_latency), out, "sm90", [DECODE],
+                      stream=io.StringIO())
+    assert not own.exists() and "without a router of their own" not in path.read_text()
+
+
+def test_the_check_scores_each_device_with_the_router_that_serves_it(tmp_path, variants_a_b):
+    """Held-out rows of the 80GB part alone: scored with its own router, which sends batch < 16 to
+    A (the architecture's router would keep the baseline there and show the regret)."""
+    done = flows.compile_all(two_device_store(), tmp_path, "sm90", [DECODE], stream=io.StringIO())
+    held = build_store(DECODE, [(f"h{b}", {"batch_size": b}) for b in (3, 6, 24, 48)], decode_latency)
+    got = flows.check_routers(done, held, io.StringIO())[DECODE]["graph"]
+    pol = done[0][2]
+    t = fitting.load_table(held, DECODE, "sm90")
+    assert got == fitting.measured_regret(pol.devices["Fake GPU 80GB"], t) and got["regret_mean_pct"] == 0.0
+    assert fitting.measured_regret(pol, t)["regret_mean_pct"] > 0
+
+
+def test_dispatch_takes_the_router_of_the_gpu_model_where_there_is_one(monkeypatch):
+    """`arch_of` names the GPU model too (`Arch.model`): its own router serves it, another model
+    gets the architecture's, and a router set by hand replaces both."""
+    from kdispatch.arch import Arch
+
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    loaded = {"sm90": {"graph": "arch router"}, "sm90.fake_gpu_80gb": {"graph": "own router"}}
+    monkeypatch.setattr(d, "_load_router", lambda package: loaded.get(package))
+    monkeypatch.setattr(d, "_routers", {})
+    monkeypatch.setattr(d, "_model_routers", {})
+    monkeypatch.setattr(d, "_set_by_hand", set())
+    assert d.router(Arch("sm90", "fake_gpu_80gb")) == {"graph": "own router"}
+    assert d.router(Arch("sm90", "fake_gpu_141gb")) == {"graph": "arch router"}
+    assert d.router("sm90") == {"graph": "arch router"}
+    d.set_router("sm90", lambda **axes: "flashinfer")
+    assert d.router(Arch("sm90", "fake_gpu_80gb"))["graph"](batch_size=1) == "flashinfer"
+    assert Arch("sm90", "x") == "sm90" and {Arch("sm90", "x"): 1}.get("sm90") == 1

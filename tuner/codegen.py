@@ -1,4 +1,5 @@
-"""Router code generation: a fitted Policy -> `routers/<arch>/<definition>.py`.
+"""Router code generation: a fitted Policy -> `routers/<arch>/<definition>.py`, and the policy of
+one GPU model (fitted on its measurements alone, `Policy.devices`) -> `routers/<arch>/<model>/<definition>.py`.
 
 The module imports nothing and defines
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from kdispatch import definitions as defs
 from kdispatch import registry
+from kdispatch.arch import device_module
 
 from . import features as feats
 from .fit import Policy, required_gain, variant_summary, workload_of
@@ -200,8 +202,8 @@ def _answer(policy: Policy, r) -> str:
     return f"{(r.variant, *r.fallbacks)!r} if inside else {r.variant!r}"
 
 
-def render(policy: Policy) -> str:
-    """The router module's text."""
+def render(policy: Policy, device: str | None = None) -> str:
+    """The router module's text (`device`: the GPU model it alone serves)."""
     t = policy.table
     d = defs.resolve_name(policy.definition)
     axes = feats.var_axes(d)
@@ -213,6 +215,10 @@ def render(policy: Policy) -> str:
         f"# definition  {d}",
         f"# arch        {policy.arch}",
     ]
+    if device:
+        lines.append(f"# serves      {device} GPUs, fitted on their measurements alone (other {policy.arch}: ../)")
+    elif t is not None and len(t.devices) > 1:
+        lines.append(f"# serves      {policy.arch} GPUs without a router of their own (<model>/: fitted on one model)")
     if t is not None:
         for e in t.devices or (env,):  # fitted on each device's rows: a region wins on all of them
             lines += [
@@ -324,19 +330,33 @@ def _hinted_lines(policy: Policy, d: str, axes: list[str]) -> list[str]:
     return lines + ["", f"MEASURED_HINTED = {dict(h.measured)!r}"] + _functions(h, eager, d, params, "_hinted")
 
 
-def write(policy: Policy, out_dir: str | Path) -> Path:
-    """Writes `<out_dir>/<arch>/<definition>.py` (and the arch package's __init__.py if missing)."""
+def write(policy: Policy, out_dir: str | Path, device: str | None = None) -> Path:
+    """Writes `<out_dir>/<arch>/<definition>.py`, or with `device` (a GPU model's name, the policy
+    fitted on its rows alone) `<out_dir>/<arch>/<model>/<definition>.py` (and the packages'
+    __init__.py files where missing)."""
     out_dir = Path(out_dir)
     pkg = out_dir / policy.arch
-    pkg.mkdir(parents=True, exist_ok=True)
-    init = pkg / "__init__.py"
-    if not init.exists():
-        init.write_text("")
+    for folder in (pkg, pkg / device_module(device)) if device else (pkg,):
+        folder.mkdir(parents=True, exist_ok=True)
+        init = folder / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+    if device:
+        pkg = pkg / device_module(device)
     path = pkg / f"{defs.resolve_name(policy.definition)}.py"
-    text = render(policy)
+    text = render(policy, device)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
+
+
+def remove_model_routers(out_dir: str | Path, arch: str, definition: str, keep) -> None:
+    """Deletes the definition's routers of GPU models not in `keep` (device names), e.g. where only
+    one model's rows are left, and the architecture's router is its own."""
+    wanted = {device_module(n) for n in keep}
+    for path in sorted(Path(out_dir, arch).glob(f"*/{defs.resolve_name(definition)}.py")):
+        if path.parent.name not in wanted:
+            path.unlink()
 
 
 def load_route(path: str | Path, mode: str = "graph", hinted: bool = False):

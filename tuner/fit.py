@@ -180,6 +180,17 @@ class Table:
                      {k: r for k, r in self.rows.items() if k[0] not in drop}, self.weights, self.fit_names,
                      self.devices)
 
+    def on_device(self, device: str) -> "Table":
+        """The table of one device's rows alone (its workloads, its variants and their hashes)."""
+        env = next(e for e in self.devices if e["device"] == device)
+        keep = [u for u in self.uuids if len(self.devices) < 2 or u.endswith(DEVICE_SEP + slug(device))]
+        kept = set(keep)
+        rows = {k: r for k, r in self.rows.items() if k[1] in kept}
+        hashes = {n: h for n, h in self.hashes.items() if n == self.baseline}
+        hashes.update({n: r.variant_hash for (n, _u), r in rows.items()})
+        return Table(self.definition, self.arch, env, self.baseline, hashes, keep, self.axes, self.features, rows,
+                     self.weights, self.fit_names, (env,))
+
     def subset(self, uuids) -> "Table":
         keep = set(uuids)
         return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,
@@ -217,7 +228,9 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     architecture, and the crossovers move with the memory bandwidth: fitted on H100 rows alone, the
     contest decode sent batch 64 to a kernel 5% slower than FlashInfer on an H200, 2026-11-28). The
     baseline is the one first in the registry's order among the devices' (a device measured without
-    the library of the preferred baseline, such as FlashInfer's top-k module, stays out)."""
+    the library of the preferred baseline, such as FlashInfer's top-k module, stays out). Each device
+    measured also gets a router fitted on its rows alone (`Table.on_device`, tuner/flows.py
+    `compile_all`); the joint one serves the architecture's other devices."""
     definition = defs.resolve_name(definition)
     envs = {e["id"]: e for e in store.envs() if e["arch"] == arch}
     rows = [r for r in store.results(definition) if r.env in envs]
@@ -323,6 +336,13 @@ class Policy:
     # its regions lost to the baseline on the k-fold's held-out workloads, so every shape goes to the
     # baseline (`fit`)
     withdrawn: bool = False
+    # on a policy fitted on several devices' rows: each device's own policy (`Table.on_device`), which
+    # serves that GPU model (routers/<arch>/<model>/); this one serves the architecture's other models
+    devices: dict = field(default_factory=dict)
+
+    def for_device(self, device: str) -> "Policy":
+        """The policy that serves calls on `device` (a device name)."""
+        return self.devices.get(device, self)
 
     def route(self, features: dict) -> str:
         return self.chain(features)[0]
@@ -791,9 +811,15 @@ def measured_regret(policy: Policy, t: Table, mode: str = "graph") -> dict:
     """The regret of a fitted policy (of its `mode`) on another measured set `t` of the same
     definition and architecture (e.g. the held-out workloads, measured with every variant and never
     fitted on): what `kdispatch bench` would report, without running the routed op."""
-    pol = policy.eager if mode == "eager" and policy.eager is not None else policy
+    return measured_regret_of([(policy, t)], mode)
+
+
+def measured_regret_of(parts, mode: str = "graph") -> dict:
+    """`measured_regret` summed over [(policy, table)] pairs (each device's rows with its policy)."""
     acc = _RegretSum()
-    acc.add(pol, t, t.uuids, mode, policy.params.min_gain)
+    for policy, t in parts:
+        pol = policy.eager if mode == "eager" and policy.eager is not None else policy
+        acc.add(pol, t, t.uuids, mode, policy.params.min_gain)
     return acc.summary()
 
 

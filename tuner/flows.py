@@ -132,7 +132,12 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
                 stream=None, params: fitting.FitParams | None = None, hints: dict | None = None) -> list:
     """Fits and writes a router for every (definition, arch) the store has data for; where the
     definition has call-time hints and `hints` gives their values ({definition: {uuid: {hint:
-    value}}}, `hint_values`), also the policy for calls that pass them (`Policy.hinted`)."""
+    value}}}, `hint_values`), also the policy for calls that pass them (`Policy.hinted`). Where
+    several GPU models of the architecture measured the definition, the architecture's router is
+    fitted on all their rows (a region wins on each: it serves models nobody measured) and each
+    model gets one fitted on its own rows (`Policy.devices`, routers/<arch>/<model>/): the joint
+    fit's compromises cost a measured model regret (H100 held-out, 2026-11-28: pool prefill qk8
+    28.9% -> 1.8% mean, verify_steps qk2 5.4% -> 1.8%, decode 1.4% -> 0.4%, graph calls)."""
     stream = stream or sys.stderr
     archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
@@ -142,15 +147,31 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
-            table = _without_unmeasured(_without_retired(table, stream), stream, params=params)
+            table = _without_retired(table, stream)
             _warn_stale(table, stream)
-            policy = fitting.fit(table, params)
-            if defs.get(d).spec.hints and (hints or {}).get(d):
-                policy.hinted = fitting.fit(table.with_hints(hints[d]), params)
+            policy = _fit(_without_unmeasured(table, stream, params=params), params, hints)
             path = codegen.write(policy, out)
-            done.append((d, path, policy))
             stream.write(summarize(policy, path) + "\n")
+            if len(table.devices) > 1:  # each device measured also gets a router fitted on its rows alone
+                for e in table.devices:
+                    own = table.on_device(e["device"])
+                    policy.devices[e["device"]] = _fit(_without_unmeasured(own, stream, params=params), params,
+                                                       hints)
+                    stream.write(summarize(policy.devices[e["device"]], codegen.write(policy.devices[e["device"]],
+                                                                                      out, e["device"])) + "\n")
+            codegen.remove_model_routers(out, a, d, keep=policy.devices)
+            done.append((d, path, policy))
     return done
+
+
+def _fit(table, params, hints: dict | None):
+    """The graph policy (with .eager, and .hinted where the definition has call-time hints and
+    `hints` their values) of one table."""
+    policy = fitting.fit(table, params)
+    d = table.definition
+    if defs.get(d).spec.hints and (hints or {}).get(d):
+        policy.hinted = fitting.fit(table.with_hints(hints[d]), params)
+    return policy
 
 
 def defs_with_hints(definitions=None) -> list[str]:
@@ -234,7 +255,7 @@ def hint_values(definition: str, roots) -> dict[str, dict[str, int]]:
 
 def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict:
     """Each fitted router's regret per call mode on a store of workloads it was not fitted on
-    (`fit.measured_regret`): printed, and returned as {definition: {mode: summary}}; for a router
+    (`fit.measured_regret`; a GPU model's rows scored with its own router where it has one): printed, and returned as {definition: {mode: summary}}; for a router
     with a hinted policy also {"hinted": {mode: summary}}, with `hints` giving the workloads' values
     (as `compile_all`)."""
     out = {}
@@ -243,10 +264,12 @@ def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict
         if t is None:
             continue
         t = _without_unmeasured(_without_retired(t, stream, "check"), stream, "check")
-        out[d] = {m: fitting.measured_regret(policy, t, m) for m in MODES}
+        # each device's rows scored with the router that serves it (its own where it has one)
+        parts = [(policy.for_device(e["device"]), t.on_device(e["device"])) for e in t.devices]
+        out[d] = {m: fitting.measured_regret_of(parts, m) for m in MODES}
         if policy.hinted is not None and (hints or {}).get(d):
-            th = t.with_hints(hints[d])
-            out[d]["hinted"] = {m: fitting.measured_regret(policy.hinted, th, m) for m in MODES}
+            out[d]["hinted"] = {m: fitting.measured_regret_of([(p.hinted or policy.hinted, pt.with_hints(hints[d]))
+                                                               for p, pt in parts], m) for m in MODES}
         stale = _warn_stale(t, stream, "check")
         if stale:  # the check scores these variants' old code: the JSON says so
             out[d]["stale_variants"] = stale

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdispatch import definitions as defs
+from kdispatch.arch import device_module
 from kdispatch import registry
 
 from . import features
@@ -153,7 +154,7 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
         chosen[v.name] = {"hash": hash_of(v) if hash_of else v.provenance, "backend": v.backend,
                           "baseline": v is base, "variant": v}
     if include_routed:
-        chosen["routed"] = {"hash": _router_hash(definition, arch), "backend": "router", "baseline": False,
+        chosen["routed"] = {"hash": _router_hash(definition, arch, store.env(env_id)["device"]), "backend": "router", "baseline": False,
                             "variant": None}
         if defs.get(definition).spec.hints:  # the op called with each workload's call-time hints too
             chosen[ROUTED_HINTED] = dict(chosen["routed"])
@@ -186,9 +187,12 @@ def _unguarded(store: Store, env_id: str, definition: str, base: str, h: str, uu
     return [(base, u) for u in sorted(uuids) if u not in done and (base, u) not in planned]
 
 
-def _router_hash(definition: str, arch: str) -> str:
-    p = ROUTERS_DIR / arch / f"{definition}.py"
-    return hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.exists() else "no-router"
+def _router_hash(definition: str, arch: str, device: str) -> str:
+    """The routed op's code on `device` (a GPU model's name): the architecture's router and the
+    model's own where it has one."""
+    paths = [ROUTERS_DIR / arch / f"{definition}.py", ROUTERS_DIR / arch / device_module(device) / f"{definition}.py"]
+    found = [p for p in paths if p.exists()]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in found)).hexdigest()[:16] if found else "no-router"
 
 
 def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trials=None,

@@ -3,6 +3,7 @@
 #
 # definition  gdn_verify_steps_qk4_v8_d128_k_last
 # arch        sm90
+# serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04

@@ -3,6 +3,7 @@
 #
 # definition  moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048
 # arch        sm90
+# serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
