@@ -586,6 +586,12 @@ class Dispatcher:
             self._routers[arch].update(self._routes(route_hinted, None, None, None, HINTED))
         self.reset()
 
+    def unset_router(self, arch: str) -> None:
+        """Undoes `set_router`: the generated routers of `arch` serve again."""
+        self._set_by_hand.discard(str(arch))
+        self._routers.pop(arch, None)
+        self.reset()
+
     def hands_back(self, arch: str, axes: dict, mode: str = "graph") -> bool:
         """Does the router send this shape's calls in `mode` back to the engine's own kernel when an
         engine plugin asks (its region won against the guarded baseline only: tuner/fit.py

@@ -175,8 +175,7 @@ def test_a_region_the_baseline_keeps_names_stand_ins_for_where_it_cannot_run(tmp
         choice = d.explain("sm90", {"batch_size": 64})
         assert choice.variant.name == slow and "missing package flashinfer" in choice.steps[0]
     finally:
-        d._routers.pop("sm90", None)  # back to the committed router
-        d.reset()
+        d.unset_router("sm90")  # back to the committed router
 
 
 def test_explain_shows_the_chain_and_when_it_is_not_tried(tmp_path, capsys):
@@ -197,8 +196,7 @@ def test_explain_shows_the_chain_and_when_it_is_not_tried(tmp_path, capsys):
             args.func(args)
             assert said in capsys.readouterr().out, batch
     finally:
-        d._routers.pop("sm90", None)  # back to the committed router
-        d.reset()
+        d.unset_router("sm90")  # back to the committed router
 
 
 def test_recovers_a_two_feature_prefill_policy():
@@ -901,3 +899,20 @@ def test_dispatch_takes_the_router_of_the_gpu_model_where_there_is_one(monkeypat
     d.set_router("sm90", lambda **axes: "flashinfer")
     assert d.router(Arch("sm90", "fake_gpu_80gb"))["graph"](batch_size=1) == "flashinfer"
     assert Arch("sm90", "x") == "sm90" and {Arch("sm90", "x"): 1}.get("sm90") == 1
+
+
+def test_explain_names_the_router_of_the_gpu_model(tmp_path, capsys, variants_a_b):
+    """`kdispatch explain --model` answers with the model's own router where it has one."""
+    flows.compile_all(two_device_store(), tmp_path, "sm90", [DECODE], stream=io.StringIO())
+    parser = __import__("argparse").ArgumentParser()
+    tcli.add_commands(parser.add_subparsers(dest="command"))
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    try:
+        for model, said in (("fake_gpu_80gb", "fake_gpu_80gb/" + DECODE + ".py -> A"),
+                            ("other_gpu", "sm90/" + DECODE + ".py -> flashinfer")):
+            args = parser.parse_args(["explain", "gdn_decode", "batch_size=4", "--arch", "sm90", "--model", model,
+                                      "--routers", str(tmp_path)])
+            args.func(args)
+            assert said in capsys.readouterr().out, model
+    finally:
+        d.unset_router("sm90")

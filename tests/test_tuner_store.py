@@ -332,8 +332,7 @@ def test_bench_routes_a_workload_that_omits_dependent_axes(tmp_path):
         store, info = flows.bench([tmp_path / "set"], definitions=["gdn_prefill"], variants=["reference"],
                                   device="cpu", quick=True, in_process=True, stream=open(os.devnull, "w"))
     finally:
-        d._routers.pop("cpu", None)
-        d.reset()
+        d.unset_router("cpu")
     routed = [r for r in store.results(name) if r.variant == "routed"]
     assert [r.status for r in routed] == ["PASSED"] and 3 in seen
 
@@ -361,8 +360,7 @@ def test_bench_calls_the_op_with_each_workloads_hints_too(tmp_path):
         store, info = flows.bench([tmp_path / "set"], definitions=[name], variants=["reference"],
                                   device="cpu", quick=True, in_process=True, stream=open(os.devnull, "w"))
     finally:
-        d._routers.pop("cpu", None)
-        d.reset()
+        d.unset_router("cpu")
     status = {r.variant: r.status for r in store.results(name)}
     assert status.get("routed") == "PASSED" and status.get("routed_hinted") == "PASSED"
     assert seen and set(seen) == {hint_values(name, w)["max_seq_len"]}

@@ -84,6 +84,8 @@ def add_commands(sub) -> None:
     p.add_argument("axes", nargs="*", metavar="key=value", help="variable axes, e.g. total_seq_len=100 num_seqs=2")
     p.add_argument("--arch", help="architecture (default: this machine's GPU, else sm90)")
     p.add_argument("--routers", help="routers folder (default: routers/)")
+    p.add_argument("--model", help="GPU model whose own router answers where it has one, as its folder names it "
+                                   "(e.g. nvidia_h100_80gb_hbm3; default: this machine's GPU, else none)")
     _store_arg(p)
     p.set_defaults(func=cmd_explain)
 
@@ -251,14 +253,17 @@ def cmd_explain(args) -> int:
         axes = {k: v for k, v in resolve_axes(d, axes).items() if k in d.var_axes}
     except ValueError as exc:
         _fail(args, str(exc))
-    arch = args.arch or (_arch.local_arch() if _arch.local_arch().startswith("sm") else "sm90")
+    here = _arch.local_arch()
+    arch = _arch.Arch(args.arch or (here if here.startswith("sm") else "sm90"),
+                      args.model or (getattr(here, "model", None) if args.arch in (None, here) else None))
     dispatcher = kdispatch.ops.DISPATCHERS[d.short]
+    folder = Path(args.routers) if args.routers else ROUTERS_DIR
+    path = folder / arch / (arch.model or "") / f"{d.name}.py"
+    if not path.exists():  # the architecture's router serves models without one of their own
+        path = folder / arch / f"{d.name}.py"
     if args.routers:
-        path = Path(args.routers) / arch / f"{d.name}.py"
         dispatcher.set_router(arch, *((codegen.load_route(path)[0], codegen.load_route(path, "eager")[0])
                                       if path.exists() else (None,)))
-    else:
-        path = ROUTERS_DIR / arch / f"{d.name}.py"
     f = {**features.compute(d.name, axes), **hints}
     print(f"{d.short} on {arch}: " + ", ".join(f"{k}={v}" for k, v in f.items()))
     axes = {**axes, **hints}

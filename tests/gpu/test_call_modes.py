@@ -53,7 +53,6 @@ def test_two_mode_signature_serves_per_mode():
             kdispatch.ops.gdn_decode(*args)
         assert calls == ["eager", "eager", "graph"]
     finally:
-        d._routers.pop(arch, None)  # the committed router again, loaded on the next call
-        d.reset()
+        d.unset_router(arch)  # the committed router again, loaded on the next call
         registry.unregister(d.definition, "graph_tag")
         registry.unregister(d.definition, "eager_tag")
