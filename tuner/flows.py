@@ -153,12 +153,10 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
             path = codegen.write(policy, out)
             stream.write(summarize(policy, path) + "\n")
             if len(table.devices) > 1:  # each device measured also gets a router fitted on its rows alone
-                for e in table.devices:
-                    own = table.on_device(e["device"])
-                    policy.devices[e["device"]] = _fit(_without_unmeasured(own, stream, params=params), params,
-                                                       hints)
-                    stream.write(summarize(policy.devices[e["device"]], codegen.write(policy.devices[e["device"]],
-                                                                                      out, e["device"])) + "\n")
+                for name in (e["device"] for e in table.devices):
+                    own = _fit(_without_unmeasured(table.on_device(name), stream, params=params), params, hints)
+                    policy.devices[name] = own
+                    stream.write(summarize(own, codegen.write(own, out, name)) + "\n")
             codegen.remove_model_routers(out, a, d, keep=policy.devices)
             done.append((d, path, policy))
     return done
