@@ -916,3 +916,17 @@ def test_explain_names_the_router_of_the_gpu_model(tmp_path, capsys, variants_a_
             assert said in capsys.readouterr().out, model
     finally:
         d.unset_router("sm90")
+
+
+def test_the_report_describes_the_routers_route_writes(tmp_path, variants_a_b):
+    """The report fits as `kdispatch route` does: the architecture's regions, then each model's own."""
+    from kdispatch.tuner.report import write_report
+
+    store = two_device_store()
+    (_d, _path, pol), = flows.compile_all(store, tmp_path / "routers", "sm90", [DECODE], stream=io.StringIO())
+    text = write_report(store, tmp_path / "report", "sm90").read_text()
+    joint, own = text.split("## gdn_decode on Fake GPU 80GB (its own router)")
+    assert "## gdn_decode on Fake GPU 141GB (its own router)" in joint
+    assert f"| 1 | `batch_size <= 11` | `{pol.regions[0].variant}` |" in joint
+    assert f"| 1 | `batch_size <= 11` | `{pol.devices['Fake GPU 80GB'].regions[0].variant}` |" in own
+    assert pol.regions[0].variant == "flashinfer" and pol.devices["Fake GPU 80GB"].regions[0].variant == "A"

@@ -8,7 +8,7 @@
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
     kdispatch bench --workloads DIR [DIR ...] [--definitions D ...] [--device ...] [--quick] [--max-minutes M]
                     [--json PATH]
-    kdispatch report [--store PATH ...] [--out DIR] [--arch sm90]
+    kdispatch report [--store PATH ...] [--out DIR] [--arch sm90] [--workloads DIR ...]
     kdispatch add <variant.py | solution.json> [--author A] [--parent V] [--archs sm90 ...] [--force]
 
 Workload sets: `tune` measures the contest's (traces/) and the coverage set of the shapes engines
@@ -110,6 +110,9 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default=None, help=f"folder (default: ./{DEFAULT_REPORT_DIR}; the committed report is "
                                                "tuner/results/report, written only when named)")
     p.add_argument("--arch")
+    p.add_argument("--workloads", nargs="+", metavar="DIR",
+                   help=f"report the fit on the workloads of these trace sets only, as `route` (default: "
+                        f"{' '.join(TUNE_SETS)} where no --store is named)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("add", help="land a candidate variant (kdispatch module or FlashInfer-Bench solution.json)")
@@ -163,11 +166,13 @@ def cmd_tune(args) -> int:
     return 0 if r.complete else 3
 
 
-def cmd_route(args) -> int:
-    from .flows import compile_all, defs_with_hints, hint_values
-    from .plan import ROUTERS_DIR, workload_dicts
+def _fit_inputs(args) -> tuple[dict | None, dict]:
+    """What a fit from the stores takes besides them: the workloads to fit on ({definition: uuids};
+    None: all the store holds), those of `--workloads`, by default the tuning sets' where no store is
+    named; and the call-time hint values (Spec.hints) of every workload a fit or check may see."""
+    from .flows import defs_with_hints, hint_values
+    from .plan import workload_dicts
 
-    store = _stores(args)
     uuids = None
     if args.workloads is None and args.store is None:
         args.workloads = list(TUNE_SETS)
@@ -176,13 +181,20 @@ def cmd_route(args) -> int:
 
         _check_workloads(args)
         uuids = {d: [w["uuid"] for w in workload_dicts(args.workloads, d)] for d in defs.names()}
+    hint_sets = [r for r in (*TUNE_SETS, HELDOUT_SET) if Path(r).exists()]
+    return uuids, {d: hint_values(d, hint_sets) for d in defs_with_hints(getattr(args, "definitions", None))}
+
+
+def cmd_route(args) -> int:
+    from .flows import compile_all
+    from .plan import ROUTERS_DIR
+
+    store = _stores(args)
+    uuids, hints = _fit_inputs(args)
     from .store import twin_of
 
     if args.check and not (Path(args.check).exists() or twin_of(Path(args.check)).exists()):
         _fail(args, f"no results store at {args.check}")
-    # call-time hints (Spec.hints) of every workload a fit or the check may see, read from the trace sets
-    hint_sets = [r for r in (*TUNE_SETS, HELDOUT_SET) if Path(r).exists()]
-    hints = {d: hint_values(d, hint_sets) for d in defs_with_hints(args.definitions)}
     done = compile_all(store, args.out or ROUTERS_DIR, args.arch, args.definitions, uuids, stream=sys.stdout,
                        hints=hints)
     if not done:
@@ -384,7 +396,8 @@ def cmd_bench(args) -> int:
 def cmd_report(args) -> int:
     from .report import write_report
 
-    path = write_report(_stores(args), args.out or DEFAULT_REPORT_DIR, args.arch)
+    uuids, hints = _fit_inputs(args)
+    path = write_report(_stores(args), args.out or DEFAULT_REPORT_DIR, args.arch, uuids=uuids, hints=hints)
     print(f"written {path}")
     return 0
 

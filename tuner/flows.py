@@ -139,27 +139,36 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
     fit's compromises cost a measured model regret (H100 held-out, 2026-11-28: pool prefill qk8
     28.9% -> 1.8% mean, verify_steps qk2 5.4% -> 1.8%, decode 1.4% -> 0.4%, graph calls)."""
     stream = stream or sys.stderr
-    archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
-    names = [defs.resolve_name(d) for d in (definitions or defs.names())]
     done = []
+    for a, d, policy in fit_policies(store, arch, definitions, uuids, stream, params, hints):
+        path = codegen.write(policy, out)
+        stream.write(summarize(policy, path) + "\n")
+        for name, own in policy.devices.items():
+            stream.write(summarize(own, codegen.write(own, out, name)) + "\n")
+        codegen.remove_model_routers(out, a, d, keep=policy.devices)
+        done.append((d, path, policy))
+    return done
+
+
+def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids: dict | None = None, stream=None,
+                 params: fitting.FitParams | None = None, hints: dict | None = None):
+    """Yields (arch, definition, policy) for every (definition, arch) the store has data for, fitted as
+    `compile_all` writes them (the architecture's policy, each measured model's own in `devices`)."""
+    stream = stream or sys.stderr
+    archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
     for a in archs:
-        for d in names:
+        for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
             table = _without_retired(table, stream)
             _warn_stale(table, stream)
             policy = _fit(_without_unmeasured(table, stream, params=params), params, hints)
-            path = codegen.write(policy, out)
-            stream.write(summarize(policy, path) + "\n")
-            if len(table.devices) > 1:  # each device measured also gets a router fitted on its rows alone
+            if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
-                    own = _fit(_without_unmeasured(table.on_device(name), stream, params=params), params, hints)
-                    policy.devices[name] = own
-                    stream.write(summarize(own, codegen.write(own, out, name)) + "\n")
-            codegen.remove_model_routers(out, a, d, keep=policy.devices)
-            done.append((d, path, policy))
-    return done
+                    policy.devices[name] = _fit(_without_unmeasured(table.on_device(name), stream, params=params),
+                                                params, hints)
+            yield a, d, policy
 
 
 def _fit(table, params, hints: dict | None):

@@ -1,4 +1,5 @@
-"""`kdispatch report`: a Markdown report of the store, per (architecture, definition), with plots.
+"""`kdispatch report`: a Markdown report of the store, per (architecture, definition), with plots, and
+per GPU model measured where several were (its own router, `Policy.devices`; no plot).
 
 Per definition: the environment, the regions of the fitted router with their measured speedups,
 the held-out regret, the eager calls' regions and the measured shapes whose eager and graph choices
@@ -9,6 +10,7 @@ without it the report says so and links the plots an earlier run left in the fol
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from kdispatch import definitions as defs
@@ -19,7 +21,12 @@ from .store import Store
 
 
 def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
-                 params: fitting.FitParams | None = None) -> Path:
+                 params: fitting.FitParams | None = None, uuids: dict | None = None, hints: dict | None = None,
+                 stream=None) -> Path:
+    """The report of the policies `kdispatch route` would write from `store` (the same workloads,
+    `uuids`, and call-time hint values, `hints`: tuner/flows.py `fit_policies`)."""
+    from .flows import fit_policies
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -29,32 +36,30 @@ def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
         import matplotlib.pyplot as plt
     except ImportError:
         plt = None
-    archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
     md = ["# kdispatch tuning report", ""]
     if plt is None:
         md += ["(matplotlib is not installed: no plots. `pip install matplotlib` and re-run `kdispatch report`.)", ""]
-    for a in archs:
-        for d in defs.names():
-            table = fitting.load_table(store, d, a)
-            if table is None:
-                continue
-            policy = fitting.fit(table, params)
-            md += _section(policy, table)
-            png = out_dir / f"{a}-{defs.get(d).short}.png"
-            if plt is not None:
-                _plot(plt, policy, table, png)
-            if png.exists():  # without matplotlib, an earlier run's plot is kept and linked, marked so
-                note = "" if plt is not None else " (plot from an earlier run: matplotlib is not installed)"
-                md += [f"![{defs.get(d).short} on {a}]({png.name}){note}", ""]
+    for a, d, policy in fit_policies(store, arch, uuids=uuids, stream=stream or io.StringIO(), params=params,
+                                     hints=hints):
+        table = policy.table
+        md += _section(policy, table)
+        png = out_dir / f"{a}-{defs.get(d).short}.png"
+        if plt is not None:
+            _plot(plt, policy, table, png)
+        if png.exists():  # without matplotlib, an earlier run's plot is kept and linked, marked so
+            note = "" if plt is not None else " (plot from an earlier run: matplotlib is not installed)"
+            md += [f"![{defs.get(d).short} on {a}]({png.name}){note}", ""]
+        for name, own in policy.devices.items():  # the routers of the models measured (no plots of their own)
+            md += _section(own, own.table, f"{defs.get(d).short} on {name} (its own router)")
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path
 
 
-def _section(policy: fitting.Policy, t: fitting.Table) -> list[str]:
+def _section(policy: fitting.Policy, t: fitting.Table, title: str | None = None) -> list[str]:
     d = t.definition
     e = t.env
-    out = [f"## {defs.get(d).short} on {t.arch}", "",
+    out = [f"## {title or f'{defs.get(d).short} on {t.arch}'}", "",
            f"`{d}`: {len(t.uuids)} workloads; {t.device_names}, driver {e['driver']}; torch {e['torch']}, "
            f"triton {e['triton']}, CUDA {e['cuda']}, flashinfer {e['flashinfer']}; measured up to {t.measured_at}. "
            f"Baseline: `{t.baseline}`.", "",
