@@ -166,8 +166,8 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
             policy = _fit(_without_unmeasured(table, stream, params=params), params, hints)
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
-                    policy.devices[name] = _fit(_without_unmeasured(table.on_device(name), stream, params=params),
-                                                params, hints)
+                    own = _without_unmeasured(table.on_device(name), stream, f"route {name}", params)
+                    policy.devices[name] = _fit(own, params, hints)
             yield a, d, policy
 
 
