@@ -98,7 +98,8 @@ def heldout_table(path: Path) -> str:
 
     check = json.loads(path.read_text())
     dates = sorted({t[:10] for t in check["measured"]})
-    lines = [f"Held out (`traces/heldout/`, never tuned on): the committed routers scored on every variant's "
+    lines = [f"Held out (`traces/heldout/`, never tuned on): the committed routers (the device's own, "
+             "`routers/<arch>/<model>/`, where it has one) scored on every variant's "
              f"measurements there, {' / '.join(check['devices'])} ({' / '.join(dates)}), by `kdispatch route "
              f"--check {check['check_store']}` (`{path.relative_to(ROOT)}`: the routers refit "
              "from the main store when the check ran), per call mode (graph: CUDA-graph time; eager: host + device time of a "
