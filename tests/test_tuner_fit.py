@@ -930,3 +930,16 @@ def test_the_report_describes_the_routers_route_writes(tmp_path, variants_a_b):
     assert f"| 1 | `batch_size <= 11` | `{pol.regions[0].variant}` |" in joint
     assert f"| 1 | `batch_size <= 11` | `{pol.devices['Fake GPU 80GB'].regions[0].variant}` |" in own
     assert pol.regions[0].variant == "flashinfer" and pol.devices["Fake GPU 80GB"].regions[0].variant == "A"
+
+
+def test_a_device_measured_over_part_of_the_range_keeps_the_architectures_router(tmp_path, variants_a_b):
+    """A tune cut short on the 141GB part (batch <= 16 of 1 .. 128): a router of its own would only
+    extrapolate beyond that, where the joint fit has the 80GB part's rows; the 80GB part spans it all."""
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    build_store(DECODE, [w for w in decode_workloads() if w[1]["batch_size"] <= 16], decode_latency,
+                env={**ENV, "device": "Fake GPU 141GB"}, into=store, measured_at="2026-02-01T00:00:00Z")
+    out = io.StringIO()
+    (_d, _path, pol), = flows.compile_all(store, tmp_path, "sm90", [DECODE], stream=out)
+    assert set(pol.devices) == {"Fake GPU 80GB"} and pol.measured == {"batch_size": (1, 128)}
+    assert "gdn_decode on Fake GPU 141GB: measured 1 <= batch_size <= 16 of 1 .. 128 only" in out.getvalue()
+    assert not (tmp_path / "sm90" / "fake_gpu_141gb" / f"{DECODE}.py").exists()

@@ -135,7 +135,9 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
     value}}}, `hint_values`), also the policy for calls that pass them (`Policy.hinted`). Where
     several GPU models of the architecture measured the definition, the architecture's router is
     fitted on all their rows (a region wins on each: it serves models nobody measured) and each
-    model gets one fitted on its own rows (`Policy.devices`, routers/<arch>/<model>/): the joint
+    model whose workloads span the joint fit's measured range gets one fitted on its own rows
+    (`Policy.devices`, routers/<arch>/<model>/; a model measured over part of it would extrapolate
+    where the joint fit has rows, so the joint router serves it until its tune completes): the joint
     fit's compromises cost a measured model regret (H100 held-out, 2026-11-28: pool prefill qk8
     28.9% -> 1.8% mean, verify_steps qk2 5.4% -> 1.8%, decode 1.4% -> 0.4%, graph calls)."""
     stream = stream or sys.stderr
@@ -167,8 +169,24 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
                     own = _without_unmeasured(table.on_device(name), stream, f"route {name}", params)
+                    short = _short_of(own, policy.measured)
+                    if short:  # its own fit would extrapolate where the joint one has measurements
+                        stream.write(f"[route] {defs.get(d).short} on {name}: measured {short} only; the "
+                                     f"architecture's router serves it until its tune covers the range\n")
+                        continue
                     policy.devices[name] = _fit(own, params, hints)
             yield a, d, policy
+
+
+def _short_of(table, measured: dict) -> str:
+    """Where `table`'s workloads span less than `measured` ({feature: (min, max)}): "" where they
+    span it all."""
+    gaps = []
+    for f, (lo, hi) in measured.items():
+        values = [table.features[u][f] for u in table.uuids]
+        if not values or (min(values), max(values)) != (lo, hi):
+            gaps.append(f"{min(values)} <= {f} <= {max(values)} of {lo} .. {hi}" if values else f"no {f}")
+    return ", ".join(gaps)
 
 
 def _fit(table, params, hints: dict | None):
