@@ -4,9 +4,15 @@ workloads of the trace sets), and per definition the seconds spent on each workl
 reference trials (shared by its variants), on the variants' correctness gates and on their timing,
 from the metrics `kdispatch tune` records per row (pairs measured before it recorded them are
 counted, not timed), the slowest variants last. Worker start-up and compiles outside a gate are
-not in the rows: a tune takes longer than these sums.
+not in the rows: a tune takes longer than these sums. Rows the tuner's screen left ungated and
+untimed (tuner/job.py) count their workload's screen, once per workload like its inputs.
+
+`--screen F` also estimates what screening at factor F saves on rows measured in full: the pairs
+whose graph and eager times are both over F times the fastest passing variant's on their workload
+(the screen decides on rough times, so this is an estimate), and their gate and timing seconds.
 
     python benchmarks/tune_time.py [--store tuner/results/<device>.sqlite] [--workloads traces traces/coverage]
+                                   [--screen 2]
 """
 from __future__ import annotations
 
@@ -42,34 +48,62 @@ def main() -> None:
     ap.add_argument("--store", nargs="*", default=None, help="store(s); default: every store under tuner/results/")
     ap.add_argument("--workloads", nargs="*", default=list(TUNE_SETS), help="trace sets (default: what tune measures)")
     ap.add_argument("--top", type=int, default=12, help="slowest (definition, variant) pairs to list")
+    ap.add_argument("--screen", type=float, help="estimate what screening at this factor saves (module docstring)")
     opts = ap.parse_args()
     store = open_stores(opts.store)
     registry.discover()
-    per_def = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])  # inputs, gate, timing, timed, pairs
+    per_def = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])  # inputs + screen, gate, timing, timed, pairs
     per_variant = collections.Counter()
+    saved = [0, 0.0, 0.0]  # pairs a screen would skip, their seconds, the seconds of every timed pair
     for name in defs.names():
         inputs = {}
         acc = per_def[name]
-        for r in current_rows(store, name, opts.workloads):
+        rows = current_rows(store, name, opts.workloads)
+        for r in rows:
             acc[4] += 1
             m = r.metrics or {}
+            if "inputs_s" in m:  # once per workload and run
+                inputs[r.uuid] = max(inputs.get(r.uuid, 0.0), m["inputs_s"] + m.get("screen_s", 0.0))
             if "gate_s" not in m:
                 continue
-            inputs[r.uuid] = max(inputs.get(r.uuid, 0.0), m["inputs_s"])  # once per workload and run
             acc[1] += m["gate_s"]
             acc[2] += m["timing_s"]
             acc[3] += 1
             per_variant[(defs.get(name).short, r.variant)] += m["gate_s"] + m["timing_s"]
         acc[0] = sum(inputs.values())
+        if opts.screen:
+            for n, s in _screened_in_full(rows, opts.screen):
+                saved[0] += n
+                saved[1] += s
+            saved[2] += acc[1] + acc[2]
     total = sum(sum(v[:3]) for v in per_def.values())
     print(f"{'definition':<30}{'pairs':>7}{'timed':>7}{'inputs+ref s':>14}{'gates s':>10}{'timing s':>10}{'share':>8}")
     for name, (i, g, t, n, p) in sorted(per_def.items(), key=lambda kv: -sum(kv[1][:3])):
         print(f"{defs.get(name).short:<30}{p:>7}{n:>7}{i:>14.0f}{g:>10.0f}{t:>10.0f}{(i + g + t) / max(total, 1e-9):>8.0%}")
     print(f"{'all':<30}{sum(v[4] for v in per_def.values()):>7}{sum(v[3] for v in per_def.values()):>7}"
           f"{total:>34.0f} s = {total / 60:.1f} min (summed over workers)")
+    if opts.screen:
+        print(f"\nscreening at {opts.screen:g}x would skip about {saved[0]} pairs measured in full, {saved[1]:.0f} of "
+              f"{saved[2]:.0f} s of gates and timing ({saved[1] / max(saved[2], 1e-9):.0%})")
     print("\nslowest variants (gate + timing):")
     for (short, variant), s in per_variant.most_common(opts.top):
         print(f"  {short:<30}{variant:<34}{s:>8.0f} s")
+
+
+def _screened_in_full(rows, factor: float):
+    """(1, seconds) for each row measured in full whose graph and eager times are both over `factor`
+    times the fastest passing row's on its workload (never the baseline's)."""
+    by_uuid = collections.defaultdict(list)
+    for r in rows:
+        by_uuid[r.uuid].append(r)
+    for rs in by_uuid.values():
+        timed = [r for r in rs if r.passed and r.eager_us]
+        if not timed:
+            continue
+        best_graph, best_eager = min(r.median_us for r in timed), min(r.eager_us for r in timed)
+        for r in timed:
+            if not r.baseline and r.median_us > factor * best_graph and r.eager_us > factor * best_eager:
+                yield 1, r.metrics.get("gate_s", 0.0) + r.metrics.get("timing_s", 0.0)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,81 @@ def test_workloads_a_measured_variant_lacks_are_left_out_of_the_fit(tmp_path, to
     flows.compile_all(measured, tmp_path / "cut", "cpu", ["toy_scale"], stream=said)
     assert "return 'toy_fast'" in (tmp_path / "cut" / "cpu" / f"{NAME}.py").read_text()
     assert "[route] warning: toy_scale: 2 workload(s) left out" in said.getvalue()
+
+
+def test_screening_leaves_a_far_slower_variant_ungated_and_untimed(tmp_path, toy):
+    """`tune(screen=2)`: a variant whose rough time is over twice the fastest's in both call modes
+    gets a TIMEOUT row with its rough times and no gate; the fitter never routes to it, and a router
+    that did is charged its rough time (not counted as routing to a failure)."""
+    import time as _time
+
+    from kdispatch.tuner import fit as fitting
+    from kdispatch.tuner.store import twin_of
+
+    def toy_slow(x, alpha):
+        _time.sleep(0.03)  # 15x the reference's 2 ms
+        return x * alpha
+
+    registry.variant("toy_scale", "toy_slow", backend="torch", archs=("*",))(toy_slow)
+    try:
+        traces = tmp_path / "traces" / "workloads" / "toy"
+        traces.mkdir(parents=True)
+        lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+                  "solution": None, "evaluation": None} for n in (2, 9)]
+        (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        path = tmp_path / "store" / "cpu.sqlite"
+        r = flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=path,
+                       out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"), screen=2.0)
+        assert r.complete
+        rows = {(x.variant, x.uuid): x for x in Store.open(path).results(NAME)}
+        assert {v for v, _ in rows} == {"reference", "toy_fast", "toy_slow"}
+        for n in (2, 9):
+            slow, fast = rows[("toy_slow", f"toy-{n}")], rows[("toy_fast", f"toy-{n}")]
+            assert slow.status == "TIMEOUT" and slow.reason.startswith("screened out")
+            assert slow.screened["eager_us"] > 2 * slow.screened["best_eager_us"] > 0
+            assert "gate_s" not in slow.metrics and slow.median_us is None and not slow.passed
+            assert fast.passed and fast.screened is None and "screen_s" in fast.metrics
+        twin = {(x.variant, x.uuid): x for x in Store.open(twin_of(path)).results(NAME)}
+        assert twin[("toy_slow", "toy-2")].screened == rows[("toy_slow", "toy-2")].screened
+        assert "toy_slow" not in (tmp_path / "routers" / "cpu" / f"{NAME}.py").read_text().split("# fit")[1]
+
+        t = fitting.load_table(Store.open(path), NAME, "cpu")
+        assert fitting.variant_summary(t)["toy_slow"] == {**fitting.variant_summary(t)["toy_slow"],
+                                                          "screened": 2, "failed": 0, "passed": 0}
+        everything_slow = fitting.Policy(NAME, "cpu", "reference",
+                                         [fitting.Region({"num_rows": (None, None)}, "toy_slow", t.uuids)])
+        s = fitting.measured_regret(everything_slow, t, "eager")
+        assert s["unsafe"] == 0 and s["slower_than_baseline"] == 2 and s["regret_mean_pct"] > 100
+        assert fitting.measured_regret(everything_slow, t, "graph")["unsafe"] == 0  # the CPU "graph" time is its eager
+    finally:
+        registry.unregister(NAME, "toy_slow")
+
+
+def test_the_screen_compares_both_call_modes_and_spares_the_baseline(monkeypatch):
+    from kdispatch.tuner import job
+
+    rough = {"base": (10.0, 10.0), "fast": (5.0, 5.0), "slow": (11.0, 30.0), "graph_ok": (9.0, 30.0),
+             "eager_ok": (30.0, 9.0), "uncapturable": (None, 30.0)}
+
+    class Variant:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *args):
+            if rough.get(self.name, "raises") == "raises":
+                raise RuntimeError("cannot run this shape")
+
+    monkeypatch.setattr(job, "screen_us", lambda fn, args: rough[fn.name])
+    monkeypatch.setattr(job, "resolve_fn", lambda d, name, w=None: Variant(name))
+    monkeypatch.setattr(job, "timed_fn", lambda d, name, fn: fn)
+    monkeypatch.setattr(job.gate, "private_copy", lambda d, args: args)
+    calls = []
+    out = job.screen("toy", "base", ["base", *rough, "raises", "routed"], [torch.zeros(1)], 2.0, calls.append)
+    assert set(out) == {"slow", "uncapturable"}
+    assert out["slow"] == {"graph_us": 11.0, "eager_us": 30.0, "best_graph_us": 5.0, "best_eager_us": 5.0,
+                           "factor": 2.0}
+    assert out["uncapturable"]["graph_us"] is None
+    assert calls[0] == "base" and "routed" not in calls and "raises" in calls  # each blamed if it crashes
+
+    rough["base"] = "raises"  # no yardstick: nothing is left out
+    assert job.screen("toy", "base", list(rough), [torch.zeros(1)], 2.0) == {}

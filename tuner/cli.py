@@ -2,7 +2,7 @@
 
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
                    [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
-                   [--timeout S]
+                   [--timeout S] [--screen FACTOR]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -29,6 +29,7 @@ from pathlib import Path
 
 
 TUNE_SETS = ("traces", "traces/coverage")  # the contest's workloads and the coverage of what engines send
+SCREEN_FACTOR = 2.0  # `tune --screen`: pairs over this factor slower than the fastest are not measured (tuner/job.py)
 HELDOUT_SET = "traces/heldout"  # never tuned on: `route --check`'s store measures it
 DEFAULT_REPORT_DIR = "kdispatch-report"  # under the current folder: never a tracked file unless asked
 
@@ -59,6 +60,9 @@ def add_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a worker is "
                                                                 "killed as hung (default 300)")
     p.add_argument("--no-route", action="store_true", help="measure only; do not compile routers")
+    p.add_argument("--screen", type=float, default=SCREEN_FACTOR, metavar="FACTOR",
+                   help="neither gate nor time a variant on a workload where a rough first time is over FACTOR times "
+                        f"the fastest's in both call modes (default {SCREEN_FACTOR:g}; 0: measure every pair fully)")
     p.add_argument("--pending", action="store_true", help="print what would be measured and stop (no GPU needed: "
                    "without one, the store's newest environment stands in)")
     p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
@@ -160,7 +164,8 @@ def cmd_tune(args) -> int:
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
-             timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes)
+             timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
+             screen=args.screen or None)
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

@@ -239,7 +239,8 @@ def render(policy: Policy, device: str | None = None) -> str:
         width = max(len(n) for n in summ)
         for name, s in summ.items():
             sp = f"{s['geomean_speedup']:.2f}x" if s["geomean_speedup"] else "-"
-            extra = f"  [{' '.join(s['first_failure'].split())}]" if s["failed"] else ""
+            extra = f"  [{s['screened']} screened out]" if s["screened"] else ""
+            extra += f"  [{' '.join(s['first_failure'].split())}]" if s["failed"] else ""
             if s["not_graph_safe"]:
                 extra += f"  [{s['not_graph_safe']} not graph-safe]"
             lines.append(f"#   {name:<{width}}  {s['hash']}  {s['passed']}/{s['measured']}  {sp}{extra}"[:HEADER_WIDTH * 2])

@@ -113,7 +113,7 @@ from kdispatch import registry
 
 from . import estimate as estimates
 from . import features as feats
-from .stats import MODES, beats, geomean, slower, timed
+from .stats import MODES, Timed, beats, geomean, slower, timed
 from .store import Result, Store, slug
 
 
@@ -767,19 +767,20 @@ def region_stats(t: Table, r: Region, mode: str = "graph", guarded: bool = False
 
 
 def variant_summary(t: Table) -> dict[str, dict]:
-    """Per variant: workloads passed / measured, the first failure reason, geomean speedup over baseline."""
+    """Per variant: workloads passed / measured, screened out (several times slower there, tuner/job.py),
+    failed and the first failure reason, geomean speedup over baseline."""
     out = {}
     for name in t.variants:
         rows = [t.rows[(name, u)] for u in t.uuids if (name, u) in t.rows]
         passed = [r for r in rows if r.passed]
-        failed = [r for r in rows if not r.passed]
+        failed = [r for r in rows if not r.passed and not r.screened]
         sp = []
         for r in passed:
             b = t.rows.get((t.baseline, r.uuid))
             if b is not None and b.passed and r.median_us > 0:
                 sp.append(b.median_us / r.median_us)
         out[name] = {"hash": t.hashes.get(name, ""), "measured": len(rows), "passed": len(passed),
-                     "failed": len(failed), "first_failure": (f"{failed[0].status}: {failed[0].reason}"[:120]
+                     "screened": sum(1 for r in rows if r.screened), "failed": len(failed), "first_failure": (f"{failed[0].status}: {failed[0].reason}"[:120]
                                                               if failed else ""),
                      "not_graph_safe": sum(1 for r in passed if not r.routable),
                      "geomean_speedup": (round(geomean(sp), 3) if sp else None)}
@@ -840,7 +841,9 @@ class _RegretSum:
             name = t.baseline if pol.hands_back(t.features[u]) else _dispatched(pol, t, u)
             row = t.rows.get((name, u))
             r = timed(row, mode)
-            if name != t.baseline and (r is None or (mode == "graph" and not row.routable)):
+            if r is None and row is not None and row.screened:  # screened out there: its rough time
+                r = _screen_time(row.screened, mode)
+            if name != t.baseline and (r is None or (mode == "graph" and not row.routable and not row.screened)):
                 self.unsafe.append(u)  # routed to a variant that failed (or was not measured) here
                 r = b
             best = min(timed(x, mode).median_us for (v, uu), x in t.rows.items()
@@ -861,6 +864,12 @@ class _RegretSum:
                 "regret_total_pct": round(100 * (self.chosen / self.best - 1.0), 2),
                 "speedup_vs_baseline": round(self.base / self.chosen, 3),
                 "slower_than_baseline": len(self.slower), "unsafe": len(self.unsafe)}
+
+
+def _screen_time(screened: dict, mode: str) -> Timed | None:
+    """A screened-out row's rough time in `mode` (None: graph, not capturable)."""
+    x = screened["graph_us" if mode == "graph" else "eager_us"]
+    return None if x is None else Timed(x, x, x)
 
 
 def _dispatched(pol: Policy, t: Table, u: str) -> str:

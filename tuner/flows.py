@@ -48,8 +48,12 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          store: Store | str | None = None, out=None, quick: bool = False, force: bool = False,
          trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
-         compile_routers: bool = True, max_minutes: float | None = None) -> TuneResult:
+         compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
+
+    `screen`: a factor; a variant whose rough time on a workload is over it times the fastest's, in
+    both call modes, is neither gated nor timed there (tuner/job.py; `kdispatch tune` screens at
+    `cli.SCREEN_FACTOR` unless told otherwise).
 
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
     compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
@@ -88,7 +92,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     if total:
         # Each GPU worker sees exactly its GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
         jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", quick,
-                         trials, executor)
+                         trials, executor, screen)
         deadline = t0 + 60 * max_minutes if max_minutes else None
         previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
         try:

@@ -4,6 +4,15 @@ Per workload: materialise the inputs of every trial once (kdispatch.workloads), 
 once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. Each
 result is emitted as a row dict as soon as it exists, so the parent stores it even if a later
 variant crashes the process.
+
+Screening (`Job.extra["screen"]`, a factor: `kdispatch tune --screen`, default tuner/cli.py
+SCREEN_FACTOR): every pending variant and the baseline first get a rough time on the workload
+(`timing.screen_us`: a few cache-warm calls, graph and eager); a variant over the factor times the
+fastest one's in both call modes is neither gated nor timed there. Its row says so (status TIMEOUT,
+FlashInfer-Bench's nearest; metrics "screen" with the rough times, `Result.screened`): the fitter
+never routes it there, and the held-out regret counts its rough time where a router sends calls to
+it. What it saves, estimated from a store's rows measured in full: `benchmarks/tune_time.py
+--screen 2` (47% of the gate and timing seconds in the H100 and the H200 stores of 2026-11-28).
 """
 from __future__ import annotations
 
@@ -16,10 +25,10 @@ import torch
 
 from kdispatch import definitions as defs
 from kdispatch import provenance, registry
-from kdispatch.checks import RUNTIME_ERROR, Verdict
+from kdispatch.checks import RUNTIME_ERROR, TIMEOUT, Verdict
 
 from . import gate
-from .timing import Budget, Timing, measure
+from .timing import Budget, Timing, measure, screen_us
 
 ROUTED_HINTED = "routed_hinted"  # bench pseudo-variant: the routed op given the workload's call-time hints
 
@@ -113,10 +122,23 @@ def run_job(job: Job, emit: Callable) -> None:
                 raise gate.ContextLost(msg) from exc
             continue
         # where a tune's time goes: the workload's inputs + reference trials (shared by its variants),
-        # then per variant the gate and the timing (seconds, in each row's metrics)
+        # the screen, then per variant the gate and the timing (seconds, in each row's metrics)
         inputs_s = time.perf_counter() - t_inputs
+        t_screen = time.perf_counter()
+        factor = job.extra.get("screen")
+        slow = screen(definition, job.extra.get("baseline"), names, trials[0][0], factor,
+                      lambda name: emit("start", name, w["uuid"])) if factor else {}
+        screen_s = round(time.perf_counter() - t_screen, 3)
         for name in names:
             emit("start", name, w["uuid"])
+            if name in slow:
+                x = slow[name]
+                reason = (f"screened out: {_us(x['graph_us'])} graph, {_us(x['eager_us'])} eager on a cache-warm "
+                          f"input, over {factor}x the fastest ({_us(x['best_graph_us'])}, {_us(x['best_eager_us'])});"
+                          " not gated, not timed")
+                emit("result", _row(name, w, Verdict(TIMEOUT, reason, metrics={
+                    "screen": slow[name], "inputs_s": round(inputs_s, 3), "screen_s": screen_s})))
+                continue
             try:
                 fn = resolve_fn(definition, name, w)
             except Exception as exc:
@@ -161,12 +183,56 @@ def run_job(job: Job, emit: Callable) -> None:
                 except Exception as exc:
                     verdict = Verdict(RUNTIME_ERROR, f"timing failed: {type(exc).__name__}: {exc}"[:500],
                                            verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
-            verdict.metrics.update(extra, inputs_s=round(inputs_s, 3), gate_s=round(t_timing - t_gate, 3),
-                                   timing_s=round(time.perf_counter() - t_timing, 3))
+            verdict.metrics.update(extra, inputs_s=round(inputs_s, 3), screen_s=screen_s,
+                                   gate_s=round(t_timing - t_gate, 3), timing_s=round(time.perf_counter() - t_timing, 3))
             emit("result", _row(name, w, verdict, timing))
         del trials
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _us(x: float | None) -> str:
+    return "not capturable" if x is None else f"{x:.1f} us"
+
+
+def screen(definition: str, baseline: str | None, names: list[str], args, factor: float,
+           started: Callable[[str], None] = lambda name: None) -> dict[str, dict]:
+    """The variants among `names` to leave ungated and untimed on this workload, with their rough
+    times: over `factor` times the fastest screened one's graph time (or not capturable) and eager
+    time (`timing.screen_us`, on one private copy of the inputs that every screened call may
+    overwrite). The baseline is the yardstick, screened always and never left out; a variant that
+    raises here is not left out (its gate records why); nothing is left out where the baseline raises.
+    `started(name)` before each (the worker's "start": a crash is blamed on that variant). The
+    fastest may still fail its gate: what it left out is then not measured there, the baseline is."""
+    candidates = [n for n in names if n not in ("routed", ROUTED_HINTED, baseline)]
+    if baseline is None or not candidates:
+        return {}
+    args = gate.private_copy(definition, args)
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    times = {}
+    for name in [baseline, *candidates]:
+        started(name)
+        try:
+            fn = timed_fn(definition, name, resolve_fn(definition, name))
+            fn(*args)  # compiles outside the timers (the gate would have)
+            times[name] = screen_us(fn, args)
+        except Exception as exc:
+            if not gate.healthy(device):
+                raise gate.ContextLost(f"screening {name}: {type(exc).__name__}: {exc}"[:500]) from exc
+            if name == baseline:
+                return {}
+    graphs = [g for g, _ in times.values() if g is not None]
+    best_g, best_e = min(graphs, default=None), min(e for _, e in times.values())
+    out = {}
+    for name in candidates:
+        if name not in times:
+            continue
+        g, e = times[name]
+        if e > factor * best_e and (g is None or (best_g is not None and g > factor * best_g)):
+            out[name] = {"graph_us": None if g is None else round(g, 2), "eager_us": round(e, 2),
+                         "best_graph_us": None if best_g is None else round(best_g, 2),
+                         "best_eager_us": round(best_e, 2), "factor": factor}
+    return out
 
 
 def _row(name: str, w: dict, v: Verdict, t: Timing | None = None) -> dict:

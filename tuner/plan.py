@@ -196,9 +196,11 @@ def _router_hash(definition: str, arch: str, device: str) -> str:
 
 
 def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trials=None,
-              executor: str | None = None) -> list[Job]:
+              executor: str | None = None, screen: float | None = None) -> list[Job]:
     """One job per definition, or per chunk of its workloads when several GPUs share it (the
-    chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes)."""
+    chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes).
+    `screen`: leave a variant ungated and untimed on a workload where a rough time says it is over
+    this factor slower than the fastest (tuner/job.py)."""
     jobs = []
     for p in sorted(plans, key=lambda p: (-len(p.pending), p.definition)):
         by_uuid: dict[str, list[str]] = {}
@@ -212,7 +214,8 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
         chunks = max(1, min(n_workers, len(ws)))
         for c in range(chunks):
             part = ws[c::chunks]
-            job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials)
+            job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials,
+                      extra={"screen": screen, "baseline": p.baseline} if screen else {})
             if executor:
                 job.executor = executor
             jobs.append(job)

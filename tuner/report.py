@@ -79,12 +79,12 @@ def _section(policy: fitting.Policy, t: fitting.Table, title: str | None = None)
                    f"{h['unsafe']} routed to a variant that failed there.")
         out.append("")
     out += _eager_lines(policy, t)
-    out += ["| variant | source hash | passed / measured | geomean speedup over baseline | first failure |",
-            "| --- | --- | ---: | ---: | --- |"]
+    out += ["| variant | source hash | passed / measured | screened out | geomean speedup over baseline | first failure |",
+            "| --- | --- | ---: | ---: | ---: | --- |"]
     for name, s in fitting.variant_summary(t).items():
         sp = f"{s['geomean_speedup']:.2f}x" if s["geomean_speedup"] else "-"
         fail = " ".join(s["first_failure"].split()).replace("|", "/")
-        out.append(f"| `{name}` | `{s['hash']}` | {s['passed']} / {s['measured']} | {sp} | {fail} |")
+        out.append(f"| `{name}` | `{s['hash']}` | {s['passed']} / {s['measured']} | {s['screened']} | {sp} | {fail} |")
     out.append("")
     return out
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, STATUSES
+from kdispatch.checks import INCORRECT_NUMERICAL, PASSED, STATUSES, TIMEOUT
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA_VERSION = 1
@@ -129,6 +129,12 @@ class Result:
     @property
     def passed(self) -> bool:
         return self.status == PASSED and self.median_us is not None
+
+    @property
+    def screened(self) -> dict | None:
+        """A row the tuner's screen left ungated and untimed (tuner/job.py): its rough times
+        {"graph_us" (None: not capturable), "eager_us", "best_graph_us", "best_eager_us", "factor"}."""
+        return (self.metrics or {}).get("screen") if self.status == TIMEOUT else None
 
     @property
     def routable(self) -> bool:

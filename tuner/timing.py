@@ -249,6 +249,26 @@ def graph_times_us(fn: Callable, sets: list, reps: int | None = None, target_s: 
         g.reset()
 
 
+def screen_us(fn: Callable, args) -> tuple[float | None, float]:
+    """A rough (graph, eager) time of one call, in µs: the same input set over and over (cache-warm),
+    a handful of calls. Enough to tell a variant several times slower than the fastest on a workload
+    from the rest (`tuner/job.py`, screening), never to route on. Graph: None where the call could
+    not be captured (such a variant is not routed to in graphs anyway). The caller passes inputs it
+    may overwrite (in-place state) and has made the first call (compiles) already."""
+    device = _device_of(args)
+    with torch.no_grad():
+        eager = min(eager_times_us(fn, [args], 2))
+        if device.type != "cuda":
+            return eager, eager
+        try:
+            times, _ = graph_times_us(fn, [args], reps=3)
+        except Exception:
+            if not gate.healthy(device):
+                raise
+            return None, eager
+    return min(times), eager
+
+
 def measure(definition: str, fn: Callable, args, budget: Budget | None = None, l2_bytes: int | None = None,
             graph: bool = True) -> Timing:
     """Times one variant on one workload's inputs (see the module docstring)."""
