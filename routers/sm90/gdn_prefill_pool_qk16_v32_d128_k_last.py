@@ -8,11 +8,11 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T10:34:59Z
-# workloads   111 on each of 2 devices (workload-set digest 6d2f415882269695)
+# measured    up to 2026-11-28T12:13:02Z
+# workloads   111 on each of 2 devices (workload-set digest f794f91f9f79b4d0)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill       191af6002b6ddb72  203/203  1.00x
+#   sglang_flashinfer_prefill       191af6002b6ddb72  205/205  1.00x
 #   cuda_prefill_pool_rows.k16c16   055fb5e6e6439e69  195/195  0.44x
 #   cuda_prefill_pool_rows.k16c8    45c137085c831c3a  195/195  0.45x
 #   cuda_prefill_pool_rows.k1c8     7d4959b45f432e29  195/195  0.29x
@@ -22,12 +22,12 @@
 #   cuda_prefill_pool_rows.k4c8     54ed34477b60c6f0  195/195  0.56x
 #   cuda_prefill_pool_rows.k8c16    12d2eba987b2b6b2  195/195  0.53x
 #   cuda_prefill_pool_rows.k8c8     871e89e87928e8bc  195/195  0.55x
-#   flashinfer_pool_inplace         62cd45a1ce760465  203/203  1.26x
-#   flashinfer_pool_inplace.cp_off  4a8bc854fcc1bee5  203/203  1.43x
-#   triton_prefill_chunked.v16      ea060f186fe1287b  203/203  0.74x
-#   triton_prefill_chunked.v64      6d00e89064f7cc16  203/203  0.87x
-#   triton_prefill_fused.c16v32     fb6428ddba622888  203/203  1.02x
-#   triton_prefill_fused.c16v64     d797613afc23d91f  203/203  1.25x
+#   flashinfer_pool_inplace         62cd45a1ce760465  205/205  1.26x
+#   flashinfer_pool_inplace.cp_off  4a8bc854fcc1bee5  205/205  1.43x
+#   triton_prefill_chunked.v16      ea060f186fe1287b  205/205  0.74x
+#   triton_prefill_chunked.v64      6d00e89064f7cc16  205/205  0.86x
+#   triton_prefill_fused.c16v32     fb6428ddba622888  205/205  1.01x
+#   triton_prefill_fused.c16v64     d797613afc23d91f  205/205  1.23x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16   cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
@@ -48,10 +48,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.40% mean, 137.09% max;
-#             1.430x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 21.99% mean, 285.04% max;
-#             1.787x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.31% mean, 137.09% max;
+#             1.412x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.83% mean, 285.04% max;
+#             1.761x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 20 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 6 workloads, 8.26x (3.87x .. 13.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 3428 and mean_seq_len > 124: flashinfer_pool_inplace.cp_off, 64 workloads, 1.67x (1.09x .. 3.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
@@ -60,8 +60,8 @@
 #   5. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 34 workloads, 2.10x (1.22x .. 3.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   6. num_seqs > 11 and 28 < mean_seq_len <= 124: flashinfer_pool_inplace.cp_off, 28 workloads, 1.33x (1.11x .. 1.49x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   7. total_seq_len > 20 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 10 workloads, 3.14x (2.39x .. 3.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   8. total_seq_len > 3428 and num_seqs <= 47 and mean_seq_len > 124: sglang_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   9. total_seq_len > 3428 and num_seqs > 47 and mean_seq_len > 124: flashinfer_pool_inplace.cp_off, 9 workloads, 1.18x (1.04x .. 1.30x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   8. total_seq_len > 3428 and num_seqs <= 47 and mean_seq_len > 124: sglang_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   9. total_seq_len > 3428 and num_seqs > 47 and mean_seq_len > 124: flashinfer_pool_inplace.cp_off, 10 workloads, 1.17x (1.04x .. 1.30x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 20 and num_seqs <= 14 and mean_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 6 workloads, 17.01x (7.26x .. 38.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 163 and 14 < mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 7 workloads, 8.15x (3.71x .. 20.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
@@ -74,9 +74,9 @@
 #   9. 1781 < total_seq_len <= 6677 and num_seqs <= 5: sglang_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
 #   10. 1781 < total_seq_len <= 6677 and 11 < num_seqs <= 95: flashinfer_pool_inplace, 16 workloads, 1.46x (1.13x .. 1.92x) over sglang_flashinfer_prefill
 #   11. 1781 < total_seq_len <= 6677 and num_seqs > 95: triton_prefill_fused.c16v64, 10 workloads, 1.90x (1.46x .. 2.59x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
-#   12. total_seq_len > 6677 and num_seqs <= 11: sglang_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   12. total_seq_len > 6677 and num_seqs <= 11: sglang_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   13. total_seq_len > 6677 and 11 < num_seqs <= 21: flashinfer_pool_inplace.cp_off, 6 workloads, 1.24x (1.18x .. 1.34x) over sglang_flashinfer_prefill
-#   14. total_seq_len > 6677 and num_seqs > 21 and mean_seq_len <= 143: flashinfer_pool_inplace.cp_off, 13 workloads, 1.35x (1.16x .. 1.66x) over sglang_flashinfer_prefill
+#   14. total_seq_len > 6677 and num_seqs > 21 and mean_seq_len <= 143: flashinfer_pool_inplace.cp_off, 14 workloads, 1.33x (1.09x .. 1.66x) over sglang_flashinfer_prefill
 #   15. total_seq_len > 6677 and num_seqs > 21 and mean_seq_len > 143: flashinfer_pool_inplace, 6 workloads, 1.24x (1.05x .. 1.92x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -88,8 +88,8 @@ REGIONS = (
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 34, 'speedup': (1.22, 2.1, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 6, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (28, 124), 'num_seqs': (11, None)}, 'workloads': 28, 'speedup': (1.11, 1.33, 1.49), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (20, None)}, 'workloads': 10, 'speedup': (2.39, 3.14, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (124, None), 'num_seqs': (None, 47), 'total_seq_len': (3428, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (124, None), 'num_seqs': (47, None), 'total_seq_len': (3428, None)}, 'workloads': 9, 'speedup': (1.04, 1.18, 1.3), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (124, None), 'num_seqs': (None, 47), 'total_seq_len': (3428, None)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (124, None), 'num_seqs': (47, None), 'total_seq_len': (3428, None)}, 'workloads': 10, 'speedup': (1.04, 1.17, 1.3), 'fallbacks': ('flashinfer_pool_inplace',)},
 )
 
 REGIONS_EAGER = (
@@ -104,9 +104,9 @@ REGIONS_EAGER = (
     {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1781, 6677)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (11, 95), 'total_seq_len': (1781, 6677)}, 'workloads': 16, 'speedup': (1.13, 1.46, 1.92), 'fallbacks': ()},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (95, None), 'total_seq_len': (1781, 6677)}, 'workloads': 10, 'speedup': (1.46, 1.9, 2.59), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
-    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (6677, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (6677, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 13, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (11, 21), 'total_seq_len': (6677, None)}, 'workloads': 6, 'speedup': (1.18, 1.24, 1.34), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (None, 143), 'num_seqs': (21, None), 'total_seq_len': (6677, None)}, 'workloads': 13, 'speedup': (1.16, 1.35, 1.66), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (None, 143), 'num_seqs': (21, None), 'total_seq_len': (6677, None)}, 'workloads': 14, 'speedup': (1.09, 1.33, 1.66), 'fallbacks': ()},
     {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (143, None), 'num_seqs': (21, None), 'total_seq_len': (6677, None)}, 'workloads': 6, 'speedup': (1.05, 1.24, 1.92), 'fallbacks': ()},
 )
 
@@ -137,10 +137,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 7: 10 workloads, 3.14x (2.39x .. 3.81x) over sglang_flashinfer_prefill
     if total_seq_len > 20 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 27 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 28 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3428 and num_seqs <= 47 and mean_seq_len > 124:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
-    # region 9: 9 workloads, 1.18x (1.04x .. 1.30x) over sglang_flashinfer_prefill
+    # region 9: 10 workloads, 1.17x (1.04x .. 1.30x) over sglang_flashinfer_prefill
     if total_seq_len > 3428 and num_seqs > 47 and mean_seq_len > 124:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     return 'sglang_flashinfer_prefill'
@@ -182,13 +182,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     # region 11: 10 workloads, 1.90x (1.46x .. 2.59x) over sglang_flashinfer_prefill
     if 1781 < total_seq_len <= 6677 and num_seqs > 95:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 16 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 6677 and num_seqs <= 11:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     # region 13: 6 workloads, 1.24x (1.18x .. 1.34x) over sglang_flashinfer_prefill
     if total_seq_len > 6677 and 11 < num_seqs <= 21:
         return 'flashinfer_pool_inplace.cp_off'
-    # region 14: 13 workloads, 1.35x (1.16x .. 1.66x) over sglang_flashinfer_prefill
+    # region 14: 14 workloads, 1.33x (1.09x .. 1.66x) over sglang_flashinfer_prefill
     if total_seq_len > 6677 and num_seqs > 21 and mean_seq_len <= 143:
         return 'flashinfer_pool_inplace.cp_off'
     # region 15: 6 workloads, 1.24x (1.05x .. 1.92x) over sglang_flashinfer_prefill
@@ -202,10 +202,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.73% mean, 198.86% max;
-#             1.630x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.94% mean, 285.04% max;
-#             2.079x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.04% mean, 198.86% max;
+#             1.580x over the baseline; 9 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.79% mean, 285.04% max;
+#             2.042x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 11 and mean_seq_len <= 5 and max_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 12.05x (10.70x .. 13.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   2. total_seq_len <= 181 and mean_seq_len <= 2 and 22 < max_seq_len <= 37: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16
@@ -215,32 +215,30 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   6. total_seq_len <= 2896 and mean_seq_len <= 11 and max_seq_len > 823: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.34x .. 1.74x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   7. total_seq_len <= 2896 and 11 < mean_seq_len <= 28 and max_seq_len > 823: flashinfer_pool_inplace.cp_off, 2 workloads, 1.38x (1.31x .. 1.45x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   8. total_seq_len <= 4847 and num_seqs > 5 and mean_seq_len > 424 and max_seq_len <= 1365: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
-#   9. total_seq_len <= 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169: flashinfer_pool_inplace, 4 workloads, 1.05x (1.03x .. 1.06x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
-#   10. total_seq_len <= 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169: flashinfer_pool_inplace.cp_off, 4 workloads, 1.11x (1.08x .. 1.13x) over sglang_flashinfer_prefill
-#   11. total_seq_len <= 23170 and num_seqs > 22 and mean_seq_len > 424 and max_seq_len > 7169: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off
-#   12. num_seqs <= 2 and mean_seq_len > 424 and 4093 < max_seq_len <= 7169: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   13. num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 4093: flashinfer_pool_inplace.cp_off, 24 workloads, 1.58x (1.06x .. 2.53x) over sglang_flashinfer_prefill
-#   14. num_seqs <= 45 and mean_seq_len <= 28 and 37 < max_seq_len <= 562: triton_prefill_fused.c16v64, 6 workloads, 2.09x (1.42x .. 2.52x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64
-#   15. mean_seq_len <= 5 and 3 < max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 14 workloads, 3.21x (2.53x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   16. mean_seq_len <= 28 and 562 < max_seq_len <= 823: triton_prefill_fused.c16v64, 2 workloads, 2.23x (2.11x .. 2.35x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32
-#   17. 5 < mean_seq_len <= 28 and max_seq_len <= 37: triton_prefill_fused.c16v64, 17 workloads, 2.34x (1.66x .. 3.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   18. 32 < mean_seq_len <= 424 and max_seq_len <= 118: triton_prefill_fused.c16v64, 12 workloads, 1.98x (1.27x .. 4.40x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   19. 32 < mean_seq_len <= 424 and max_seq_len > 118: flashinfer_pool_inplace.cp_off, 63 workloads, 1.52x (1.04x .. 3.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   20. 2 < num_seqs <= 5 and mean_seq_len > 424 and 4093 < max_seq_len <= 7169: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
-#   21. num_seqs > 45 and mean_seq_len <= 2 and 37 < max_seq_len <= 562: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.65x (2.60x .. 2.70x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8
-#   22. num_seqs > 45 and 2 < mean_seq_len <= 28 and 37 < max_seq_len <= 562: triton_prefill_fused.c16v64, 7 workloads, 2.22x (2.07x .. 2.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   23. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.68x (3.55x .. 3.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   24. total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16
-#   25. 1448 < total_seq_len <= 5792 and 28 < mean_seq_len <= 32 and max_seq_len <= 391: triton_prefill_fused.c16v64, 4 workloads, 1.86x (1.72x .. 2.05x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   26. 1448 < total_seq_len <= 5792 and 28 < mean_seq_len <= 32 and max_seq_len > 391: flashinfer_pool_inplace, 2 workloads, 1.25x (1.20x .. 1.30x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
-#   27. total_seq_len > 2896 and mean_seq_len <= 28 and 823 < max_seq_len <= 1173: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32
-#   28. total_seq_len > 2896 and mean_seq_len <= 28 and max_seq_len > 1173: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   29. total_seq_len > 4847 and num_seqs > 5 and mean_seq_len > 424 and max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 5792 and 28 < mean_seq_len <= 32 and max_seq_len <= 562: triton_prefill_fused.c16v64, 4 workloads, 1.74x (1.60x .. 1.92x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   31. total_seq_len > 5792 and 28 < mean_seq_len <= 32 and max_seq_len > 562: flashinfer_pool_inplace, 2 workloads, 1.38x (1.29x .. 1.47x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
-#   32. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. total_seq_len > 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   34. total_seq_len > 23170 and num_seqs > 22 and mean_seq_len > 424 and max_seq_len > 7169: sglang_flashinfer_prefill (baseline), 0 workloads
+#   9. total_seq_len <= 5792 and num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 7169: flashinfer_pool_inplace.cp_off, 20 workloads, 1.70x (1.09x .. 2.53x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   10. total_seq_len <= 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169: flashinfer_pool_inplace, 4 workloads, 1.05x (1.03x .. 1.06x) over sglang_flashinfer_prefill
+#   11. total_seq_len <= 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169: flashinfer_pool_inplace.cp_off, 4 workloads, 1.11x (1.08x .. 1.13x) over sglang_flashinfer_prefill
+#   12. total_seq_len <= 23170 and num_seqs > 22 and mean_seq_len > 424 and max_seq_len > 7169: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off
+#   13. num_seqs <= 45 and mean_seq_len <= 28 and 37 < max_seq_len <= 562: triton_prefill_fused.c16v64, 6 workloads, 2.09x (1.42x .. 2.52x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   14. mean_seq_len <= 5 and 3 < max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 14 workloads, 3.21x (2.53x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   15. mean_seq_len <= 28 and 562 < max_seq_len <= 823: triton_prefill_fused.c16v64, 2 workloads, 2.23x (2.11x .. 2.35x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32
+#   16. 5 < mean_seq_len <= 28 and max_seq_len <= 37: triton_prefill_fused.c16v64, 17 workloads, 2.34x (1.66x .. 3.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   17. 32 < mean_seq_len <= 424: flashinfer_pool_inplace.cp_off, 76 workloads, 1.51x (1.04x .. 3.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   18. num_seqs > 45 and mean_seq_len <= 2 and 37 < max_seq_len <= 562: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.65x (2.60x .. 2.70x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8
+#   19. num_seqs > 45 and 2 < mean_seq_len <= 28 and 37 < max_seq_len <= 562: triton_prefill_fused.c16v64, 7 workloads, 2.22x (2.07x .. 2.46x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   20. total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.68x (3.55x .. 3.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   21. total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16
+#   22. 1448 < total_seq_len <= 2896 and 28 < mean_seq_len <= 32 and max_seq_len <= 323: triton_prefill_fused.c16v64, 4 workloads, 1.86x (1.72x .. 2.05x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   23. 1448 < total_seq_len <= 2896 and 28 < mean_seq_len <= 32 and max_seq_len > 323: flashinfer_pool_inplace.cp_off, 2 workloads, 1.26x (1.20x .. 1.32x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   24. total_seq_len > 2896 and mean_seq_len <= 28 and max_seq_len > 823: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   25. total_seq_len > 2896 and 28 < mean_seq_len <= 32 and max_seq_len <= 391: triton_prefill_fused.c16v64, 4 workloads, 1.74x (1.60x .. 1.92x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   26. total_seq_len > 2896 and 28 < mean_seq_len <= 32 and max_seq_len > 391: flashinfer_pool_inplace, 2 workloads, 1.38x (1.29x .. 1.47x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
+#   27. total_seq_len > 4847 and num_seqs > 5 and mean_seq_len > 424 and max_seq_len <= 1365: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k1c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8
+#   28. total_seq_len > 5792 and num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 3448: flashinfer_pool_inplace.cp_off, 4 workloads, 1.08x (1.06x .. 1.10x) over sglang_flashinfer_prefill
+#   29. total_seq_len > 5792 and num_seqs <= 5 and mean_seq_len > 424 and 3448 < max_seq_len <= 7169: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
+#   30. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   31. total_seq_len > 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   32. total_seq_len > 23170 and num_seqs > 22 and mean_seq_len > 424 and max_seq_len > 7169: sglang_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 45 and mean_seq_len <= 3 and 9 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 6.22x (5.56x .. 6.96x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   2. total_seq_len <= 45 and mean_seq_len > 3 and 9 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 20.39x (20.39x .. 20.39x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
@@ -274,14 +272,16 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   30. 2025 < total_seq_len <= 11585 and num_seqs > 5 and mean_seq_len > 990 and max_seq_len > 896: flashinfer_pool_inplace.cp_off, 6 workloads, 1.36x (1.22x .. 1.71x) over sglang_flashinfer_prefill
 #   31. total_seq_len > 2025 and num_seqs <= 82 and mean_seq_len <= 990 and 896 < max_seq_len <= 1552: flashinfer_pool_inplace.cp_off, 4 workloads, 1.40x (1.26x .. 1.58x) over sglang_flashinfer_prefill
 #   32. total_seq_len > 2025 and mean_seq_len <= 362 and max_seq_len > 1552: flashinfer_pool_inplace, 14 workloads, 1.38x (1.13x .. 1.92x) over sglang_flashinfer_prefill
-#   33. total_seq_len > 3493 and mean_seq_len <= 88 and max_seq_len <= 896: triton_prefill_fused.c16v64, 4 workloads, 1.72x (1.59x .. 1.84x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   34. total_seq_len > 3493 and mean_seq_len > 88 and max_seq_len <= 362: flashinfer_pool_inplace, 5 workloads, 1.24x (1.16x .. 1.29x) over sglang_flashinfer_prefill
+#   33. 3493 < total_seq_len <= 5792 and mean_seq_len <= 88 and max_seq_len <= 896: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   34. total_seq_len > 3493 and mean_seq_len > 88 and max_seq_len <= 362: flashinfer_pool_inplace, 6 workloads, 1.21x (1.09x .. 1.29x) over sglang_flashinfer_prefill
 #   35. total_seq_len > 3493 and mean_seq_len > 88 and 362 < max_seq_len <= 896: flashinfer_pool_inplace.cp_off, 6 workloads, 1.40x (1.21x .. 1.66x) over sglang_flashinfer_prefill
 #   36. 5792 < total_seq_len <= 11585 and num_seqs <= 5 and mean_seq_len > 990 and max_seq_len > 896: flashinfer_pool_inplace, 6 workloads, 1.38x (1.22x .. 1.53x) over sglang_flashinfer_prefill
-#   37. total_seq_len > 5792 and num_seqs > 82 and mean_seq_len <= 990 and 896 < max_seq_len <= 1552: flashinfer_pool_inplace, 2 workloads, 1.12x (1.08x .. 1.16x) over sglang_flashinfer_prefill
-#   38. total_seq_len > 7924 and 362 < mean_seq_len <= 990 and max_seq_len > 1552: flashinfer_pool_inplace, 6 workloads, 1.25x (1.05x .. 1.92x) over sglang_flashinfer_prefill
-#   39. total_seq_len > 11585 and mean_seq_len > 990 and 896 < max_seq_len <= 32744: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 11585 and mean_seq_len > 990 and max_seq_len > 32744: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   37. total_seq_len > 5792 and mean_seq_len <= 88 and max_seq_len <= 204: triton_prefill_fused.c16v64, 4 workloads, 1.72x (1.59x .. 1.84x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   38. total_seq_len > 5792 and mean_seq_len <= 88 and 204 < max_seq_len <= 896: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, triton_prefill_fused.c16v64
+#   39. total_seq_len > 5792 and num_seqs > 82 and mean_seq_len <= 990 and 896 < max_seq_len <= 1552: flashinfer_pool_inplace, 2 workloads, 1.12x (1.08x .. 1.16x) over sglang_flashinfer_prefill
+#   40. total_seq_len > 7924 and 362 < mean_seq_len <= 990 and max_seq_len > 1552: flashinfer_pool_inplace, 6 workloads, 1.25x (1.05x .. 1.92x) over sglang_flashinfer_prefill
+#   41. total_seq_len > 11585 and mean_seq_len > 990 and 896 < max_seq_len <= 32744: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 11585 and mean_seq_len > 990 and max_seq_len > 32744: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 4, 'speedup': (10.7, 12.05, 13.49), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
@@ -292,32 +292,30 @@ REGIONS_HINTED = (
     {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (823, None), 'mean_seq_len': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.34, 1.53, 1.74), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (823, None), 'mean_seq_len': (11, 28), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.31, 1.38, 1.45), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (None, 1365), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (None, 4847)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.06), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 10, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (1365, 7169), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.08, 1.11, 1.13), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (22, None), 'total_seq_len': (None, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 12, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (4093, 7169), 'mean_seq_len': (424, None), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (424, None), 'num_seqs': (None, 5)}, 'workloads': 24, 'speedup': (1.06, 1.58, 2.53), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (None, 28), 'num_seqs': (None, 45)}, 'workloads': 6, 'speedup': (1.42, 2.09, 2.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 22), 'mean_seq_len': (None, 5)}, 'workloads': 14, 'speedup': (2.53, 3.21, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (562, 823), 'mean_seq_len': (None, 28)}, 'workloads': 2, 'speedup': (2.11, 2.23, 2.35), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 28)}, 'workloads': 17, 'speedup': (1.66, 2.34, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 118), 'mean_seq_len': (32, 424)}, 'workloads': 12, 'speedup': (1.27, 1.98, 4.4), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 19, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (118, None), 'mean_seq_len': (32, 424)}, 'workloads': 63, 'speedup': (1.04, 1.52, 3.68), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 20, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 7169), 'mean_seq_len': (424, None), 'num_seqs': (2, 5)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (None, 2), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (2.6, 2.65, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (2, 28), 'num_seqs': (45, None)}, 'workloads': 7, 'speedup': (2.07, 2.22, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 4, 'speedup': (3.55, 3.68, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (22, 37), 'mean_seq_len': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 391), 'mean_seq_len': (28, 32), 'total_seq_len': (1448, 5792)}, 'workloads': 4, 'speedup': (1.72, 1.86, 2.05), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (391, None), 'mean_seq_len': (28, 32), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.2, 1.25, 1.3), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (823, 1173), 'mean_seq_len': (None, 28), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1173, None), 'mean_seq_len': (None, 28), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1365), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (4847, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 562), 'mean_seq_len': (28, 32), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.6, 1.74, 1.92), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 31, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (562, None), 'mean_seq_len': (28, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.29, 1.38, 1.47), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, 7169), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (11585, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 34, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (None, 7169), 'mean_seq_len': (424, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 5792)}, 'workloads': 20, 'speedup': (1.09, 1.7, 2.53), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.06), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (1365, 7169), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.08, 1.11, 1.13), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (22, None), 'total_seq_len': (None, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (None, 28), 'num_seqs': (None, 45)}, 'workloads': 6, 'speedup': (1.42, 2.09, 2.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 22), 'mean_seq_len': (None, 5)}, 'workloads': 14, 'speedup': (2.53, 3.21, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (562, 823), 'mean_seq_len': (None, 28)}, 'workloads': 2, 'speedup': (2.11, 2.23, 2.35), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 28)}, 'workloads': 17, 'speedup': (1.66, 2.34, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 17, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (32, 424)}, 'workloads': 76, 'speedup': (1.04, 1.51, 3.68), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (None, 2), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (2.6, 2.65, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (37, 562), 'mean_seq_len': (2, 28), 'num_seqs': (45, None)}, 'workloads': 7, 'speedup': (2.07, 2.22, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 5), 'total_seq_len': (11, None)}, 'workloads': 4, 'speedup': (3.55, 3.68, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (22, 37), 'mean_seq_len': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 323), 'mean_seq_len': (28, 32), 'total_seq_len': (1448, 2896)}, 'workloads': 4, 'speedup': (1.72, 1.86, 2.05), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 23, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (323, None), 'mean_seq_len': (28, 32), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.26, 1.32), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 24, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (823, None), 'mean_seq_len': (None, 28), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 391), 'mean_seq_len': (28, 32), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.6, 1.74, 1.92), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (391, None), 'mean_seq_len': (28, 32), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.29, 1.38, 1.47), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
+    {'region': 27, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1365), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (4847, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (None, 3448), 'mean_seq_len': (424, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (3448, 7169), 'mean_seq_len': (424, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1365, 7169), 'mean_seq_len': (424, None), 'num_seqs': (5, None), 'total_seq_len': (11585, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (424, None), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -353,14 +351,16 @@ REGIONS_HINTED_EAGER = (
     {'region': 30, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (990, None), 'num_seqs': (5, None), 'total_seq_len': (2025, 11585)}, 'workloads': 6, 'speedup': (1.22, 1.36, 1.71), 'fallbacks': ()},
     {'region': 31, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (896, 1552), 'mean_seq_len': (None, 990), 'num_seqs': (None, 82), 'total_seq_len': (2025, None)}, 'workloads': 4, 'speedup': (1.26, 1.4, 1.58), 'fallbacks': ()},
     {'region': 32, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1552, None), 'mean_seq_len': (None, 362), 'total_seq_len': (2025, None)}, 'workloads': 14, 'speedup': (1.13, 1.38, 1.92), 'fallbacks': ()},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (None, 88), 'total_seq_len': (3493, None)}, 'workloads': 4, 'speedup': (1.59, 1.72, 1.84), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 34, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (88, None), 'total_seq_len': (3493, None)}, 'workloads': 5, 'speedup': (1.16, 1.24, 1.29), 'fallbacks': ()},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (None, 88), 'total_seq_len': (3493, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 34, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (88, None), 'total_seq_len': (3493, None)}, 'workloads': 6, 'speedup': (1.09, 1.21, 1.29), 'fallbacks': ()},
     {'region': 35, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (362, 896), 'mean_seq_len': (88, None), 'total_seq_len': (3493, None)}, 'workloads': 6, 'speedup': (1.21, 1.4, 1.66), 'fallbacks': ()},
     {'region': 36, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (990, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 11585)}, 'workloads': 6, 'speedup': (1.22, 1.38, 1.53), 'fallbacks': ()},
-    {'region': 37, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (896, 1552), 'mean_seq_len': (None, 990), 'num_seqs': (82, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.08, 1.12, 1.16), 'fallbacks': ()},
-    {'region': 38, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1552, None), 'mean_seq_len': (362, 990), 'total_seq_len': (7924, None)}, 'workloads': 6, 'speedup': (1.05, 1.25, 1.92), 'fallbacks': ()},
-    {'region': 39, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (896, 32744), 'mean_seq_len': (990, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (32744, None), 'mean_seq_len': (990, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 204), 'mean_seq_len': (None, 88), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.59, 1.72, 1.84), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 38, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (204, 896), 'mean_seq_len': (None, 88), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (896, 1552), 'mean_seq_len': (None, 990), 'num_seqs': (82, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.08, 1.12, 1.16), 'fallbacks': ()},
+    {'region': 40, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1552, None), 'mean_seq_len': (362, 990), 'total_seq_len': (7924, None)}, 'workloads': 6, 'speedup': (1.05, 1.25, 1.92), 'fallbacks': ()},
+    {'region': 41, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (896, 32744), 'mean_seq_len': (990, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (32744, None), 'mean_seq_len': (990, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -393,79 +393,73 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 4847 and num_seqs > 5 and mean_seq_len > 424 and max_seq_len <= 1365:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 9: 4 workloads, 1.05x (1.03x .. 1.06x) over sglang_flashinfer_prefill
+    # region 9: 20 workloads, 1.70x (1.09x .. 2.53x) over sglang_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 7169:
+        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 10: 4 workloads, 1.05x (1.03x .. 1.06x) over sglang_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169:
-        return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
-    # region 10: 4 workloads, 1.11x (1.08x .. 1.13x) over sglang_flashinfer_prefill
+        return 'flashinfer_pool_inplace'
+    # region 11: 4 workloads, 1.11x (1.08x .. 1.13x) over sglang_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169:
         return 'flashinfer_pool_inplace.cp_off'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 23170 and num_seqs > 22 and mean_seq_len > 424 and max_seq_len > 7169:
         return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and mean_seq_len > 424 and 4093 < max_seq_len <= 7169:
-        return 'flashinfer_pool_inplace.cp_off'
-    # region 13: 24 workloads, 1.58x (1.06x .. 2.53x) over sglang_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 4093:
-        return 'flashinfer_pool_inplace.cp_off'
-    # region 14: 6 workloads, 2.09x (1.42x .. 2.52x) over sglang_flashinfer_prefill
+    # region 13: 6 workloads, 2.09x (1.42x .. 2.52x) over sglang_flashinfer_prefill
     if num_seqs <= 45 and mean_seq_len <= 28 and 37 < max_seq_len <= 562:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 14 workloads, 3.21x (2.53x .. 3.65x) over sglang_flashinfer_prefill
+    # region 14: 14 workloads, 3.21x (2.53x .. 3.65x) over sglang_flashinfer_prefill
     if mean_seq_len <= 5 and 3 < max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 2.23x (2.11x .. 2.35x) over sglang_flashinfer_prefill
+    # region 15: 2 workloads, 2.23x (2.11x .. 2.35x) over sglang_flashinfer_prefill
     if mean_seq_len <= 28 and 562 < max_seq_len <= 823:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 17 workloads, 2.34x (1.66x .. 3.06x) over sglang_flashinfer_prefill
+    # region 16: 17 workloads, 2.34x (1.66x .. 3.06x) over sglang_flashinfer_prefill
     if 5 < mean_seq_len <= 28 and max_seq_len <= 37:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 12 workloads, 1.98x (1.27x .. 4.40x) over sglang_flashinfer_prefill
-    if 32 < mean_seq_len <= 424 and max_seq_len <= 118:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 63 workloads, 1.52x (1.04x .. 3.68x) over sglang_flashinfer_prefill
-    if 32 < mean_seq_len <= 424 and max_seq_len > 118:
+    # region 17: 76 workloads, 1.51x (1.04x .. 3.68x) over sglang_flashinfer_prefill
+    if 32 < mean_seq_len <= 424:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 5 and mean_seq_len > 424 and 4093 < max_seq_len <= 7169:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
-    # region 21: 2 workloads, 2.65x (2.60x .. 2.70x) over sglang_flashinfer_prefill
+    # region 18: 2 workloads, 2.65x (2.60x .. 2.70x) over sglang_flashinfer_prefill
     if num_seqs > 45 and mean_seq_len <= 2 and 37 < max_seq_len <= 562:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 7 workloads, 2.22x (2.07x .. 2.46x) over sglang_flashinfer_prefill
+    # region 19: 7 workloads, 2.22x (2.07x .. 2.46x) over sglang_flashinfer_prefill
     if num_seqs > 45 and 2 < mean_seq_len <= 28 and 37 < max_seq_len <= 562:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 4 workloads, 3.68x (3.55x .. 3.81x) over sglang_flashinfer_prefill
+    # region 20: 4 workloads, 3.68x (3.55x .. 3.81x) over sglang_flashinfer_prefill
     if total_seq_len > 11 and mean_seq_len <= 5 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 181 and mean_seq_len <= 5 and 22 < max_seq_len <= 37:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 4 workloads, 1.86x (1.72x .. 2.05x) over sglang_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 28 < mean_seq_len <= 32 and max_seq_len <= 391:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, 1.25x (1.20x .. 1.30x) over sglang_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 28 < mean_seq_len <= 32 and max_seq_len > 391:
-        return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and mean_seq_len <= 28 and 823 < max_seq_len <= 1173:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and mean_seq_len <= 28 and max_seq_len > 1173:
+    # region 22: 4 workloads, 1.86x (1.72x .. 2.05x) over sglang_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and 28 < mean_seq_len <= 32 and max_seq_len <= 323:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 23: 2 workloads, 1.26x (1.20x .. 1.32x) over sglang_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and 28 < mean_seq_len <= 32 and max_seq_len > 323:
+        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and mean_seq_len <= 28 and max_seq_len > 823:
         return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_pool_inplace'
-    # region 29: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 4 workloads, 1.74x (1.60x .. 1.92x) over sglang_flashinfer_prefill
+    if total_seq_len > 2896 and 28 < mean_seq_len <= 32 and max_seq_len <= 391:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, 1.38x (1.29x .. 1.47x) over sglang_flashinfer_prefill
+    if total_seq_len > 2896 and 28 < mean_seq_len <= 32 and max_seq_len > 391:
+        return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
+    # region 27: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4847 and num_seqs > 5 and mean_seq_len > 424 and max_seq_len <= 1365:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8') if inside else 'sglang_flashinfer_prefill'
-    # region 30: 4 workloads, 1.74x (1.60x .. 1.92x) over sglang_flashinfer_prefill
-    if total_seq_len > 5792 and 28 < mean_seq_len <= 32 and max_seq_len <= 562:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 2 workloads, 1.38x (1.29x .. 1.47x) over sglang_flashinfer_prefill
-    if total_seq_len > 5792 and 28 < mean_seq_len <= 32 and max_seq_len > 562:
-        return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 28: 4 workloads, 1.08x (1.06x .. 1.10x) over sglang_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 5 and mean_seq_len > 424 and max_seq_len <= 3448:
+        return 'flashinfer_pool_inplace.cp_off'
+    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 5 and mean_seq_len > 424 and 3448 < max_seq_len <= 7169:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 424 and max_seq_len > 7169:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
-    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs > 5 and mean_seq_len > 424 and 1365 < max_seq_len <= 7169:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
@@ -570,10 +564,10 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 32: 14 workloads, 1.38x (1.13x .. 1.92x) over sglang_flashinfer_prefill
     if total_seq_len > 2025 and mean_seq_len <= 362 and max_seq_len > 1552:
         return 'flashinfer_pool_inplace'
-    # region 33: 4 workloads, 1.72x (1.59x .. 1.84x) over sglang_flashinfer_prefill
-    if total_seq_len > 3493 and mean_seq_len <= 88 and max_seq_len <= 896:
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 3493 < total_seq_len <= 5792 and mean_seq_len <= 88 and max_seq_len <= 896:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 5 workloads, 1.24x (1.16x .. 1.29x) over sglang_flashinfer_prefill
+    # region 34: 6 workloads, 1.21x (1.09x .. 1.29x) over sglang_flashinfer_prefill
     if total_seq_len > 3493 and mean_seq_len > 88 and max_seq_len <= 362:
         return 'flashinfer_pool_inplace'
     # region 35: 6 workloads, 1.40x (1.21x .. 1.66x) over sglang_flashinfer_prefill
@@ -582,16 +576,22 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
     # region 36: 6 workloads, 1.38x (1.22x .. 1.53x) over sglang_flashinfer_prefill
     if 5792 < total_seq_len <= 11585 and num_seqs <= 5 and mean_seq_len > 990 and max_seq_len > 896:
         return 'flashinfer_pool_inplace'
-    # region 37: 2 workloads, 1.12x (1.08x .. 1.16x) over sglang_flashinfer_prefill
+    # region 37: 4 workloads, 1.72x (1.59x .. 1.84x) over sglang_flashinfer_prefill
+    if total_seq_len > 5792 and mean_seq_len <= 88 and max_seq_len <= 204:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and mean_seq_len <= 88 and 204 < max_seq_len <= 896:
+        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 39: 2 workloads, 1.12x (1.08x .. 1.16x) over sglang_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs > 82 and mean_seq_len <= 990 and 896 < max_seq_len <= 1552:
         return 'flashinfer_pool_inplace'
-    # region 38: 6 workloads, 1.25x (1.05x .. 1.92x) over sglang_flashinfer_prefill
+    # region 40: 6 workloads, 1.25x (1.05x .. 1.92x) over sglang_flashinfer_prefill
     if total_seq_len > 7924 and 362 < mean_seq_len <= 990 and max_seq_len > 1552:
         return 'flashinfer_pool_inplace'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and mean_seq_len > 990 and 896 < max_seq_len <= 32744:
         return 'flashinfer_pool_inplace'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and mean_seq_len > 990 and max_seq_len > 32744:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'

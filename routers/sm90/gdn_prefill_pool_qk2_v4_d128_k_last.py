@@ -8,26 +8,26 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T10:40:17Z
-# workloads   111 on each of 2 devices (workload-set digest bc0146d3af3dd6ce)
+# measured    up to 2026-11-28T12:10:46Z
+# workloads   111 on each of 2 devices (workload-set digest 5846e6075583d2a9)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   sglang_flashinfer_prefill       191af6002b6ddb72  184/184  1.00x
-#   cuda_prefill_pool_rows.k16c16   055fb5e6e6439e69  178/178  0.91x
-#   cuda_prefill_pool_rows.k16c8    45c137085c831c3a  178/178  0.93x
-#   cuda_prefill_pool_rows.k1c8     7d4959b45f432e29  178/178  0.27x
-#   cuda_prefill_pool_rows.k2c16    96c55506cd5cec70  178/178  0.71x
-#   cuda_prefill_pool_rows.k2c8     ba4eeadba108c3e5  178/178  0.69x
-#   cuda_prefill_pool_rows.k4c16    24776eb51a633f5f  178/178  0.84x
-#   cuda_prefill_pool_rows.k4c8     54ed34477b60c6f0  178/178  0.79x
-#   cuda_prefill_pool_rows.k8c16    12d2eba987b2b6b2  178/178  0.95x
-#   cuda_prefill_pool_rows.k8c8     871e89e87928e8bc  178/178  0.92x
-#   flashinfer_pool_inplace         62cd45a1ce760465  184/184  1.26x
-#   flashinfer_pool_inplace.cp_off  4a8bc854fcc1bee5  184/184  1.75x
-#   triton_prefill_chunked.v16      ea060f186fe1287b  184/184  1.67x
-#   triton_prefill_chunked.v64      6d00e89064f7cc16  184/184  1.68x
-#   triton_prefill_fused.c16v32     fb6428ddba622888  184/184  1.62x
-#   triton_prefill_fused.c16v64     d797613afc23d91f  184/184  1.60x
+#   sglang_flashinfer_prefill       191af6002b6ddb72  205/205  1.00x
+#   cuda_prefill_pool_rows.k16c16   055fb5e6e6439e69  193/193  0.82x
+#   cuda_prefill_pool_rows.k16c8    45c137085c831c3a  193/193  0.83x
+#   cuda_prefill_pool_rows.k1c8     7d4959b45f432e29  193/193  0.24x
+#   cuda_prefill_pool_rows.k2c16    96c55506cd5cec70  193/193  0.65x
+#   cuda_prefill_pool_rows.k2c8     ba4eeadba108c3e5  193/193  0.62x
+#   cuda_prefill_pool_rows.k4c16    24776eb51a633f5f  193/193  0.76x
+#   cuda_prefill_pool_rows.k4c8     54ed34477b60c6f0  193/193  0.71x
+#   cuda_prefill_pool_rows.k8c16    12d2eba987b2b6b2  193/193  0.86x
+#   cuda_prefill_pool_rows.k8c8     871e89e87928e8bc  193/193  0.83x
+#   flashinfer_pool_inplace         62cd45a1ce760465  205/205  1.23x
+#   flashinfer_pool_inplace.cp_off  4a8bc854fcc1bee5  205/205  1.60x
+#   triton_prefill_chunked.v16      ea060f186fe1287b  205/205  1.51x
+#   triton_prefill_chunked.v64      6d00e89064f7cc16  205/205  1.52x
+#   triton_prefill_fused.c16v32     fb6428ddba622888  205/205  1.43x
+#   triton_prefill_fused.c16v64     d797613afc23d91f  205/205  1.41x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c16   cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
@@ -48,72 +48,78 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 34.61% mean, 298.12% max;
-#             1.468x over the baseline; 17 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 26.97% mean, 328.71% max;
-#             3.259x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 34.11% mean, 298.12% max;
+#             1.374x over the baseline; 20 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 31.35% mean, 328.71% max;
+#             2.645x over the baseline; 9 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 286 and num_seqs <= 7 and mean_seq_len > 125: flashinfer_pool_inplace.cp_off, 10 workloads, 2.51x (2.22x .. 2.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, flashinfer_pool_inplace
-#   2. total_seq_len <= 400 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.44x (2.95x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   3. total_seq_len <= 400 and 2 < mean_seq_len <= 8: triton_prefill_fused.c16v64, 6 workloads, 4.20x (1.36x .. 9.92x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   4. total_seq_len <= 400 and 8 < mean_seq_len <= 125: triton_prefill_fused.c16v32, 21 workloads, 4.40x (1.81x .. 9.93x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   5. total_seq_len <= 3417 and num_seqs > 7 and 125 < mean_seq_len <= 181: triton_prefill_chunked.v16, 12 workloads, 2.41x (1.63x .. 3.08x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   6. total_seq_len <= 3417 and num_seqs > 7 and mean_seq_len > 181: triton_prefill_fused.c16v32, 6 workloads, 3.15x (1.30x .. 10.07x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   7. 286 < total_seq_len <= 3417 and num_seqs <= 7 and mean_seq_len > 125: triton_prefill_chunked.v16, 32 workloads, 2.06x (1.40x .. 2.69x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   8. 400 < total_seq_len <= 915 and 22 < mean_seq_len <= 125: triton_prefill_fused.c16v32, 14 workloads, 3.24x (1.20x .. 7.88x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   9. total_seq_len > 400 and mean_seq_len <= 2: triton_prefill_fused.c16v64, 8 workloads, 2.11x (1.54x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v16
-#   10. total_seq_len > 400 and 2 < mean_seq_len <= 22: triton_prefill_chunked.v64, 24 workloads, 1.44x (1.28x .. 1.63x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   11. total_seq_len > 915 and 22 < mean_seq_len <= 125: flashinfer_pool_inplace.cp_off, 23 workloads, 1.50x (1.06x .. 3.81x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   12. total_seq_len > 3417 and num_seqs <= 18 and mean_seq_len > 125: flashinfer_pool_inplace, 14 workloads, 1.16x (1.06x .. 1.26x) over sglang_flashinfer_prefill
-#   13. total_seq_len > 3417 and num_seqs > 18 and mean_seq_len > 125: sglang_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 317 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.44x (2.95x .. 13.09x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 317 and 2 < mean_seq_len <= 8: triton_prefill_fused.c16v64, 6 workloads, 4.20x (1.36x .. 9.92x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   3. total_seq_len <= 317 and 8 < mean_seq_len <= 67: triton_prefill_fused.c16v32, 17 workloads, 5.11x (1.81x .. 9.93x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   4. total_seq_len <= 317 and mean_seq_len > 67: flashinfer_pool_inplace.cp_off, 14 workloads, 2.51x (2.22x .. 2.81x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, flashinfer_pool_inplace
+#   5. 317 < total_seq_len <= 1253 and num_seqs <= 44 and mean_seq_len <= 48: triton_prefill_fused.c16v64, 8 workloads, 3.26x (1.35x .. 8.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   6. 317 < total_seq_len <= 1253 and num_seqs <= 44 and mean_seq_len > 48: triton_prefill_chunked.v16, 44 workloads, 2.31x (1.55x .. 3.18x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   7. 317 < total_seq_len <= 1253 and num_seqs > 44 and mean_seq_len <= 2: triton_prefill_fused.c16v64, 8 workloads, 2.11x (1.54x .. 2.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   8. 317 < total_seq_len <= 1253 and num_seqs > 44 and mean_seq_len > 2: triton_prefill_chunked.v64, 18 workloads, 1.45x (1.28x .. 1.63x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   9. 1253 < total_seq_len <= 2707 and num_seqs > 11: triton_prefill_chunked.v64, 20 workloads, 1.69x (1.25x .. 3.64x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   10. 1253 < total_seq_len <= 7092 and num_seqs <= 7: triton_prefill_chunked.v16, 8 workloads, 1.89x (1.40x .. 2.64x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   11. 1253 < total_seq_len <= 7092 and 7 < num_seqs <= 11: triton_prefill_fused.c16v32, 6 workloads, 3.15x (1.30x .. 10.07x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   12. 2707 < total_seq_len <= 6865 and num_seqs > 11: flashinfer_pool_inplace.cp_off, 6 workloads, 1.26x (1.08x .. 1.46x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   13. total_seq_len > 7092 and num_seqs <= 31 and mean_seq_len > 64: flashinfer_pool_inplace, 28 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
+#   14. total_seq_len > 7092 and mean_seq_len <= 64: triton_prefill_fused.c16v64, 6 workloads, 2.66x (1.53x .. 6.10x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   15. total_seq_len > 7092 and num_seqs > 32 and mean_seq_len > 64: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 192 and 19 < mean_seq_len <= 46: cuda_prefill_pool_rows.k16c8, 5 workloads, 14.42x (11.44x .. 18.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
-#   2. total_seq_len <= 286 and num_seqs <= 16 and 46 < mean_seq_len <= 447: cuda_prefill_pool_rows.k16c16, 18 workloads, 6.31x (4.57x .. 10.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 528 and num_seqs > 29 and mean_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 19 workloads, 4.88x (1.96x .. 11.62x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. total_seq_len <= 1448 and 447 < mean_seq_len <= 930: triton_prefill_chunked.v64, 8 workloads, 4.45x (2.98x .. 6.73x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8
-#   5. total_seq_len <= 7092 and num_seqs > 16 and 46 < mean_seq_len <= 447: triton_prefill_chunked.v16, 8 workloads, 2.05x (1.39x .. 3.17x) over sglang_flashinfer_prefill
-#   6. total_seq_len <= 10203 and mean_seq_len > 930: triton_prefill_chunked.v16, 8 workloads, 2.34x (1.48x .. 7.86x) over sglang_flashinfer_prefill
-#   7. num_seqs <= 29 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 7 workloads, 15.61x (9.97x .. 27.39x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   8. num_seqs <= 29 and 8 < mean_seq_len <= 19: cuda_prefill_pool_rows.k8c16, 8 workloads, 11.98x (4.49x .. 20.79x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
-#   9. total_seq_len > 192 and 19 < mean_seq_len <= 46: triton_prefill_fused.c16v32, 17 workloads, 4.06x (1.29x .. 12.50x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 286 and num_seqs <= 16 and 46 < mean_seq_len <= 447: triton_prefill_fused.c16v32, 48 workloads, 5.28x (1.45x .. 12.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16
-#   11. total_seq_len > 528 and num_seqs > 29 and mean_seq_len <= 19: triton_prefill_fused.c16v64, 20 workloads, 2.92x (1.13x .. 10.77x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   12. total_seq_len > 1448 and 447 < mean_seq_len <= 930: triton_prefill_chunked.v16, 10 workloads, 4.51x (1.86x .. 14.60x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   13. total_seq_len > 7092 and num_seqs > 16 and 46 < mean_seq_len <= 447: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16
-#   14. total_seq_len > 10203 and mean_seq_len > 930: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 286 and 46 < mean_seq_len <= 447: cuda_prefill_pool_rows.k16c16, 18 workloads, 6.31x (4.57x .. 10.02x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 362 and num_seqs <= 29 and mean_seq_len <= 46: cuda_prefill_pool_rows.k16c8, 20 workloads, 13.56x (3.93x .. 27.39x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   3. total_seq_len <= 528 and 29 < num_seqs <= 102 and mean_seq_len <= 46: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.10x (1.96x .. 11.62x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   4. total_seq_len <= 528 and num_seqs > 102 and mean_seq_len <= 46: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.82x (2.17x .. 7.29x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   5. total_seq_len <= 8726 and 447 < mean_seq_len <= 1448: triton_prefill_chunked.v16, 28 workloads, 3.55x (1.41x .. 14.60x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   6. total_seq_len <= 8726 and mean_seq_len > 1448: sglang_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
+#   7. 286 < total_seq_len <= 5116 and 46 < mean_seq_len <= 447: triton_prefill_fused.c16v32, 54 workloads, 4.79x (1.38x .. 12.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16
+#   8. 362 < total_seq_len <= 528 and num_seqs <= 29 and mean_seq_len <= 46: triton_prefill_fused.c16v32, 6 workloads, 7.22x (3.73x .. 12.50x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   9. 528 < total_seq_len <= 1519 and num_seqs <= 238 and mean_seq_len <= 46: triton_prefill_fused.c16v64, 10 workloads, 3.72x (1.62x .. 10.77x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   10. total_seq_len > 528 and num_seqs > 238 and mean_seq_len <= 46: triton_prefill_fused.c16v64, 18 workloads, 2.68x (1.13x .. 5.23x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   11. total_seq_len > 1519 and num_seqs <= 238 and mean_seq_len <= 46: triton_prefill_fused.c16v32, 6 workloads, 3.12x (1.29x .. 7.40x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   12. total_seq_len > 5116 and num_seqs <= 80 and 46 < mean_seq_len <= 447: triton_prefill_chunked.v64, 6 workloads, 1.45x (1.20x .. 1.75x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   13. total_seq_len > 5116 and num_seqs > 80 and 46 < mean_seq_len <= 447: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   14. 8726 < total_seq_len <= 16879 and mean_seq_len > 447: flashinfer_pool_inplace, 4 workloads, 1.83x (1.30x .. 4.07x) over sglang_flashinfer_prefill
+#   15. total_seq_len > 16879 and mean_seq_len > 447: sglang_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 286)}, 'workloads': 10, 'speedup': (2.22, 2.51, 2.81), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 400)}, 'workloads': 8, 'speedup': (2.95, 6.44, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (None, 400)}, 'workloads': 6, 'speedup': (1.36, 4.2, 9.92), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 125), 'total_seq_len': (None, 400)}, 'workloads': 21, 'speedup': (1.81, 4.4, 9.93), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (125, 181), 'num_seqs': (7, None), 'total_seq_len': (None, 3417)}, 'workloads': 12, 'speedup': (1.63, 2.41, 3.08), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (181, None), 'num_seqs': (7, None), 'total_seq_len': (None, 3417)}, 'workloads': 6, 'speedup': (1.3, 3.15, 10.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 7), 'total_seq_len': (286, 3417)}, 'workloads': 32, 'speedup': (1.4, 2.06, 2.69), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 125), 'total_seq_len': (400, 915)}, 'workloads': 14, 'speedup': (1.2, 3.24, 7.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (400, None)}, 'workloads': 8, 'speedup': (1.54, 2.11, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (2, 22), 'total_seq_len': (400, None)}, 'workloads': 24, 'speedup': (1.28, 1.44, 1.63), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (22, 125), 'total_seq_len': (915, None)}, 'workloads': 23, 'speedup': (1.06, 1.5, 3.81), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 18), 'total_seq_len': (3417, None)}, 'workloads': 14, 'speedup': (1.06, 1.16, 1.26), 'fallbacks': ()},
-    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (18, None), 'total_seq_len': (3417, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 317)}, 'workloads': 8, 'speedup': (2.95, 6.44, 13.09), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (None, 317)}, 'workloads': 6, 'speedup': (1.36, 4.2, 9.92), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 67), 'total_seq_len': (None, 317)}, 'workloads': 17, 'speedup': (1.81, 5.11, 9.93), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (67, None), 'total_seq_len': (None, 317)}, 'workloads': 14, 'speedup': (2.22, 2.51, 2.81), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 48), 'num_seqs': (None, 44), 'total_seq_len': (317, 1253)}, 'workloads': 8, 'speedup': (1.35, 3.26, 8.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (48, None), 'num_seqs': (None, 44), 'total_seq_len': (317, 1253)}, 'workloads': 44, 'speedup': (1.55, 2.31, 3.18), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (44, None), 'total_seq_len': (317, 1253)}, 'workloads': 8, 'speedup': (1.54, 2.11, 2.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (44, None), 'total_seq_len': (317, 1253)}, 'workloads': 18, 'speedup': (1.28, 1.45, 1.63), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (1253, 2707)}, 'workloads': 20, 'speedup': (1.25, 1.69, 3.64), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (1253, 7092)}, 'workloads': 8, 'speedup': (1.4, 1.89, 2.64), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (7, 11), 'total_seq_len': (1253, 7092)}, 'workloads': 6, 'speedup': (1.3, 3.15, 10.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 12, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (2707, 6865)}, 'workloads': 6, 'speedup': (1.08, 1.26, 1.46), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (64, None), 'num_seqs': (None, 31), 'total_seq_len': (7092, None)}, 'workloads': 28, 'speedup': (1.05, 1.16, 1.3), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 64), 'total_seq_len': (7092, None)}, 'workloads': 6, 'speedup': (1.53, 2.66, 6.1), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 15, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, None), 'num_seqs': (32, None), 'total_seq_len': (7092, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (19, 46), 'total_seq_len': (None, 192)}, 'workloads': 5, 'speedup': (11.44, 14.42, 18.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (None, 16), 'total_seq_len': (None, 286)}, 'workloads': 18, 'speedup': (4.57, 6.31, 10.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 19), 'num_seqs': (29, None), 'total_seq_len': (None, 528)}, 'workloads': 19, 'speedup': (1.96, 4.88, 11.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (447, 930), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (2.98, 4.45, 6.73), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (16, None), 'total_seq_len': (None, 7092)}, 'workloads': 8, 'speedup': (1.39, 2.05, 3.17), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (930, None), 'total_seq_len': (None, 10203)}, 'workloads': 8, 'speedup': (1.48, 2.34, 7.86), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 29)}, 'workloads': 7, 'speedup': (9.97, 15.61, 27.39), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (8, 19), 'num_seqs': (None, 29)}, 'workloads': 8, 'speedup': (4.49, 11.98, 20.79), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (19, 46), 'total_seq_len': (192, None)}, 'workloads': 17, 'speedup': (1.29, 4.06, 12.5), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (None, 16), 'total_seq_len': (286, None)}, 'workloads': 48, 'speedup': (1.45, 5.28, 12.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 19), 'num_seqs': (29, None), 'total_seq_len': (528, None)}, 'workloads': 20, 'speedup': (1.13, 2.92, 10.77), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (447, 930), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.86, 4.51, 14.6), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (16, None), 'total_seq_len': (7092, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16')},
-    {'region': 14, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (930, None), 'total_seq_len': (10203, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (46, 447), 'total_seq_len': (None, 286)}, 'workloads': 18, 'speedup': (4.57, 6.31, 10.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 29), 'total_seq_len': (None, 362)}, 'workloads': 20, 'speedup': (3.93, 13.56, 27.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (29, 102), 'total_seq_len': (None, 528)}, 'workloads': 11, 'speedup': (1.96, 5.1, 11.62), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (102, None), 'total_seq_len': (None, 528)}, 'workloads': 8, 'speedup': (2.17, 4.82, 7.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (447, 1448), 'total_seq_len': (None, 8726)}, 'workloads': 28, 'speedup': (1.41, 3.55, 14.6), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 8726)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (46, 447), 'total_seq_len': (286, 5116)}, 'workloads': 54, 'speedup': (1.38, 4.79, 12.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 29), 'total_seq_len': (362, 528)}, 'workloads': 6, 'speedup': (3.73, 7.22, 12.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 238), 'total_seq_len': (528, 1519)}, 'workloads': 10, 'speedup': (1.62, 3.72, 10.77), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (238, None), 'total_seq_len': (528, None)}, 'workloads': 18, 'speedup': (1.13, 2.68, 5.23), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (None, 238), 'total_seq_len': (1519, None)}, 'workloads': 6, 'speedup': (1.29, 3.12, 7.4), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (None, 80), 'total_seq_len': (5116, None)}, 'workloads': 6, 'speedup': (1.2, 1.45, 1.75), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (46, 447), 'num_seqs': (80, None), 'total_seq_len': (5116, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (447, None), 'total_seq_len': (8726, 16879)}, 'workloads': 4, 'speedup': (1.3, 1.83, 4.07), 'fallbacks': ()},
+    {'region': 15, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (447, None), 'total_seq_len': (16879, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -122,93 +128,102 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 2.51x (2.22x .. 2.81x) over sglang_flashinfer_prefill
-    if total_seq_len <= 286 and num_seqs <= 7 and mean_seq_len > 125:
-        return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 2: 8 workloads, 6.44x (2.95x .. 13.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and mean_seq_len <= 2:
+    # region 1: 8 workloads, 6.44x (2.95x .. 13.09x) over sglang_flashinfer_prefill
+    if total_seq_len <= 317 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 4.20x (1.36x .. 9.92x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and 2 < mean_seq_len <= 8:
+    # region 2: 6 workloads, 4.20x (1.36x .. 9.92x) over sglang_flashinfer_prefill
+    if total_seq_len <= 317 and 2 < mean_seq_len <= 8:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 21 workloads, 4.40x (1.81x .. 9.93x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and 8 < mean_seq_len <= 125:
+    # region 3: 17 workloads, 5.11x (1.81x .. 9.93x) over sglang_flashinfer_prefill
+    if total_seq_len <= 317 and 8 < mean_seq_len <= 67:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 12 workloads, 2.41x (1.63x .. 3.08x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3417 and num_seqs > 7 and 125 < mean_seq_len <= 181:
+    # region 4: 14 workloads, 2.51x (2.22x .. 2.81x) over sglang_flashinfer_prefill
+    if total_seq_len <= 317 and mean_seq_len > 67:
+        return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 5: 8 workloads, 3.26x (1.35x .. 8.09x) over sglang_flashinfer_prefill
+    if 317 < total_seq_len <= 1253 and num_seqs <= 44 and mean_seq_len <= 48:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 44 workloads, 2.31x (1.55x .. 3.18x) over sglang_flashinfer_prefill
+    if 317 < total_seq_len <= 1253 and num_seqs <= 44 and mean_seq_len > 48:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 6 workloads, 3.15x (1.30x .. 10.07x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3417 and num_seqs > 7 and mean_seq_len > 181:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 32 workloads, 2.06x (1.40x .. 2.69x) over sglang_flashinfer_prefill
-    if 286 < total_seq_len <= 3417 and num_seqs <= 7 and mean_seq_len > 125:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 8: 14 workloads, 3.24x (1.20x .. 7.88x) over sglang_flashinfer_prefill
-    if 400 < total_seq_len <= 915 and 22 < mean_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 8 workloads, 2.11x (1.54x .. 2.60x) over sglang_flashinfer_prefill
-    if total_seq_len > 400 and mean_seq_len <= 2:
+    # region 7: 8 workloads, 2.11x (1.54x .. 2.60x) over sglang_flashinfer_prefill
+    if 317 < total_seq_len <= 1253 and num_seqs > 44 and mean_seq_len <= 2:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 24 workloads, 1.44x (1.28x .. 1.63x) over sglang_flashinfer_prefill
-    if total_seq_len > 400 and 2 < mean_seq_len <= 22:
+    # region 8: 18 workloads, 1.45x (1.28x .. 1.63x) over sglang_flashinfer_prefill
+    if 317 < total_seq_len <= 1253 and num_seqs > 44 and mean_seq_len > 2:
         return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
-    # region 11: 23 workloads, 1.50x (1.06x .. 3.81x) over sglang_flashinfer_prefill
-    if total_seq_len > 915 and 22 < mean_seq_len <= 125:
+    # region 9: 20 workloads, 1.69x (1.25x .. 3.64x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 2707 and num_seqs > 11:
+        return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
+    # region 10: 8 workloads, 1.89x (1.40x .. 2.64x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 7092 and num_seqs <= 7:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 11: 6 workloads, 3.15x (1.30x .. 10.07x) over sglang_flashinfer_prefill
+    if 1253 < total_seq_len <= 7092 and 7 < num_seqs <= 11:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 6 workloads, 1.26x (1.08x .. 1.46x) over sglang_flashinfer_prefill
+    if 2707 < total_seq_len <= 6865 and num_seqs > 11:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 12: 14 workloads, 1.16x (1.06x .. 1.26x) over sglang_flashinfer_prefill
-    if total_seq_len > 3417 and num_seqs <= 18 and mean_seq_len > 125:
+    # region 13: 28 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
+    if total_seq_len > 7092 and num_seqs <= 31 and mean_seq_len > 64:
         return 'flashinfer_pool_inplace'
-    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3417 and num_seqs > 18 and mean_seq_len > 125:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
+    # region 14: 6 workloads, 2.66x (1.53x .. 6.10x) over sglang_flashinfer_prefill
+    if total_seq_len > 7092 and mean_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 15: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7092 and num_seqs > 32 and mean_seq_len > 64:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 14.42x (11.44x .. 18.33x) over sglang_flashinfer_prefill
-    if total_seq_len <= 192 and 19 < mean_seq_len <= 46:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 18 workloads, 6.31x (4.57x .. 10.02x) over sglang_flashinfer_prefill
-    if total_seq_len <= 286 and num_seqs <= 16 and 46 < mean_seq_len <= 447:
+    # region 1: 18 workloads, 6.31x (4.57x .. 10.02x) over sglang_flashinfer_prefill
+    if total_seq_len <= 286 and 46 < mean_seq_len <= 447:
         return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 3: 19 workloads, 4.88x (1.96x .. 11.62x) over sglang_flashinfer_prefill
-    if total_seq_len <= 528 and num_seqs > 29 and mean_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 8 workloads, 4.45x (2.98x .. 6.73x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1448 and 447 < mean_seq_len <= 930:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 8 workloads, 2.05x (1.39x .. 3.17x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs > 16 and 46 < mean_seq_len <= 447:
-        return 'triton_prefill_chunked.v16'
-    # region 6: 8 workloads, 2.34x (1.48x .. 7.86x) over sglang_flashinfer_prefill
-    if total_seq_len <= 10203 and mean_seq_len > 930:
-        return 'triton_prefill_chunked.v16'
-    # region 7: 7 workloads, 15.61x (9.97x .. 27.39x) over sglang_flashinfer_prefill
-    if num_seqs <= 29 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 8 workloads, 11.98x (4.49x .. 20.79x) over sglang_flashinfer_prefill
-    if num_seqs <= 29 and 8 < mean_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 9: 17 workloads, 4.06x (1.29x .. 12.50x) over sglang_flashinfer_prefill
-    if total_seq_len > 192 and 19 < mean_seq_len <= 46:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 48 workloads, 5.28x (1.45x .. 12.57x) over sglang_flashinfer_prefill
-    if total_seq_len > 286 and num_seqs <= 16 and 46 < mean_seq_len <= 447:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 20 workloads, 2.92x (1.13x .. 10.77x) over sglang_flashinfer_prefill
-    if total_seq_len > 528 and num_seqs > 29 and mean_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 10 workloads, 4.51x (1.86x .. 14.60x) over sglang_flashinfer_prefill
-    if total_seq_len > 1448 and 447 < mean_seq_len <= 930:
+    # region 2: 20 workloads, 13.56x (3.93x .. 27.39x) over sglang_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 29 and mean_seq_len <= 46:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 11 workloads, 5.10x (1.96x .. 11.62x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and 29 < num_seqs <= 102 and mean_seq_len <= 46:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 8 workloads, 4.82x (2.17x .. 7.29x) over sglang_flashinfer_prefill
+    if total_seq_len <= 528 and num_seqs > 102 and mean_seq_len <= 46:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 28 workloads, 3.55x (1.41x .. 14.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 8726 and 447 < mean_seq_len <= 1448:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 8726 and mean_seq_len > 1448:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
+    # region 7: 54 workloads, 4.79x (1.38x .. 12.57x) over sglang_flashinfer_prefill
+    if 286 < total_seq_len <= 5116 and 46 < mean_seq_len <= 447:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 6 workloads, 7.22x (3.73x .. 12.50x) over sglang_flashinfer_prefill
+    if 362 < total_seq_len <= 528 and num_seqs <= 29 and mean_seq_len <= 46:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 10 workloads, 3.72x (1.62x .. 10.77x) over sglang_flashinfer_prefill
+    if 528 < total_seq_len <= 1519 and num_seqs <= 238 and mean_seq_len <= 46:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 18 workloads, 2.68x (1.13x .. 5.23x) over sglang_flashinfer_prefill
+    if total_seq_len > 528 and num_seqs > 238 and mean_seq_len <= 46:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 6 workloads, 3.12x (1.29x .. 7.40x) over sglang_flashinfer_prefill
+    if total_seq_len > 1519 and num_seqs <= 238 and mean_seq_len <= 46:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 6 workloads, 1.45x (1.20x .. 1.75x) over sglang_flashinfer_prefill
+    if total_seq_len > 5116 and num_seqs <= 80 and 46 < mean_seq_len <= 447:
+        return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
     # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7092 and num_seqs > 16 and 46 < mean_seq_len <= 447:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
-    # region 14: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10203 and mean_seq_len > 930:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
+    if total_seq_len > 5116 and num_seqs > 80 and 46 < mean_seq_len <= 447:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
+    # region 14: 4 workloads, 1.83x (1.30x .. 4.07x) over sglang_flashinfer_prefill
+    if 8726 < total_seq_len <= 16879 and mean_seq_len > 447:
+        return 'flashinfer_pool_inplace'
+    # region 15: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 16879 and mean_seq_len > 447:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -217,43 +232,50 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.86% mean, 78.62% max;
-#             1.928x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.54% mean, 241.37% max;
-#             4.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.43% mean, 78.62% max;
+#             1.785x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.51% mean, 241.37% max;
+#             3.441x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 181 and num_seqs > 22 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 181 and num_seqs > 22 and 5 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   3. total_seq_len <= 3130 and num_seqs <= 23 and max_seq_len > 201: triton_prefill_chunked.v16, 60 workloads, 2.18x (1.40x .. 2.95x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   4. total_seq_len <= 3130 and num_seqs > 23 and max_seq_len > 201: triton_prefill_chunked.v64, 14 workloads, 1.51x (1.33x .. 1.73x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   5. total_seq_len <= 7092 and num_seqs <= 2 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 13.06x (12.61x .. 13.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   6. total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len <= 5 and 2 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 2 workloads, 10.65x (9.75x .. 11.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   7. total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 201: triton_prefill_fused.c16v32, 1 workloads, 5.73x (5.73x .. 5.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   8. total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len > 5 and max_seq_len <= 157: triton_prefill_fused.c16v32, 39 workloads, 4.82x (2.44x .. 10.07x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   9. total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len > 5 and 157 < max_seq_len <= 201: flashinfer_pool_inplace.cp_off, 4 workloads, 2.55x (2.50x .. 2.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace
-#   10. total_seq_len <= 7092 and 2 < num_seqs <= 22 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   11. total_seq_len <= 7092 and num_seqs > 22 and 18 < max_seq_len <= 201: triton_prefill_fused.c16v64, 15 workloads, 2.11x (1.36x .. 2.75x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   12. 181 < total_seq_len <= 7092 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 18: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.40x (3.02x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   13. 181 < total_seq_len <= 7092 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 18: triton_prefill_fused.c16v64, 6 workloads, 2.65x (2.33x .. 2.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   14. 3130 < total_seq_len <= 7092 and num_seqs <= 45 and 201 < max_seq_len <= 1486: flashinfer_pool_inplace.cp_off, 4 workloads, 1.35x (1.29x .. 1.46x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   15. 3130 < total_seq_len <= 7092 and num_seqs <= 45 and max_seq_len > 1486: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   16. 3130 < total_seq_len <= 7092 and 45 < num_seqs <= 80 and 201 < max_seq_len <= 702: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, triton_prefill_chunked.v64
-#   17. 3130 < total_seq_len <= 7092 and 45 < num_seqs <= 80 and max_seq_len > 702: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   18. 3130 < total_seq_len <= 7092 and num_seqs > 80 and max_seq_len > 201: flashinfer_pool_inplace, 2 workloads, 1.09x (1.08x .. 1.11x) over sglang_flashinfer_prefill
-#   19. 7092 < total_seq_len <= 8726 and num_seqs <= 45 and 232 < max_seq_len <= 1123: flashinfer_pool_inplace.cp_off, 2 workloads, 1.43x (1.26x .. 1.62x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   20. 7092 < total_seq_len <= 8726 and num_seqs <= 45 and max_seq_len > 1123: flashinfer_pool_inplace, 7 workloads, 1.20x (1.18x .. 1.26x) over sglang_flashinfer_prefill
-#   21. 7092 < total_seq_len <= 8726 and num_seqs > 45 and 232 < max_seq_len <= 288: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   22. 7092 < total_seq_len <= 8726 and num_seqs > 45 and 288 < max_seq_len <= 933: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
-#   23. 7092 < total_seq_len <= 8726 and num_seqs > 45 and max_seq_len > 933: flashinfer_pool_inplace, 1 workloads, 1.07x (1.07x .. 1.07x) over sglang_flashinfer_prefill
-#   24. 7092 < total_seq_len <= 23170 and max_seq_len <= 232: triton_prefill_fused.c16v64, 4 workloads, 2.27x (1.23x .. 6.10x) over sglang_flashinfer_prefill
-#   25. 8726 < total_seq_len <= 19164 and num_seqs <= 90 and max_seq_len > 4723: flashinfer_pool_inplace, 1 workloads, 1.11x (1.11x .. 1.11x) over sglang_flashinfer_prefill
-#   26. 8726 < total_seq_len <= 19164 and num_seqs > 90 and max_seq_len > 4723: sglang_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 8726 and num_seqs <= 22 and 232 < max_seq_len <= 4723: flashinfer_pool_inplace, 1 workloads, 1.19x (1.19x .. 1.19x) over sglang_flashinfer_prefill
-#   28. total_seq_len > 8726 and num_seqs > 22 and 232 < max_seq_len <= 4723: sglang_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 19164 and num_seqs <= 45 and max_seq_len > 4723: flashinfer_pool_inplace, 3 workloads, 1.12x (1.08x .. 1.15x) over sglang_flashinfer_prefill
-#   30. total_seq_len > 19164 and num_seqs > 45 and max_seq_len > 4723: sglang_flashinfer_prefill (baseline), 0 workloads
-#   31. total_seq_len > 23170 and max_seq_len <= 187: triton_prefill_fused.c16v64, 1 workloads, 1.09x (1.09x .. 1.09x) over sglang_flashinfer_prefill
-#   32. total_seq_len > 23170 and 187 < max_seq_len <= 232: sglang_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 181 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 181 and num_seqs > 22 and mean_seq_len <= 5 and 5 < max_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   3. total_seq_len <= 1448 and mean_seq_len <= 22 and max_seq_len > 288: triton_prefill_chunked.v64, 8 workloads, 1.55x (1.43x .. 1.73x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   4. total_seq_len <= 1448 and mean_seq_len > 22 and 288 < max_seq_len <= 486: triton_prefill_chunked.v16, 10 workloads, 2.46x (2.12x .. 2.89x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   5. total_seq_len <= 1519 and 22 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len <= 157: triton_prefill_fused.c16v64, 2 workloads, 2.13x (2.07x .. 2.18x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   6. total_seq_len <= 1519 and 22 < num_seqs <= 45 and mean_seq_len > 5 and 157 < max_seq_len <= 288: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace
+#   7. total_seq_len <= 1519 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len <= 191: triton_prefill_fused.c16v64, 8 workloads, 2.50x (1.85x .. 2.83x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v16
+#   8. total_seq_len <= 1519 and num_seqs > 45 and mean_seq_len > 5 and 191 < max_seq_len <= 288: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   9. total_seq_len <= 3130 and num_seqs <= 2 and mean_seq_len > 22 and max_seq_len > 1486: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16
+#   10. total_seq_len <= 3130 and mean_seq_len > 22 and 486 < max_seq_len <= 1486: triton_prefill_chunked.v16, 26 workloads, 1.93x (1.51x .. 2.64x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   11. total_seq_len <= 3130 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 1486: triton_prefill_chunked.v16, 6 workloads, 1.58x (1.40x .. 1.71x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   12. num_seqs <= 2 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 13.06x (12.61x .. 13.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   13. num_seqs <= 22 and mean_seq_len <= 5 and 2 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 2 workloads, 10.65x (9.75x .. 11.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   14. num_seqs <= 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 288: triton_prefill_fused.c16v32, 1 workloads, 5.73x (5.73x .. 5.73x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   15. num_seqs <= 22 and mean_seq_len > 5 and max_seq_len <= 157: triton_prefill_fused.c16v32, 39 workloads, 4.82x (2.44x .. 10.07x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   16. num_seqs <= 22 and mean_seq_len > 5 and 157 < max_seq_len <= 288: flashinfer_pool_inplace.cp_off, 22 workloads, 2.50x (2.16x .. 3.23x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace
+#   17. 2 < num_seqs <= 22 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   18. num_seqs > 22 and mean_seq_len <= 5 and 24 < max_seq_len <= 288: triton_prefill_fused.c16v64, 5 workloads, 2.08x (1.36x .. 2.70x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   19. total_seq_len > 181 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 24: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.40x (3.02x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   20. 1448 < total_seq_len <= 3130 and mean_seq_len <= 22 and max_seq_len > 288: flashinfer_pool_inplace, 2 workloads, 1.30x (1.25x .. 1.35x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   21. 1448 < total_seq_len <= 3130 and mean_seq_len > 22 and 288 < max_seq_len <= 486: flashinfer_pool_inplace.cp_off, 2 workloads, 3.15x (3.13x .. 3.16x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   22. 1519 < total_seq_len <= 11585 and num_seqs > 22 and mean_seq_len > 5 and 201 < max_seq_len <= 288: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   23. 1519 < total_seq_len <= 23170 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 201: triton_prefill_fused.c16v64, 16 workloads, 2.13x (1.11x .. 6.10x) over sglang_flashinfer_prefill
+#   24. 3130 < total_seq_len <= 5910 and num_seqs > 18 and 368 < max_seq_len <= 2652: flashinfer_pool_inplace, 2 workloads, 1.32x (1.29x .. 1.34x) over sglang_flashinfer_prefill
+#   25. 3130 < total_seq_len <= 10868 and num_seqs <= 18 and 288 < max_seq_len <= 1123: flashinfer_pool_inplace.cp_off, 6 workloads, 1.47x (1.24x .. 1.62x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   26. 3130 < total_seq_len <= 10868 and num_seqs <= 18 and max_seq_len > 1123: flashinfer_pool_inplace, 14 workloads, 1.20x (1.18x .. 1.30x) over sglang_flashinfer_prefill
+#   27. 3130 < total_seq_len <= 11585 and num_seqs > 45 and max_seq_len > 2652: flashinfer_pool_inplace, 4 workloads, 1.08x (1.06x .. 1.11x) over sglang_flashinfer_prefill
+#   28. 3130 < total_seq_len <= 23170 and 18 < num_seqs <= 45 and max_seq_len > 2652: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   29. total_seq_len > 3130 and 18 < num_seqs <= 45 and 288 < max_seq_len <= 368: flashinfer_pool_inplace.cp_off, 2 workloads, 1.39x (1.33x .. 1.46x) over sglang_flashinfer_prefill
+#   30. total_seq_len > 3130 and num_seqs > 45 and 288 < max_seq_len <= 368: sglang_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 5910 and num_seqs > 18 and 368 < max_seq_len <= 2652: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k1c8
+#   32. 10868 < total_seq_len <= 27504 and num_seqs <= 18 and max_seq_len > 288: flashinfer_pool_inplace, 6 workloads, 1.13x (1.11x .. 1.15x) over sglang_flashinfer_prefill
+#   33. total_seq_len > 11585 and num_seqs > 22 and mean_seq_len > 5 and 201 < max_seq_len <= 288: sglang_flashinfer_prefill (baseline), 0 workloads
+#   34. total_seq_len > 11585 and num_seqs > 45 and max_seq_len > 2652: sglang_flashinfer_prefill (baseline), 0 workloads
+#   35. total_seq_len > 23170 and 18 < num_seqs <= 45 and max_seq_len > 2652: sglang_flashinfer_prefill (baseline), 0 workloads
+#   36. total_seq_len > 23170 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 201: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   37. total_seq_len > 27504 and num_seqs <= 11 and max_seq_len > 288: flashinfer_pool_inplace, 2 workloads, 1.07x (1.06x .. 1.08x) over sglang_flashinfer_prefill
+#   38. total_seq_len > 27504 and 11 < num_seqs <= 18 and 288 < max_seq_len <= 4723: sglang_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 27504 and 11 < num_seqs <= 18 and max_seq_len > 4723: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 181 and 36 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 5 workloads, 9.72x (6.74x .. 13.92x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace
 #   2. total_seq_len <= 286 and 127 < max_seq_len <= 217: cuda_prefill_pool_rows.k16c8, 9 workloads, 5.85x (3.02x .. 9.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
@@ -267,63 +289,73 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   10. total_seq_len <= 3828 and num_seqs > 5 and 523 < max_seq_len <= 900: triton_prefill_chunked.v64, 10 workloads, 3.16x (1.56x .. 6.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_fused.c16v64
 #   11. total_seq_len <= 3828 and 12 < num_seqs <= 59 and 2 < max_seq_len <= 36: cuda_prefill_pool_rows.k4c16, 7 workloads, 13.29x (5.65x .. 28.00x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
 #   12. total_seq_len <= 3828 and num_seqs > 21 and 217 < max_seq_len <= 523: triton_prefill_fused.c16v64, 8 workloads, 3.16x (2.47x .. 4.40x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. total_seq_len <= 3828 and num_seqs > 59 and max_seq_len <= 24: cuda_prefill_pool_rows.k2c8, 18 workloads, 6.41x (4.63x .. 12.68x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   13. total_seq_len <= 3828 and num_seqs > 59 and max_seq_len <= 24: cuda_prefill_pool_rows.k2c8, 18 workloads, 6.41x (4.63x .. 12.68x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   14. 181 < total_seq_len <= 647 and num_seqs <= 22 and 36 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c16, 7 workloads, 8.69x (6.95x .. 11.44x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   15. 181 < total_seq_len <= 647 and num_seqs > 22 and 36 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   16. 286 < total_seq_len <= 3828 and 127 < max_seq_len <= 217: triton_prefill_fused.c16v64, 10 workloads, 6.77x (3.56x .. 9.94x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   17. 647 < total_seq_len <= 3828 and 36 < max_seq_len <= 127: triton_prefill_fused.c16v64, 10 workloads, 5.45x (2.88x .. 9.84x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k1c8
-#   18. 1448 < total_seq_len <= 3828 and num_seqs > 59 and 24 < max_seq_len <= 36: triton_prefill_fused.c16v64, 2 workloads, 5.77x (3.88x .. 8.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   19. 3828 < total_seq_len <= 5792 and num_seqs > 113 and max_seq_len > 1408: triton_prefill_chunked.v16, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   20. 3828 < total_seq_len <= 10868 and num_seqs <= 11 and 1408 < max_seq_len <= 7169: triton_prefill_chunked.v16, 4 workloads, 1.65x (1.51x .. 1.85x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
-#   21. 3828 < total_seq_len <= 10868 and num_seqs <= 11 and max_seq_len > 7169: flashinfer_pool_inplace, 1 workloads, 1.72x (1.72x .. 1.72x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   22. 3828 < total_seq_len <= 10868 and num_seqs <= 22 and 930 < max_seq_len <= 1408: triton_prefill_chunked.v16, 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off
-#   23. 3828 < total_seq_len <= 10868 and max_seq_len <= 930: triton_prefill_fused.c16v64, 9 workloads, 2.75x (1.68x .. 5.23x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   24. 3828 < total_seq_len <= 10868 and 11 < num_seqs <= 113 and max_seq_len > 1408: triton_prefill_chunked.v16, 5 workloads, 1.77x (1.37x .. 3.02x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
-#   25. 3828 < total_seq_len <= 10868 and num_seqs > 22 and 930 < max_seq_len <= 1408: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   26. 5792 < total_seq_len <= 10868 and num_seqs > 113 and max_seq_len > 1408: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
-#   27. 10868 < total_seq_len <= 27504 and num_seqs <= 22 and mean_seq_len <= 5086 and max_seq_len <= 5387: flashinfer_pool_inplace.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64
-#   28. 10868 < total_seq_len <= 27504 and num_seqs <= 22 and mean_seq_len <= 5086 and max_seq_len > 5387: flashinfer_pool_inplace, 2 workloads, 1.43x (1.30x .. 1.57x) over sglang_flashinfer_prefill
-#   29. 10868 < total_seq_len <= 27504 and mean_seq_len > 5086: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   30. 10868 < total_seq_len <= 27504 and num_seqs > 22 and mean_seq_len <= 5086 and max_seq_len <= 724: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
-#   31. 10868 < total_seq_len <= 27504 and num_seqs > 22 and mean_seq_len <= 5086 and max_seq_len > 724: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 27504 and num_seqs <= 90 and max_seq_len > 11585: flashinfer_pool_inplace, 1 workloads, 1.35x (1.35x .. 1.35x) over sglang_flashinfer_prefill
-#   33. total_seq_len > 27504 and num_seqs <= 181 and max_seq_len <= 11585: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   34. total_seq_len > 27504 and num_seqs > 90 and max_seq_len > 11585: sglang_flashinfer_prefill (baseline), 0 workloads
-#   35. total_seq_len > 27504 and num_seqs > 181 and max_seq_len <= 11585: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   18. 1448 < total_seq_len <= 3828 and num_seqs > 59 and 24 < max_seq_len <= 36: triton_prefill_fused.c16v64, 2 workloads, 5.77x (3.88x .. 8.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   19. 3828 < total_seq_len <= 11585 and num_seqs <= 113 and 930 < max_seq_len <= 7127: triton_prefill_chunked.v16, 12 workloads, 2.31x (1.42x .. 3.65x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   20. 3828 < total_seq_len <= 11585 and num_seqs > 113 and 930 < max_seq_len <= 7127: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   21. 3828 < total_seq_len <= 23170 and 90 < mean_seq_len <= 362 and max_seq_len <= 930: triton_prefill_fused.c16v64, 6 workloads, 2.15x (1.68x .. 3.32x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace
+#   22. total_seq_len > 3828 and num_seqs <= 5 and 7127 < max_seq_len <= 8191: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k1c8
+#   23. total_seq_len > 3828 and num_seqs <= 45 and max_seq_len > 16336: flashinfer_pool_inplace, 2 workloads, 1.53x (1.35x .. 1.74x) over sglang_flashinfer_prefill
+#   24. total_seq_len > 3828 and num_seqs <= 90 and mean_seq_len <= 90 and max_seq_len <= 930: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   25. total_seq_len > 3828 and num_seqs <= 90 and 8191 < max_seq_len <= 16336: flashinfer_pool_inplace, 2 workloads, 1.34x (1.30x .. 1.38x) over sglang_flashinfer_prefill
+#   26. total_seq_len > 3828 and mean_seq_len > 362 and max_seq_len <= 930: triton_prefill_fused.c16v64, 4 workloads, 3.55x (2.32x .. 4.57x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   27. total_seq_len > 3828 and num_seqs > 5 and 7127 < max_seq_len <= 7551: triton_prefill_chunked.v16, 6 workloads, 1.56x (1.37x .. 1.86x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64
+#   28. total_seq_len > 3828 and num_seqs > 5 and 7551 < max_seq_len <= 8191: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16
+#   29. total_seq_len > 3828 and num_seqs > 45 and max_seq_len > 16336: sglang_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 3828 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 930: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
+#   31. total_seq_len > 3828 and num_seqs > 90 and 8191 < max_seq_len <= 16336: sglang_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 3828 and num_seqs > 90 and 22 < mean_seq_len <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 6 workloads, 2.83x (1.95x .. 5.23x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   33. total_seq_len > 3828 and num_seqs > 90 and 22 < mean_seq_len <= 90 and 362 < max_seq_len <= 930: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   34. 11585 < total_seq_len <= 19164 and 930 < max_seq_len <= 7127: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   35. 19164 < total_seq_len <= 27504 and 930 < max_seq_len <= 7127: sglang_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   36. total_seq_len > 23170 and 90 < mean_seq_len <= 362 and max_seq_len <= 930: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   37. total_seq_len > 27504 and num_seqs <= 90 and 930 < max_seq_len <= 7127: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 27504 and num_seqs > 90 and 930 < max_seq_len <= 7127: sglang_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 18), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (201, None), 'num_seqs': (None, 23), 'total_seq_len': (None, 3130)}, 'workloads': 60, 'speedup': (1.4, 2.18, 2.95), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (201, None), 'num_seqs': (23, None), 'total_seq_len': (None, 3130)}, 'workloads': 14, 'speedup': (1.33, 1.51, 1.73), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 7092)}, 'workloads': 4, 'speedup': (12.61, 13.06, 13.52), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 17), 'mean_seq_len': (None, 5), 'num_seqs': (None, 22), 'total_seq_len': (None, 7092)}, 'workloads': 2, 'speedup': (9.75, 10.65, 11.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 201), 'mean_seq_len': (None, 5), 'num_seqs': (None, 22), 'total_seq_len': (None, 7092)}, 'workloads': 1, 'speedup': (5.73, 5.73, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (5, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 7092)}, 'workloads': 39, 'speedup': (2.44, 4.82, 10.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (157, 201), 'mean_seq_len': (5, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 7092)}, 'workloads': 4, 'speedup': (2.5, 2.55, 2.57), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (2, 22), 'total_seq_len': (None, 7092)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (18, 201), 'num_seqs': (22, None), 'total_seq_len': (None, 7092)}, 'workloads': 15, 'speedup': (1.36, 2.11, 2.75), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (181, 7092)}, 'workloads': 12, 'speedup': (3.02, 3.4, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (181, 7092)}, 'workloads': 6, 'speedup': (2.33, 2.65, 2.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 14, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (201, 1486), 'num_seqs': (None, 45), 'total_seq_len': (3130, 7092)}, 'workloads': 4, 'speedup': (1.29, 1.35, 1.46), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, None), 'num_seqs': (None, 45), 'total_seq_len': (3130, 7092)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (201, 702), 'num_seqs': (45, 80), 'total_seq_len': (3130, 7092)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (702, None), 'num_seqs': (45, 80), 'total_seq_len': (3130, 7092)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (201, None), 'num_seqs': (80, None), 'total_seq_len': (3130, 7092)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.11), 'fallbacks': ()},
-    {'region': 19, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (232, 1123), 'num_seqs': (None, 45), 'total_seq_len': (7092, 8726)}, 'workloads': 2, 'speedup': (1.26, 1.43, 1.62), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1123, None), 'num_seqs': (None, 45), 'total_seq_len': (7092, 8726)}, 'workloads': 7, 'speedup': (1.18, 1.2, 1.26), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (232, 288), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (288, 933), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (933, None), 'num_seqs': (45, None), 'total_seq_len': (7092, 8726)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 232), 'total_seq_len': (7092, 23170)}, 'workloads': 4, 'speedup': (1.23, 2.27, 6.1), 'fallbacks': ()},
-    {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (None, 90), 'total_seq_len': (8726, 19164)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 26, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (90, None), 'total_seq_len': (8726, 19164)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (232, 4723), 'num_seqs': (None, 22), 'total_seq_len': (8726, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
-    {'region': 28, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (232, 4723), 'num_seqs': (22, None), 'total_seq_len': (8726, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (None, 45), 'total_seq_len': (19164, None)}, 'workloads': 3, 'speedup': (1.08, 1.12, 1.15), 'fallbacks': ()},
-    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (45, None), 'total_seq_len': (19164, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 187), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ()},
-    {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (187, 232), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 24), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (288, None), 'mean_seq_len': (None, 22), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.43, 1.55, 1.73), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (288, 486), 'mean_seq_len': (22, None), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (2.12, 2.46, 2.89), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (5, None), 'num_seqs': (22, 45), 'total_seq_len': (None, 1519)}, 'workloads': 2, 'speedup': (2.07, 2.13, 2.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (157, 288), 'mean_seq_len': (5, None), 'num_seqs': (22, 45), 'total_seq_len': (None, 1519)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 191), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 1519)}, 'workloads': 8, 'speedup': (1.85, 2.5, 2.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (191, 288), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 1519)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, None), 'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 3130)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (486, 1486), 'mean_seq_len': (22, None), 'total_seq_len': (None, 3130)}, 'workloads': 26, 'speedup': (1.51, 1.93, 2.64), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1486, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 3130)}, 'workloads': 6, 'speedup': (1.4, 1.58, 1.71), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (12.61, 13.06, 13.52), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 17), 'mean_seq_len': (None, 5), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (9.75, 10.65, 11.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 288), 'mean_seq_len': (None, 5), 'num_seqs': (None, 22)}, 'workloads': 1, 'speedup': (5.73, 5.73, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (5, None), 'num_seqs': (None, 22)}, 'workloads': 39, 'speedup': (2.44, 4.82, 10.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 16, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (157, 288), 'mean_seq_len': (5, None), 'num_seqs': (None, 22)}, 'workloads': 22, 'speedup': (2.16, 2.5, 3.23), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (2, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (24, 288), 'mean_seq_len': (None, 5), 'num_seqs': (22, None)}, 'workloads': 5, 'speedup': (1.36, 2.08, 2.7), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 24), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (3.02, 3.4, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (288, None), 'mean_seq_len': (None, 22), 'total_seq_len': (1448, 3130)}, 'workloads': 2, 'speedup': (1.25, 1.3, 1.35), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (288, 486), 'mean_seq_len': (22, None), 'total_seq_len': (1448, 3130)}, 'workloads': 2, 'speedup': (3.13, 3.15, 3.16), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (201, 288), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (1519, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 201), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (1519, 23170)}, 'workloads': 16, 'speedup': (1.11, 2.13, 6.1), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (368, 2652), 'num_seqs': (18, None), 'total_seq_len': (3130, 5910)}, 'workloads': 2, 'speedup': (1.29, 1.32, 1.34), 'fallbacks': ()},
+    {'region': 25, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (288, 1123), 'num_seqs': (None, 18), 'total_seq_len': (3130, 10868)}, 'workloads': 6, 'speedup': (1.24, 1.47, 1.62), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 26, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1123, None), 'num_seqs': (None, 18), 'total_seq_len': (3130, 10868)}, 'workloads': 14, 'speedup': (1.18, 1.2, 1.3), 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, None), 'num_seqs': (45, None), 'total_seq_len': (3130, 11585)}, 'workloads': 4, 'speedup': (1.06, 1.08, 1.11), 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, None), 'num_seqs': (18, 45), 'total_seq_len': (3130, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (288, 368), 'num_seqs': (18, 45), 'total_seq_len': (3130, None)}, 'workloads': 2, 'speedup': (1.33, 1.39, 1.46), 'fallbacks': ()},
+    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (288, 368), 'num_seqs': (45, None), 'total_seq_len': (3130, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (368, 2652), 'num_seqs': (18, None), 'total_seq_len': (5910, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 32, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (288, None), 'num_seqs': (None, 18), 'total_seq_len': (10868, 27504)}, 'workloads': 6, 'speedup': (1.11, 1.13, 1.15), 'fallbacks': ()},
+    {'region': 33, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (201, 288), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2652, None), 'num_seqs': (45, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2652, None), 'num_seqs': (18, 45), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 201), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 37, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (288, None), 'num_seqs': (None, 11), 'total_seq_len': (27504, None)}, 'workloads': 2, 'speedup': (1.06, 1.07, 1.08), 'fallbacks': ()},
+    {'region': 38, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (288, 4723), 'num_seqs': (11, 18), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (11, 18), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -339,29 +371,32 @@ REGIONS_HINTED_EAGER = (
     {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (523, 900), 'num_seqs': (5, None), 'total_seq_len': (None, 3828)}, 'workloads': 10, 'speedup': (1.56, 3.16, 6.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c16', 'bounds': {'max_seq_len': (2, 36), 'num_seqs': (12, 59), 'total_seq_len': (None, 3828)}, 'workloads': 7, 'speedup': (5.65, 13.29, 28.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
     {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (217, 523), 'num_seqs': (21, None), 'total_seq_len': (None, 3828)}, 'workloads': 8, 'speedup': (2.47, 3.16, 4.4), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 24), 'num_seqs': (59, None), 'total_seq_len': (None, 3828)}, 'workloads': 18, 'speedup': (4.63, 6.41, 12.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 24), 'num_seqs': (59, None), 'total_seq_len': (None, 3828)}, 'workloads': 18, 'speedup': (4.63, 6.41, 12.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (36, 127), 'num_seqs': (None, 22), 'total_seq_len': (181, 647)}, 'workloads': 7, 'speedup': (6.95, 8.69, 11.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (36, 127), 'num_seqs': (22, None), 'total_seq_len': (181, 647)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 217), 'total_seq_len': (286, 3828)}, 'workloads': 10, 'speedup': (3.56, 6.77, 9.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (36, 127), 'total_seq_len': (647, 3828)}, 'workloads': 10, 'speedup': (2.88, 5.45, 9.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (24, 36), 'num_seqs': (59, None), 'total_seq_len': (1448, 3828)}, 'workloads': 2, 'speedup': (3.88, 5.77, 8.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1408, None), 'num_seqs': (113, None), 'total_seq_len': (3828, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 20, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1408, 7169), 'num_seqs': (None, 11), 'total_seq_len': (3828, 10868)}, 'workloads': 4, 'speedup': (1.51, 1.65, 1.85), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 21, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7169, None), 'num_seqs': (None, 11), 'total_seq_len': (3828, 10868)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 22, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (930, 1408), 'num_seqs': (None, 22), 'total_seq_len': (3828, 10868)}, 'workloads': 1, 'speedup': (3.65, 3.65, 3.65), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 930), 'total_seq_len': (3828, 10868)}, 'workloads': 9, 'speedup': (1.68, 2.75, 5.23), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 24, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1408, None), 'num_seqs': (11, 113), 'total_seq_len': (3828, 10868)}, 'workloads': 5, 'speedup': (1.37, 1.77, 3.02), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 25, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (930, 1408), 'num_seqs': (22, None), 'total_seq_len': (3828, 10868)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1408, None), 'num_seqs': (113, None), 'total_seq_len': (5792, 10868)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'max_seq_len': (None, 5387), 'mean_seq_len': (None, 5086), 'num_seqs': (None, 22), 'total_seq_len': (10868, 27504)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5387, None), 'mean_seq_len': (None, 5086), 'num_seqs': (None, 22), 'total_seq_len': (10868, 27504)}, 'workloads': 2, 'speedup': (1.3, 1.43, 1.57), 'fallbacks': ()},
-    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (5086, None), 'total_seq_len': (10868, 27504)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 5086), 'num_seqs': (22, None), 'total_seq_len': (10868, 27504)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 31, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 5086), 'num_seqs': (22, None), 'total_seq_len': (10868, 27504)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (11585, None), 'num_seqs': (None, 90), 'total_seq_len': (27504, None)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (None, 11585), 'num_seqs': (None, 181), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (11585, None), 'num_seqs': (90, None), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 11585), 'num_seqs': (181, None), 'total_seq_len': (27504, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (24, 36), 'num_seqs': (59, None), 'total_seq_len': (1448, 3828)}, 'workloads': 2, 'speedup': (3.88, 5.77, 8.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 19, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (930, 7127), 'num_seqs': (None, 113), 'total_seq_len': (3828, 11585)}, 'workloads': 12, 'speedup': (1.42, 2.31, 3.65), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 20, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (930, 7127), 'num_seqs': (113, None), 'total_seq_len': (3828, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 930), 'mean_seq_len': (90, 362), 'total_seq_len': (3828, 23170)}, 'workloads': 6, 'speedup': (1.68, 2.15, 3.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
+    {'region': 22, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7127, 8191), 'num_seqs': (None, 5), 'total_seq_len': (3828, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (16336, None), 'num_seqs': (None, 45), 'total_seq_len': (3828, None)}, 'workloads': 2, 'speedup': (1.35, 1.53, 1.74), 'fallbacks': ()},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 930), 'mean_seq_len': (None, 90), 'num_seqs': (None, 90), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (8191, 16336), 'num_seqs': (None, 90), 'total_seq_len': (3828, None)}, 'workloads': 2, 'speedup': (1.3, 1.34, 1.38), 'fallbacks': ()},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 930), 'mean_seq_len': (362, None), 'total_seq_len': (3828, None)}, 'workloads': 4, 'speedup': (2.32, 3.55, 4.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 27, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (7127, 7551), 'num_seqs': (5, None), 'total_seq_len': (3828, None)}, 'workloads': 6, 'speedup': (1.37, 1.56, 1.86), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7551, 8191), 'num_seqs': (5, None), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 29, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (16336, None), 'num_seqs': (45, None), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 930), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 31, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (8191, 16336), 'num_seqs': (90, None), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (22, 90), 'num_seqs': (90, None), 'total_seq_len': (3828, None)}, 'workloads': 6, 'speedup': (1.95, 2.83, 5.23), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 33, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (362, 930), 'mean_seq_len': (22, 90), 'num_seqs': (90, None), 'total_seq_len': (3828, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (930, 7127), 'total_seq_len': (11585, 19164)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (930, 7127), 'total_seq_len': (19164, 27504)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 930), 'mean_seq_len': (90, 362), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 37, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (930, 7127), 'num_seqs': (None, 90), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (930, 7127), 'num_seqs': (90, None), 'total_seq_len': (27504, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -371,89 +406,107 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 22 and max_seq_len <= 5:
+    if total_seq_len <= 181 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 22 and 5 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 60 workloads, 2.18x (1.40x .. 2.95x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and num_seqs <= 23 and max_seq_len > 201:
+    if total_seq_len <= 181 and num_seqs > 22 and mean_seq_len <= 5 and 5 < max_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 8 workloads, 1.55x (1.43x .. 1.73x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1448 and mean_seq_len <= 22 and max_seq_len > 288:
+        return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 10 workloads, 2.46x (2.12x .. 2.89x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1448 and mean_seq_len > 22 and 288 < max_seq_len <= 486:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 5: 2 workloads, 2.13x (2.07x .. 2.18x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1519 and 22 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len <= 157:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1519 and 22 < num_seqs <= 45 and mean_seq_len > 5 and 157 < max_seq_len <= 288:
+        return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 7: 8 workloads, 2.50x (1.85x .. 2.83x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1519 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len <= 191:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1519 and num_seqs > 45 and mean_seq_len > 5 and 191 < max_seq_len <= 288:
+        return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3130 and num_seqs <= 2 and mean_seq_len > 22 and max_seq_len > 1486:
+        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
+    # region 10: 26 workloads, 1.93x (1.51x .. 2.64x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and mean_seq_len > 22 and 486 < max_seq_len <= 1486:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 11: 6 workloads, 1.58x (1.40x .. 1.71x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3130 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 1486:
         return ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 4: 14 workloads, 1.51x (1.33x .. 1.73x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3130 and num_seqs > 23 and max_seq_len > 201:
-        return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 4 workloads, 13.06x (12.61x .. 13.52x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs <= 2 and mean_seq_len <= 5 and max_seq_len <= 2:
+    # region 12: 4 workloads, 13.06x (12.61x .. 13.52x) over sglang_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, 10.65x (9.75x .. 11.63x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len <= 5 and 2 < max_seq_len <= 17:
+    # region 13: 2 workloads, 10.65x (9.75x .. 11.63x) over sglang_flashinfer_prefill
+    if num_seqs <= 22 and mean_seq_len <= 5 and 2 < max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 1 workloads, 5.73x (5.73x .. 5.73x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 201:
+    # region 14: 1 workloads, 5.73x (5.73x .. 5.73x) over sglang_flashinfer_prefill
+    if num_seqs <= 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 288:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 39 workloads, 4.82x (2.44x .. 10.07x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len > 5 and max_seq_len <= 157:
+    # region 15: 39 workloads, 4.82x (2.44x .. 10.07x) over sglang_flashinfer_prefill
+    if num_seqs <= 22 and mean_seq_len > 5 and max_seq_len <= 157:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 4 workloads, 2.55x (2.50x .. 2.57x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs <= 22 and mean_seq_len > 5 and 157 < max_seq_len <= 201:
+    # region 16: 22 workloads, 2.50x (2.16x .. 3.23x) over sglang_flashinfer_prefill
+    if num_seqs <= 22 and mean_seq_len > 5 and 157 < max_seq_len <= 288:
         return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 7092 and 2 < num_seqs <= 22 and mean_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 15 workloads, 2.11x (1.36x .. 2.75x) over sglang_flashinfer_prefill
-    if total_seq_len <= 7092 and num_seqs > 22 and 18 < max_seq_len <= 201:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 12 workloads, 3.40x (3.02x .. 3.65x) over sglang_flashinfer_prefill
-    if 181 < total_seq_len <= 7092 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 6 workloads, 2.65x (2.33x .. 2.83x) over sglang_flashinfer_prefill
-    if 181 < total_seq_len <= 7092 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 18:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 4 workloads, 1.35x (1.29x .. 1.46x) over sglang_flashinfer_prefill
-    if 3130 < total_seq_len <= 7092 and num_seqs <= 45 and 201 < max_seq_len <= 1486:
-        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 3130 < total_seq_len <= 7092 and num_seqs <= 45 and max_seq_len > 1486:
-        return 'flashinfer_pool_inplace'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 3130 < total_seq_len <= 7092 and 45 < num_seqs <= 80 and 201 < max_seq_len <= 702:
-        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 3130 < total_seq_len <= 7092 and 45 < num_seqs <= 80 and max_seq_len > 702:
+    if 2 < num_seqs <= 22 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 5 workloads, 2.08x (1.36x .. 2.70x) over sglang_flashinfer_prefill
+    if num_seqs > 22 and mean_seq_len <= 5 and 24 < max_seq_len <= 288:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 12 workloads, 3.40x (3.02x .. 3.65x) over sglang_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 22 and mean_seq_len <= 5 and max_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 2 workloads, 1.30x (1.25x .. 1.35x) over sglang_flashinfer_prefill
+    if 1448 < total_seq_len <= 3130 and mean_seq_len <= 22 and max_seq_len > 288:
+        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
+    # region 21: 2 workloads, 3.15x (3.13x .. 3.16x) over sglang_flashinfer_prefill
+    if 1448 < total_seq_len <= 3130 and mean_seq_len > 22 and 288 < max_seq_len <= 486:
+        return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 1519 < total_seq_len <= 11585 and num_seqs > 22 and mean_seq_len > 5 and 201 < max_seq_len <= 288:
+        return 'triton_prefill_fused.c16v64'
+    # region 23: 16 workloads, 2.13x (1.11x .. 6.10x) over sglang_flashinfer_prefill
+    if 1519 < total_seq_len <= 23170 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 201:
+        return 'triton_prefill_fused.c16v64'
+    # region 24: 2 workloads, 1.32x (1.29x .. 1.34x) over sglang_flashinfer_prefill
+    if 3130 < total_seq_len <= 5910 and num_seqs > 18 and 368 < max_seq_len <= 2652:
         return 'flashinfer_pool_inplace'
-    # region 18: 2 workloads, 1.09x (1.08x .. 1.11x) over sglang_flashinfer_prefill
-    if 3130 < total_seq_len <= 7092 and num_seqs > 80 and max_seq_len > 201:
-        return 'flashinfer_pool_inplace'
-    # region 19: 2 workloads, 1.43x (1.26x .. 1.62x) over sglang_flashinfer_prefill
-    if 7092 < total_seq_len <= 8726 and num_seqs <= 45 and 232 < max_seq_len <= 1123:
+    # region 25: 6 workloads, 1.47x (1.24x .. 1.62x) over sglang_flashinfer_prefill
+    if 3130 < total_seq_len <= 10868 and num_seqs <= 18 and 288 < max_seq_len <= 1123:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 20: 7 workloads, 1.20x (1.18x .. 1.26x) over sglang_flashinfer_prefill
-    if 7092 < total_seq_len <= 8726 and num_seqs <= 45 and max_seq_len > 1123:
+    # region 26: 14 workloads, 1.20x (1.18x .. 1.30x) over sglang_flashinfer_prefill
+    if 3130 < total_seq_len <= 10868 and num_seqs <= 18 and max_seq_len > 1123:
         return 'flashinfer_pool_inplace'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 7092 < total_seq_len <= 8726 and num_seqs > 45 and 232 < max_seq_len <= 288:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 7092 < total_seq_len <= 8726 and num_seqs > 45 and 288 < max_seq_len <= 933:
+    # region 27: 4 workloads, 1.08x (1.06x .. 1.11x) over sglang_flashinfer_prefill
+    if 3130 < total_seq_len <= 11585 and num_seqs > 45 and max_seq_len > 2652:
+        return 'flashinfer_pool_inplace'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 3130 < total_seq_len <= 23170 and 18 < num_seqs <= 45 and max_seq_len > 2652:
+        return 'flashinfer_pool_inplace'
+    # region 29: 2 workloads, 1.39x (1.33x .. 1.46x) over sglang_flashinfer_prefill
+    if total_seq_len > 3130 and 18 < num_seqs <= 45 and 288 < max_seq_len <= 368:
+        return 'flashinfer_pool_inplace.cp_off'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5910 and num_seqs > 18 and 368 < max_seq_len <= 2652:
         return ('sglang_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
-    # region 23: 1 workloads, 1.07x (1.07x .. 1.07x) over sglang_flashinfer_prefill
-    if 7092 < total_seq_len <= 8726 and num_seqs > 45 and max_seq_len > 933:
+    # region 32: 6 workloads, 1.13x (1.11x .. 1.15x) over sglang_flashinfer_prefill
+    if 10868 < total_seq_len <= 27504 and num_seqs <= 18 and max_seq_len > 288:
         return 'flashinfer_pool_inplace'
-    # region 24: 4 workloads, 2.27x (1.23x .. 6.10x) over sglang_flashinfer_prefill
-    if 7092 < total_seq_len <= 23170 and max_seq_len <= 232:
-        return 'triton_prefill_fused.c16v64'
-    # region 25: 1 workloads, 1.11x (1.11x .. 1.11x) over sglang_flashinfer_prefill
-    if 8726 < total_seq_len <= 19164 and num_seqs <= 90 and max_seq_len > 4723:
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs > 22 and mean_seq_len > 5 and max_seq_len <= 201:
+        return ('sglang_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
+    # region 37: 2 workloads, 1.07x (1.06x .. 1.08x) over sglang_flashinfer_prefill
+    if total_seq_len > 27504 and num_seqs <= 11 and max_seq_len > 288:
         return 'flashinfer_pool_inplace'
-    # region 27: 1 workloads, 1.19x (1.19x .. 1.19x) over sglang_flashinfer_prefill
-    if total_seq_len > 8726 and num_seqs <= 22 and 232 < max_seq_len <= 4723:
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 27504 and 11 < num_seqs <= 18 and max_seq_len > 4723:
         return 'flashinfer_pool_inplace'
-    # region 29: 3 workloads, 1.12x (1.08x .. 1.15x) over sglang_flashinfer_prefill
-    if total_seq_len > 19164 and num_seqs <= 45 and max_seq_len > 4723:
-        return 'flashinfer_pool_inplace'
-    # region 31: 1 workloads, 1.09x (1.09x .. 1.09x) over sglang_flashinfer_prefill
-    if total_seq_len > 23170 and max_seq_len <= 187:
-        return 'triton_prefill_fused.c16v64'
     return 'sglang_flashinfer_prefill'
 
 
@@ -498,7 +551,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 13: 18 workloads, 6.41x (4.63x .. 12.68x) over sglang_flashinfer_prefill
     if total_seq_len <= 3828 and num_seqs > 59 and max_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 14: 7 workloads, 8.69x (6.95x .. 11.44x) over sglang_flashinfer_prefill
     if 181 < total_seq_len <= 647 and num_seqs <= 22 and 36 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c16'
@@ -513,53 +566,56 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_s
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k1c8') if inside else 'triton_prefill_fused.c16v64'
     # region 18: 2 workloads, 5.77x (3.88x .. 8.59x) over sglang_flashinfer_prefill
     if 1448 < total_seq_len <= 3828 and num_seqs > 59 and 24 < max_seq_len <= 36:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 3828 < total_seq_len <= 5792 and num_seqs > 113 and max_seq_len > 1408:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 20: 4 workloads, 1.65x (1.51x .. 1.85x) over sglang_flashinfer_prefill
-    if 3828 < total_seq_len <= 10868 and num_seqs <= 11 and 1408 < max_seq_len <= 7169:
-        return ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 21: 1 workloads, 1.72x (1.72x .. 1.72x) over sglang_flashinfer_prefill
-    if 3828 < total_seq_len <= 10868 and num_seqs <= 11 and max_seq_len > 7169:
-        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
-    # region 22: 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill
-    if 3828 < total_seq_len <= 10868 and num_seqs <= 22 and 930 < max_seq_len <= 1408:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 23: 9 workloads, 2.75x (1.68x .. 5.23x) over sglang_flashinfer_prefill
-    if 3828 < total_seq_len <= 10868 and max_seq_len <= 930:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 5 workloads, 1.77x (1.37x .. 3.02x) over sglang_flashinfer_prefill
-    if 3828 < total_seq_len <= 10868 and 11 < num_seqs <= 113 and max_seq_len > 1408:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 12 workloads, 2.31x (1.42x .. 3.65x) over sglang_flashinfer_prefill
+    if 3828 < total_seq_len <= 11585 and num_seqs <= 113 and 930 < max_seq_len <= 7127:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 3828 < total_seq_len <= 11585 and num_seqs > 113 and 930 < max_seq_len <= 7127:
+        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'flashinfer_pool_inplace'
+    # region 21: 6 workloads, 2.15x (1.68x .. 3.32x) over sglang_flashinfer_prefill
+    if 3828 < total_seq_len <= 23170 and 90 < mean_seq_len <= 362 and max_seq_len <= 930:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3828 and num_seqs <= 5 and 7127 < max_seq_len <= 8191:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k1c8') if inside else 'sglang_flashinfer_prefill'
+    # region 23: 2 workloads, 1.53x (1.35x .. 1.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 3828 and num_seqs <= 45 and max_seq_len > 16336:
+        return 'flashinfer_pool_inplace'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3828 and num_seqs <= 90 and mean_seq_len <= 90 and max_seq_len <= 930:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 2 workloads, 1.34x (1.30x .. 1.38x) over sglang_flashinfer_prefill
+    if total_seq_len > 3828 and num_seqs <= 90 and 8191 < max_seq_len <= 16336:
+        return 'flashinfer_pool_inplace'
+    # region 26: 4 workloads, 3.55x (2.32x .. 4.57x) over sglang_flashinfer_prefill
+    if total_seq_len > 3828 and mean_seq_len > 362 and max_seq_len <= 930:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 6 workloads, 1.56x (1.37x .. 1.86x) over sglang_flashinfer_prefill
+    if total_seq_len > 3828 and num_seqs > 5 and 7127 < max_seq_len <= 7551:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 3828 < total_seq_len <= 10868 and num_seqs > 22 and 930 < max_seq_len <= 1408:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 10868 and num_seqs > 113 and max_seq_len > 1408:
-        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 10868 < total_seq_len <= 27504 and num_seqs <= 22 and mean_seq_len <= 5086 and max_seq_len <= 5387:
-        return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'flashinfer_pool_inplace.cp_off'
-    # region 28: 2 workloads, 1.43x (1.30x .. 1.57x) over sglang_flashinfer_prefill
-    if 10868 < total_seq_len <= 27504 and num_seqs <= 22 and mean_seq_len <= 5086 and max_seq_len > 5387:
-        return 'flashinfer_pool_inplace'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 10868 < total_seq_len <= 27504 and mean_seq_len > 5086:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3828 and num_seqs > 5 and 7551 < max_seq_len <= 8191:
+        return ('flashinfer_pool_inplace', 'triton_prefill_chunked.v16') if inside else 'flashinfer_pool_inplace'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 10868 < total_seq_len <= 27504 and num_seqs > 22 and mean_seq_len <= 5086 and max_seq_len <= 724:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 10868 < total_seq_len <= 27504 and num_seqs > 22 and mean_seq_len <= 5086 and max_seq_len > 724:
-        return 'flashinfer_pool_inplace'
-    # region 32: 1 workloads, 1.35x (1.35x .. 1.35x) over sglang_flashinfer_prefill
-    if total_seq_len > 27504 and num_seqs <= 90 and max_seq_len > 11585:
-        return 'flashinfer_pool_inplace'
+    if total_seq_len > 3828 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 930:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 6 workloads, 2.83x (1.95x .. 5.23x) over sglang_flashinfer_prefill
+    if total_seq_len > 3828 and num_seqs > 90 and 22 < mean_seq_len <= 90 and max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 27504 and num_seqs <= 181 and max_seq_len <= 11585:
+    if total_seq_len > 3828 and num_seqs > 90 and 22 < mean_seq_len <= 90 and 362 < max_seq_len <= 930:
         return 'flashinfer_pool_inplace'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 27504 and num_seqs > 181 and max_seq_len <= 11585:
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 11585 < total_seq_len <= 19164 and 930 < max_seq_len <= 7127:
+        return 'flashinfer_pool_inplace'
+    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 19164 < total_seq_len <= 27504 and 930 < max_seq_len <= 7127:
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and 90 < mean_seq_len <= 362 and max_seq_len <= 930:
         return ('sglang_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 27504 and num_seqs <= 90 and 930 < max_seq_len <= 7127:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'

@@ -43,3 +43,20 @@ def test_a_fresh_output_left_unwritten_on_replay_is_escaped_work():
 
     with pytest.raises(WorkEscaped):
         graph_times_us(memoised, _sets())
+
+
+def test_the_screen_times_a_capturable_call_in_both_modes_and_flags_one_that_is_not():
+    from kdispatch.tuner.timing import screen_us
+
+    x, out = torch.randn(1 << 22, device="cuda"), torch.empty(1 << 22, device="cuda")
+    small, big = screen_us(lambda x, o: torch.mul(x[:1024], 2.0, out=o[:1024]), [x, out]), \
+        screen_us(lambda x, o: [torch.mul(x, 2.0, out=o) for _ in range(20)][-1], [x, out])
+    assert all(t is not None and t > 0 for t in small + big)
+    assert big[0] > 2 * small[0]  # 20 passes over 16 MB against one over 4 KB
+
+    def syncs(x, o):
+        torch.mul(x, float(x[0].item() * 0 + 2.0), out=o)  # a host sync: cannot be captured
+        return o
+
+    graph, eager = screen_us(syncs, [x, out])
+    assert graph is None and eager > 0
