@@ -379,8 +379,10 @@ def cmd_bench(args) -> int:
                   if m["regret_mean_pct"] is not None else "regret n/a")
             back = (f" ({m['handed_back']} in regions engine plugins hand back: against the guarded call there)"
                     if m.get("handed_back") else "")
+            behind = (f"; where it served the baseline itself, behind its own call: {m['behind_baseline']}"
+                      if m.get("behind_baseline") else "")
             print(f"    {label:<6} routed {sp} geomean over the baseline{back}; {rg}; "
-                  f"slower than baseline beyond the spread: {m['slower_than_baseline']}")
+                  f"slower than baseline beyond the spread: {m['slower_than_baseline']}{behind}")
         for peer, by_mode in s.get("peers", {}).items():  # not counted as failures: a peer is not the baseline
             cells = "; ".join(f"{mode} {m['routed_geomean_speedup']:.3f}x (min {m['routed_min_speedup']:.3f}x, "
                               f"{m['workloads']} workloads, slower {m['slower_than_peer']})"
