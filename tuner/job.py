@@ -12,7 +12,8 @@ fastest one's in both call modes is neither gated nor timed there. Its row says 
 FlashInfer-Bench's nearest; metrics "screen" with the rough times, `Result.screened`): the fitter
 never routes it there, and the held-out regret counts its rough time where a router sends calls to
 it. What it saves, estimated from a store's rows measured in full: `benchmarks/tune_time.py
---screen 2` (47% of the gate and timing seconds in the H100 and the H200 stores of 2026-11-28).
+--screen 2` (30% of the gate and timing seconds in the H100 and the H200 stores of 2026-11-28; not
+more, as a screened-out variant's first call still compiles).
 """
 from __future__ import annotations
 
