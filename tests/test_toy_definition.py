@@ -305,12 +305,12 @@ def test_the_screen_compares_both_call_modes_and_spares_the_baseline(monkeypatch
             if rough.get(self.name, "raises") == "raises":
                 raise RuntimeError("cannot run this shape")
 
-    monkeypatch.setattr(job, "screen_us", lambda fn, args: rough[fn.name])
+    monkeypatch.setattr(job, "screen_us", lambda fn, args, graph: rough[fn.name])
     monkeypatch.setattr(job, "resolve_fn", lambda d, name, w=None: Variant(name))
     monkeypatch.setattr(job, "timed_fn", lambda d, name, fn: fn)
     monkeypatch.setattr(job.gate, "private_copy", lambda d, args: args)
     calls = []
-    out = job.screen("toy", "base", ["base", *rough, "raises", "routed"], [torch.zeros(1)], 2.0, calls.append)
+    out = job.screen("gdn_decode", "base", ["base", *rough, "raises", "routed"], [torch.zeros(1)], 2.0, calls.append)
     assert set(out) == {"slow", "uncapturable"}
     assert out["slow"] == {"graph_us": 11.0, "eager_us": 30.0, "best_graph_us": 5.0, "best_eager_us": 5.0,
                            "factor": 2.0}
@@ -318,4 +318,4 @@ def test_the_screen_compares_both_call_modes_and_spares_the_baseline(monkeypatch
     assert calls[0] == "base" and "routed" not in calls and "raises" in calls  # each blamed if it crashes
 
     rough["base"] = "raises"  # no yardstick: nothing is left out
-    assert job.screen("toy", "base", list(rough), [torch.zeros(1)], 2.0) == {}
+    assert job.screen("gdn_decode", "base", list(rough), [torch.zeros(1)], 2.0) == {}

@@ -249,17 +249,20 @@ def graph_times_us(fn: Callable, sets: list, reps: int | None = None, target_s: 
         g.reset()
 
 
-def screen_us(fn: Callable, args) -> tuple[float | None, float]:
+def screen_us(fn: Callable, args, graph: bool = True) -> tuple[float | None, float]:
     """A rough (graph, eager) time of one call, in µs: the same input set over and over (cache-warm),
     a handful of calls. Enough to tell a variant several times slower than the fastest on a workload
     from the rest (`tuner/job.py`, screening), never to route on. Graph: None where the call could
-    not be captured (such a variant is not routed to in graphs anyway). The caller passes inputs it
-    may overwrite (in-place state) and has made the first call (compiles) already."""
+    not be captured (such a variant is not routed to in graphs anyway), or is not tried (`graph`
+    False: a reference the spec marks as host-synchronising, as `measure`). The caller passes inputs
+    it may overwrite (in-place state) and has made the first call (compiles) already."""
     device = _device_of(args)
     with torch.no_grad():
         eager = min(eager_times_us(fn, [args], 2))
         if device.type != "cuda":
             return eager, eager
+        if not graph:
+            return None, eager
         try:
             times, _ = graph_times_us(fn, [args], reps=3)
         except Exception:
