@@ -780,8 +780,8 @@ def variant_summary(t: Table) -> dict[str, dict]:
             if b is not None and b.passed and r.median_us > 0:
                 sp.append(b.median_us / r.median_us)
         out[name] = {"hash": t.hashes.get(name, ""), "measured": len(rows), "passed": len(passed),
-                     "screened": sum(1 for r in rows if r.screened), "failed": len(failed), "first_failure": (f"{failed[0].status}: {failed[0].reason}"[:120]
-                                                              if failed else ""),
+                     "screened": sum(1 for r in rows if r.screened), "failed": len(failed),
+                     "first_failure": f"{failed[0].status}: {failed[0].reason}"[:120] if failed else "",
                      "not_graph_safe": sum(1 for r in passed if not r.routable),
                      "geomean_speedup": (round(geomean(sp), 3) if sp else None)}
     return out
