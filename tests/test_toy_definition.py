@@ -49,6 +49,15 @@ def toy_fast(x, alpha):
 '''
 
 
+def write_traces(tmp_path, sizes):
+    """A trace set under tmp_path/traces with one toy workload "toy-<n>" of n rows per size."""
+    folder = tmp_path / "traces" / "workloads" / "toy"
+    folder.mkdir(parents=True)
+    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
+              "solution": None, "evaluation": None} for n in sizes]
+    (folder / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
 def build(axes, given, ctx):
     return {"x": torch.randn(axes["num_rows"], axes["width"], generator=ctx.rng("x"))}
 
@@ -74,11 +83,7 @@ def toy(tmp_path, monkeypatch):
 
 
 def test_a_toy_definition_tunes_end_to_end_on_cpu(tmp_path, toy):
-    traces = tmp_path / "traces" / "workloads" / "toy"
-    traces.mkdir(parents=True)
-    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-              "solution": None, "evaluation": None} for n in (1, 3, 8, 32)]
-    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_traces(tmp_path, (1, 3, 8, 32))
 
     assert [v.name for v in registry.variants("toy_scale")] == ["reference", "toy_fast"]
     r = flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV,
@@ -131,11 +136,7 @@ def test_a_check_on_measurements_older_than_the_code_names_them(tmp_path, toy, m
     now: it warns and its summary names those variants (README's held-out table then says so)."""
     import io
 
-    traces = tmp_path / "traces" / "workloads" / "toy"
-    traces.mkdir(parents=True)
-    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-              "solution": None, "evaluation": None} for n in (2, 5)]
-    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_traces(tmp_path, (2, 5))
     store = tmp_path / "store" / "cpu.sqlite"
     flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
                out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
@@ -164,11 +165,7 @@ def test_a_library_variants_rows_let_another_machine_find_its_code_changed(tmp_p
     '''))
     importlib.import_module("toy_library")
     try:
-        traces = tmp_path / "traces" / "workloads" / "toy"
-        traces.mkdir(parents=True)
-        lines = [{"definition": NAME, "workload": {"uuid": "toy-3", "axes": {"num_rows": 3}, "inputs": {}},
-                  "solution": None, "evaluation": None}]
-        (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        write_traces(tmp_path, (3,))
         store = tmp_path / "store" / "cpu.sqlite"
         flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
                    out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
@@ -204,11 +201,7 @@ def test_tune_fits_the_routers_with_the_workloads_call_time_hints(tmp_path, toy,
 
 def tuned(tmp_path, sizes) -> Store:
     """The toy definition tuned on the CPU over workloads of these row counts: its store."""
-    traces = tmp_path / "traces" / "workloads" / "toy"
-    traces.mkdir(parents=True)
-    lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-              "solution": None, "evaluation": None} for n in sizes]
-    (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_traces(tmp_path, sizes)
     store = tmp_path / "store" / "cpu.sqlite"
     flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=store,
                out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"))
@@ -258,11 +251,7 @@ def test_screening_leaves_a_far_slower_variant_ungated_and_untimed(tmp_path, toy
 
     registry.variant("toy_scale", "toy_slow", backend="torch", archs=("*",))(toy_slow)
     try:
-        traces = tmp_path / "traces" / "workloads" / "toy"
-        traces.mkdir(parents=True)
-        lines = [{"definition": NAME, "workload": {"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}},
-                  "solution": None, "evaluation": None} for n in (2, 9)]
-        (traces / f"{NAME}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        write_traces(tmp_path, (2, 9))
         path = tmp_path / "store" / "cpu.sqlite"
         r = flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=path,
                        out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"), screen=2.0)
