@@ -54,17 +54,18 @@ MAIN_STORE=tuner/results/$DEVICE_SLUG.sqlite
 HELDOUT_STORE=tuner/results/heldout/$DEVICE_SLUG.sqlite
 step=${1:?step}
 minutes=${2:-9}
+limit=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 + 90 }')  # seconds: whole or fractional minutes, plus the write-up
 mkdir -p "$OUT"
 keep() { tar czf "$OUT/$step${TUNE_TAG:-}.tgz" "$@" 2>/dev/null || true; }  # one archive a step: few files come back
 
 case "$step" in
   tune)
     # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -40
+    timeout "$limit" python -m kdispatch.cli tune --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -40
     keep tuner/results/traces routers tuner/results/report ;;
   heldout)
     # shellcheck disable=SC2086  # TUNE_ARGS as for tune (--skip-variants, --definitions ...)
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli tune --workloads traces/heldout \
+    timeout "$limit" python -m kdispatch.cli tune --workloads traces/heldout \
       --store "$HELDOUT_STORE" --no-route --max-minutes "$minutes" ${TUNE_ARGS:-} 2>&1 | tail -20
     keep tuner/results/heldout/traces ;;
   check)
@@ -72,13 +73,13 @@ case "$step" in
     # times the routed op itself (456 pairs took ~9 min on 2026-11-27: BENCH_ARGS="--definitions ..." splits
     # them over two calls; --max-minutes keeps what was measured when time runs out)
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
+    timeout "$limit" python -m kdispatch.cli bench --workloads traces/heldout --variants routed \
       --max-minutes "$minutes" ${BENCH_ARGS:-} --json "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-$GPU.json" \
       2>&1 | grep -v "^\[bench\] \[" | tail -40
     keep "benchmarks/results/bench-heldout-routed${TUNE_TAG:-}-$GPU.json" ;;
   reported)
     python benchmarks/reported_shapes.py --out /tmp/reported
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads /tmp/reported --max-minutes "$minutes" \
+    timeout "$limit" python -m kdispatch.cli bench --workloads /tmp/reported --max-minutes "$minutes" \
       --json benchmarks/results/bench-reported-$GPU.json 2>&1 | grep -v "^\[bench\] \[" | tail -40
     keep benchmarks/results/bench-reported-$GPU.json ;;
   contest)
@@ -96,7 +97,7 @@ case "$step" in
     peers=$(python -c "import sys; from kdispatch import definitions as d, registry as r
 print(*sorted({v.name for n in sys.argv[1:] for v in r.variants(d.resolve_name(n)) if v.backend == 'library'}))" $defs)
     # shellcheck disable=SC2086
-    timeout $((minutes * 60 + 90)) python -m kdispatch.cli bench --workloads traces traces/coverage --definitions $defs \
+    timeout "$limit" python -m kdispatch.cli bench --workloads traces traces/coverage --definitions $defs \
       --variants routed $peers --max-minutes "$minutes" --json "benchmarks/results/bench-peers${TUNE_TAG:--part}-$GPU.json" \
       2>&1 | grep -v "^\[bench\] \[" | tail -40
     keep "benchmarks/results/bench-peers${TUNE_TAG:--part}-$GPU.json" ;;
