@@ -60,3 +60,26 @@ def test_the_screen_times_a_capturable_call_in_both_modes_and_flags_one_that_is_
 
     graph, eager = screen_us(syncs, [x, out])
     assert graph is None and eager > 0
+
+
+def test_the_tuners_screen_on_the_gpu_leaves_out_only_the_far_slower(monkeypatch):
+    """tuner/job.py `screen` with real CUDA calls: a variant 20x the work is left out, one at the
+    fastest's speed and the baseline are kept, one that cannot be captured and is slow eagerly too is
+    left out with no graph time."""
+    from kdispatch.tuner import job
+
+    def scale(passes, sync=False):
+        def fn(x, out):
+            for _ in range(passes):
+                torch.mul(x, float(x[0].item() * 0 + 2.0) if sync else 2.0, out=out)
+            return out
+        return fn
+
+    calls = {"base": scale(2), "fast": scale(1), "slow": scale(40), "syncs": scale(40, sync=True)}
+    monkeypatch.setattr(job, "resolve_fn", lambda d, name, w=None: calls[name])
+    monkeypatch.setattr(job, "timed_fn", lambda d, name, fn: fn)
+    monkeypatch.setattr(job.gate, "private_copy", lambda d, args: list(args))
+    args = [torch.randn(1 << 24, device="cuda"), torch.empty(1 << 24, device="cuda")]  # 64 MB: HBM-bound
+    out = job.screen("gdn_decode", "base", list(calls), args, 2.0)
+    assert set(out) == {"slow", "syncs"}
+    assert out["syncs"]["graph_us"] is None and out["slow"]["graph_us"] > 20 * out["slow"]["best_graph_us"] / 2
