@@ -5,7 +5,9 @@ reference trials (shared by its variants), on the variants' correctness gates an
 from the metrics `kdispatch tune` records per row (pairs measured before it recorded them are
 counted, not timed), the slowest variants last. Worker start-up and compiles outside a gate are
 not in the rows: a tune takes longer than these sums. Rows the tuner's screen left ungated and
-untimed (tuner/job.py) count their workload's screen, once per workload like its inputs.
+untimed (tuner/job.py) count their workload's screen, once per workload like its inputs. The gate
+seconds beyond each variant's median gate, by backend, are mostly first calls' compiles (Triton,
+NVRTC, the libraries' JITs): what a parallel precompile could take off.
 
 `--screen F` also estimates what screening at factor F saves on rows measured in full: the pairs
 whose graph and eager times are both over F times the fastest passing variant's on their workload
@@ -58,6 +60,7 @@ def main() -> None:
     per_def = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])  # inputs + screen, gate, timing, timed, pairs
     per_variant = collections.Counter()
     saved = [0, 0.0, 0.0]  # pairs a screen would skip, their seconds, the seconds of every timed pair
+    compiles = collections.Counter()  # backend -> gate seconds beyond its variant's median gate
     for name in defs.names():
         inputs = {}
         acc = per_def[name]
@@ -74,6 +77,9 @@ def main() -> None:
             acc[3] += 1
             per_variant[(defs.get(name).short, r.variant)] += m["gate_s"] + m["timing_s"]
         acc[0] = sum(inputs.values())
+        for variant, gates in _gates(rows).items():
+            typical = statistics.median(gates)
+            compiles[_backend(name, variant)] += sum(g - typical for g in gates if g > typical)
         if opts.screen:
             for n, s in _screened_in_full(rows, opts.screen):
                 saved[0] += n
@@ -85,6 +91,8 @@ def main() -> None:
         print(f"{defs.get(name).short:<30}{p:>7}{n:>7}{i:>14.0f}{g:>10.0f}{t:>10.0f}{(i + g + t) / max(total, 1e-9):>8.0%}")
     print(f"{'all':<30}{sum(v[4] for v in per_def.values()):>7}{sum(v[3] for v in per_def.values()):>7}"
           f"{total:>34.0f} s = {total / 60:.1f} min (summed over workers)")
+    print("gates beyond each variant's median gate (mostly first-call compiles): " +
+          ", ".join(f"{b} {sec:.0f} s" for b, sec in compiles.most_common()))
     if opts.screen:
         print(f"\nscreening at {opts.screen:g}x would skip about {saved[0]} pairs measured in full, {saved[1]:.0f} of "
               f"{saved[2]:.0f} s of gates and timing ({saved[1] / max(saved[2], 1e-9):.0%})")
@@ -93,15 +101,29 @@ def main() -> None:
         print(f"  {short:<30}{variant:<34}{s:>8.0f} s")
 
 
+def _gates(rows) -> dict[str, list[float]]:
+    """variant -> the gate seconds of its rows that recorded them."""
+    gates = collections.defaultdict(list)
+    for r in rows:
+        if "gate_s" in (r.metrics or {}):
+            gates[r.variant].append(r.metrics["gate_s"])
+    return gates
+
+
+def _backend(definition: str, variant: str) -> str:
+    try:
+        return registry.get(definition, variant).backend
+    except KeyError:
+        return "retired"
+
+
 def _screened_in_full(rows, factor: float):
     """(1, seconds saved) for each row measured in full whose graph and eager times are both over
     `factor` times the fastest passing row's on its workload (never the baseline's)."""
-    by_uuid, gates = collections.defaultdict(list), collections.defaultdict(list)
+    by_uuid = collections.defaultdict(list)
     for r in rows:
         by_uuid[r.uuid].append(r)
-        if "gate_s" in (r.metrics or {}):
-            gates[r.variant].append(r.metrics["gate_s"])
-    typical_gate = {v: statistics.median(g) for v, g in gates.items()}
+    typical_gate = {v: statistics.median(g) for v, g in _gates(rows).items()}
     for rs in by_uuid.values():
         timed = [r for r in rs if r.passed and r.eager_us]
         if not timed:
