@@ -519,7 +519,8 @@ def bench_table(store: Store, env_id: str, definition: str,
     "Slower than the baseline" is the fitter's noise margin (tuner/stats.py), never counted where the
     routed op called the baseline's own kernel: there it should differ by run-to-run drift only, and
     a gap beyond the margin is counted apart ("behind_baseline", marked "behind") to look into
-    (H200, 2026-11-28: prefill 3 x 14,504 tokens eagerly, 533 us through the op, 319 us called bare)."""
+    (H200, 2026-11-28: prefill 3 x 14,504 tokens eagerly, 533 us through the op, 319 us calling the
+    same variant directly)."""
     rows = store.results(definition, env_id)
     if not rows:
         return [], {}
