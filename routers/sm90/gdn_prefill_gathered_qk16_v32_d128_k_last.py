@@ -3,21 +3,24 @@
 #
 # definition  gdn_prefill_gathered_qk16_v32_d128_k_last
 # arch        sm90
+# serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T16:26:58Z
-# workloads   112 (workload-set digest 390d7ebab861b1ec)
+# measured    up to 2026-11-28T13:59:21Z
+# workloads   120 on each of 2 devices (workload-set digest 9e773e996af25b26)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  112/112  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  107/107  0.26x
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  107/107  0.33x
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  107/107  0.32x
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  107/107  0.31x
-#   triton_prefill_chunked.v64      2a710645e644b88e  112/112  0.48x
-#   triton_prefill_fused.c16v32     49496897c400beaa  112/112  0.55x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  112/112  0.65x
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  112/112  1.14x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  232/232  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  222/222  0.26x
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  222/222  0.34x
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  222/222  0.33x
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  222/222  0.32x
+#   triton_prefill_chunked.v64      2a710645e644b88e  232/232  0.48x
+#   triton_prefill_fused.c16v32     49496897c400beaa  232/232  0.56x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  232/232  0.67x
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  232/232  1.15x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -32,50 +35,60 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.30% mean, 64.04% max;
-#             1.006x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.61% mean, 152.06% max;
-#             1.112x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.20% mean, 63.41% max;
+#             1.061x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.50% mean, 109.29% max;
+#             1.190x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
-#   2. total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
-#   6. 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 4165: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 45 and num_seqs <= 3: triton_prefill_fused.c16v32, 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 319 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
+#   5. 45 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   6. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 136 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 212 and num_seqs > 2: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.05x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   4. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   5. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   8. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 19 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22: triton_prefill_fused.c16v64, 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. 19 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   6. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   7. 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 268 and 2 < num_seqs <= 41: vllm_flashinfer_prefill (baseline), 86 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 268 and num_seqs > 41 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.67x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   10. total_seq_len > 268 and num_seqs > 41 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   11. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 451)}, 'workloads': 17, 'speedup': (1.03, 1.77, 3.63), 'fallbacks': ()},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, None), 'total_seq_len': (None, 451)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 217), 'total_seq_len': (None, 4165)}, 'workloads': 10, 'speedup': (1.17, 1.54, 8.31), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (217, None), 'total_seq_len': (None, 4165)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (451, 4165)}, 'workloads': 8, 'speedup': (1.05, 1.64, 2.45), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (451, 4165)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (4165, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 7, 'speedup': (4.76, 5.56, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 319)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 136, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 4, 'speedup': (3.76, 6.82, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 12, 'speedup': (1.19, 2.05, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 875), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 19)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.6, 1.95, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 24, 'speedup': (1.19, 2.49, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (19, 106)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (212, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 41), 'total_seq_len': (268, None)}, 'workloads': 86, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (41, None), 'total_seq_len': (268, None)}, 'workloads': 8, 'speedup': (1.37, 1.67, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (41, None), 'total_seq_len': (268, None)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 14, 'speedup': (1.49, 2.28, 3.83), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -84,215 +97,250 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6:
+    # region 1: 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 3 < num_seqs <= 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 2: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6:
+    # region 3: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 319 and 11 < num_seqs <= 23:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 3: 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6:
+    # region 4: 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 319 and num_seqs > 24:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6:
+    # region 5: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 1980 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 43 workloads, the baseline; its stand-ins where it cannot run here
-    if 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6:
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 319 and 3 < num_seqs <= 11:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4165:
+    # region 7: 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 136 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1980 and num_seqs <= 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 12 workloads, 2.05x (1.19x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 2:
+    # region 1: 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 19 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    # region 4: 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill
+    if 19 < total_seq_len <= 106 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
     if 106 < total_seq_len <= 362 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 212 < total_seq_len <= 335 and 2 < num_seqs <= 8:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 335 and num_seqs > 8:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 68 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3:
+    # region 8: 86 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 41:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875:
+    # region 9: 8 workloads, 1.67x (1.37x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and num_seqs > 41 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 52 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and num_seqs > 41 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2219 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2299 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.78% mean, 35.54% max;
-#             1.074x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.72% mean, 83.92% max;
-#             1.212x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 71.64% max;
+#             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.15% mean, 150.44% max;
+#             1.262x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   11. num_seqs > 8 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 34 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   13. 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   14. 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   15. 58 < total_seq_len <= 5792 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   18. total_seq_len > 58 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   19. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   20. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   21. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.30x (1.25x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   22. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   23. total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   25. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   27. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   28. total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   6. total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   7. total_seq_len <= 362 and 3 < num_seqs <= 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 0 workloads
+#   8. total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   9. 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   10. 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+#   11. 3 < num_seqs <= 8 and mean_seq_len > 6 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 6 and 254 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   13. 3 < num_seqs <= 8 and mean_seq_len > 6 and 900 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   14. 3 < num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   15. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. 3 < num_seqs <= 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   18. num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   19. num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   20. num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   21. num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.12x (1.08x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   22. num_seqs > 8 and mean_seq_len > 6 and 10 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. num_seqs > 8 and mean_seq_len > 6 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 62 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   24. num_seqs > 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   25. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   26. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   27. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.42x (1.31x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   28. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   29. 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   31. total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   32. total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   33. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   34. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 45 and max_seq_len > 83: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.52x (1.35x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   3. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   5. total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.46x (2.46x .. 2.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 559 and num_seqs > 11 and mean_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 10 workloads, 1.80x (1.36x .. 3.99x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.15x (1.83x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   10. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.58x (7.56x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   12. num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. 2 < num_seqs <= 34 and mean_seq_len > 20 and 12 < max_seq_len <= 43: triton_prefill_fused.c16v64, 3 workloads, 1.69x (1.42x .. 1.91x) over vllm_flashinfer_prefill
-#   15. num_seqs > 2 and mean_seq_len > 7 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.98x (1.29x .. 4.28x) over vllm_flashinfer_prefill
-#   16. 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   17. 34 < num_seqs <= 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   18. num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   20. 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. 268 < total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 47 and 43 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   22. total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   23. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   25. total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and 4 < num_seqs <= 90 and mean_seq_len > 7 and max_seq_len > 8096: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   31. total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 236 < max_seq_len <= 8096: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. total_seq_len > 268 and num_seqs > 4 and mean_seq_len > 7 and 67 < max_seq_len <= 8096: vllm_flashinfer_prefill (baseline), 40 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   33. total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   36. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   37. total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 1448 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 67: vllm_flashinfer_prefill (baseline), 0 workloads
-#   39. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 22 and num_seqs <= 11 and max_seq_len <= 15: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and num_seqs <= 11 and 15 < max_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 106 and num_seqs <= 2 and 43 < max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.80x (4.10x .. 6.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len > 83: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.56x (1.35x .. 1.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.78x (1.17x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 45 and max_seq_len > 83: triton_prefill_fused.c16v64, 4 workloads, 1.69x (1.55x .. 1.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len <= 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len > 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   11. total_seq_len <= 789 and num_seqs > 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 30 workloads, 2.03x (1.21x .. 3.82x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   13. 22 < total_seq_len <= 789 and num_seqs <= 11 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   14. 45 < total_seq_len <= 789 and num_seqs <= 11 and 15 < max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len > 106 and num_seqs <= 2 and 43 < max_seq_len <= 361: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   16. 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   17. 268 < total_seq_len <= 724 and 2 < num_seqs <= 22 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+#   18. 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and max_seq_len > 196: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   20. 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   21. 268 < total_seq_len <= 724 and num_seqs > 22 and 43 < max_seq_len <= 84: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   23. 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 415: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   24. 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   25. total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and 84 < max_seq_len <= 139: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.17x .. 2.09x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and max_seq_len > 205: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 268 and 3 < num_seqs <= 8 and mean_seq_len > 208 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   30. total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 84: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   32. 724 < total_seq_len <= 2896 and 2 < num_seqs <= 181 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 724 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 84: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. 789 < total_seq_len <= 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 789 and num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   41. total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 2896 and num_seqs > 2 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.24, 3.2, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.28, 1.39), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': (), 'hand_back': True},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.17, 1.29, 1.36), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (5, 11), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 26), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'num_seqs': (8, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (5, None), 'num_seqs': (8, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (22, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (58, 724)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.08), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.25, 1.3, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (56, 70), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (3, 7), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.15, 1.24, 1.33), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.13, 1.15, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (3, 22), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 15), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (2, 6), 'num_seqs': (3, 45), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (2, 6), 'num_seqs': (45, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (6, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (6, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 900), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 1022), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (15, 43), 'mean_seq_len': (None, 6), 'num_seqs': (3, 90)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (21, 64), 'mean_seq_len': (6, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.08, 1.12, 1.17), 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 64), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 62, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 43), 'mean_seq_len': (None, 6), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 19, 'speedup': (1.31, 1.42, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 15), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.28, 1.31, 1.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (7, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 1), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (9.35, 9.35, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (1, 11), 'total_seq_len': (None, 559)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'num_seqs': (1, 11), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (2.46, 2.46, 2.46), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (11, None), 'total_seq_len': (None, 559)}, 'workloads': 10, 'speedup': (1.36, 1.8, 3.99), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (7, 20), 'num_seqs': (2, None), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.83, 2.15, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.55, 2.23, 2.66), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (7.56, 7.58, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 34)}, 'workloads': 3, 'speedup': (1.42, 1.69, 1.91), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (7, None), 'num_seqs': (2, None)}, 'workloads': 4, 'speedup': (1.29, 1.98, 4.28), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, 20), 'num_seqs': (34, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (34, 90)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (20, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (11, 47), 'num_seqs': (2, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (47, None), 'num_seqs': (2, None), 'total_seq_len': (268, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (67, None), 'mean_seq_len': (7, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (67, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 2), 'num_seqs': (2, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8096, None), 'mean_seq_len': (7, None), 'num_seqs': (4, 90), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 8096), 'mean_seq_len': (7, 2), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (67, 236), 'mean_seq_len': (7, 5), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, 8096), 'mean_seq_len': (7, 5), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (67, 8096), 'mean_seq_len': (7, None), 'num_seqs': (4, None), 'total_seq_len': (268, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8096, None), 'mean_seq_len': (7, None), 'num_seqs': (90, None), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (379, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 43), 'mean_seq_len': (7, 20), 'num_seqs': (2, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 67), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 20), 'num_seqs': (None, 11), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 361), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 3, 'speedup': (4.1, 4.8, 6.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.35, 1.56, 1.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 6, 'speedup': (1.17, 1.78, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.55, 1.69, 1.82), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (None, 28), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 3, 'speedup': (3.34, 5.62, 8.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (28, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 5, 'speedup': (1.49, 2.82, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (11, None), 'total_seq_len': (None, 789)}, 'workloads': 30, 'speedup': (1.21, 2.03, 3.82), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 11), 'total_seq_len': (22, 789)}, 'workloads': 4, 'speedup': (2.59, 3.55, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 20), 'num_seqs': (None, 11), 'total_seq_len': (45, 789)}, 'workloads': 1, 'speedup': (3.14, 3.14, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 196), 'mean_seq_len': (2, None), 'num_seqs': (8, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.2, 1.22, 1.24), 'fallbacks': (), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (196, None), 'mean_seq_len': (2, None), 'num_seqs': (8, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 181), 'mean_seq_len': (2, None), 'num_seqs': (22, 90), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 415), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, None), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (84, 181), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (208, None), 'num_seqs': (2, 3), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 139), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.17, 1.53, 2.09), 'fallbacks': ()},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (139, 205), 'mean_seq_len': (74, 208), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (205, None), 'mean_seq_len': (74, 208), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (208, None), 'num_seqs': (3, 8), 'total_seq_len': (268, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (84, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, 181), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (181, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (84, None), 'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (None, 90), 'total_seq_len': (789, 1020)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, 20), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (None, 90), 'total_seq_len': (1020, None)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -301,92 +349,107 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56:
+    # region 1: 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and num_seqs <= 1:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11 and 1 < num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 181 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:
+    # region 8: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56:
+    # region 9: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and max_seq_len <= 30:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 34 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and max_seq_len > 70:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 70:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 133 < max_seq_len <= 254:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 28 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 254 < max_seq_len <= 900:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
+    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 900 < max_seq_len <= 1022:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 5792 and num_seqs <= 2:
+    # region 14: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 1022:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and max_seq_len > 450:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 3 workloads, 1.30x (1.25x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
+    # region 16: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2:
+    # region 17: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
+    if num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 8 workloads, 1.12x (1.08x .. 1.17x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 6 and 10 < max_seq_len <= 64:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 62 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len > 64:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 2 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
+    if num_seqs > 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
+    if 2 < total_seq_len <= 45 and num_seqs <= 1:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 27: 19 workloads, 1.42x (1.31x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 2314 and num_seqs <= 3:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len > 157:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -394,159 +457,177 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and 43 < max_seq_len <= 83:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 1.52x (1.35x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 45 and max_seq_len > 83:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 11 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and num_seqs <= 11 and 15 < max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 3 workloads, 4.80x (4.10x .. 6.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 2 and 43 < max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 4 workloads, 1.56x (1.35x .. 1.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len > 83:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 6 workloads, 1.78x (1.17x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 43 < max_seq_len <= 83:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 4 workloads, 1.69x (1.55x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 45 and max_seq_len > 83:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 2.46x (2.46x .. 2.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 559 and 1 < num_seqs <= 11 and mean_seq_len <= 7 and max_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 10 workloads, 1.80x (1.36x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 559 and num_seqs > 11 and mean_seq_len <= 7:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 3 workloads, 2.15x (1.83x .. 2.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 7.58x (7.56x .. 7.61x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 12: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 3 workloads, 1.69x (1.42x .. 1.91x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 34 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
-        return 'triton_prefill_fused.c16v64'
-    # region 15: 4 workloads, 1.98x (1.29x .. 4.28x) over vllm_flashinfer_prefill
-    if num_seqs > 2 and mean_seq_len > 7 and max_seq_len <= 12:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len <= 28 and 20 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len > 28 and 20 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 30 workloads, 2.03x (1.21x .. 3.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 789 and num_seqs > 11 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 789 and num_seqs <= 11 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 789 and num_seqs <= 11 and 15 < max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 106 and num_seqs <= 2 and 43 < max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
     # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
+    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
+        return 'triton_prefill_fused.c16v32'
+    # region 17: 2 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 724 and 2 < num_seqs <= 22 and 43 < max_seq_len <= 84:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 34 < num_seqs <= 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill's guarded call
+    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196:
+        return 'triton_prefill_fused.c16v64'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and max_seq_len > 196:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67:
+    if 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:
         return 'triton_prefill_fused.c16v64'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 47 and 43 < max_seq_len <= 67:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 724 and num_seqs > 22 and 43 < max_seq_len <= 84:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510:
+    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415:
         return 'triton_prefill_fused.c16v64'
-    # region 26: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 4 < num_seqs <= 90 and mean_seq_len > 7 and max_seq_len > 8096:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 32: 40 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and num_seqs > 4 and mean_seq_len > 7 and 67 < max_seq_len <= 8096:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096:
+    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 415:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:
+    # region 26: 4 workloads, 1.53x (1.17x .. 2.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and 84 < max_seq_len <= 139:
         return 'triton_prefill_fused.c16v64'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 7 and max_seq_len > 361:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205:
+        return 'triton_prefill_fused.c16v64'
+    # region 28: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and max_seq_len > 205:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 3 < num_seqs <= 8 and mean_seq_len > 208 and max_seq_len > 139:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 84:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 2896 and 2 < num_seqs <= 181 and 43 < max_seq_len <= 84:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 52 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 84:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 789 < total_seq_len <= 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 789 and num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43:
+        return 'triton_prefill_fused.c16v64'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 38: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
+        return 'triton_prefill_fused.c16v64'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 2 and 43 < max_seq_len <= 84:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:  # region 6
+    if total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:  # region 6
         return True
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 5 and 56 < max_seq_len <= 70:  # region 22
+    if total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64:  # region 8
         return True
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:  # region 24
+    if num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21:  # region 19
         return True
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:  # region 25
+    if num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64:  # region 20
+        return True
+    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10:  # region 21
+        return True
+    if 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:  # region 29
+        return True
+    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157:  # region 31
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 34 < num_seqs <= 90 and 20 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:  # region 16
+    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:  # region 16
         return True
-    if num_seqs > 90 and mean_seq_len > 20 and 12 < max_seq_len <= 43:  # region 18
+    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196:  # region 18
         return True
-    if 268 < total_seq_len <= 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:  # region 19
+    if 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:  # region 20
         return True
-    if 268 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 47 and 43 < max_seq_len <= 67:  # region 20
+    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415:  # region 22
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 7 < mean_seq_len <= 81 and max_seq_len > 67:  # region 22
+    if 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:  # region 24
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 67 < max_seq_len <= 178:  # region 23
+    if total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139:  # region 25
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 67 < max_seq_len <= 510:  # region 25
+    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205:  # region 27
         return True
-    if total_seq_len > 268 and num_seqs > 2 and 7 < mean_seq_len <= 2 and 43 < max_seq_len <= 67:  # region 27
+    if 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84:  # region 33
         return True
-    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 2 and 67 < max_seq_len <= 8096:  # region 29
+    if total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43:  # region 37
         return True
-    if total_seq_len > 268 and num_seqs > 4 and 7 < mean_seq_len <= 5 and 67 < max_seq_len <= 236:  # region 30
-        return True
-    if total_seq_len > 268 and num_seqs > 90 and mean_seq_len > 7 and max_seq_len > 8096:  # region 33
-        return True
-    if total_seq_len > 379 and num_seqs > 2 and 7 < mean_seq_len <= 11 and 43 < max_seq_len <= 67:  # region 34
-        return True
-    if total_seq_len > 724 and num_seqs > 2 and 7 < mean_seq_len <= 20 and 12 < max_seq_len <= 43:  # region 37
+    if total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:  # region 41
         return True
     return False
