@@ -378,7 +378,13 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # value heads), 5 x 4 to the fused kernel at 1.6x (8; H100, 2026-11-28)
                                       {"num_seqs": (4, 16), "total_seq_len": (64,)},
                                       {"num_seqs": (4, 16, 64), "total_seq_len": (256,)},
-                                      {"num_seqs": (1,), "total_seq_len": (32, 64)}),
+                                      {"num_seqs": (1,), "total_seq_len": (32, 64)},
+                                      # 32 sequences: between 16 and 64 the fit's threshold fell at 32, and
+                                      # FlashInfer on the pool's slots lost to SGLang's gathered call from
+                                      # fewer: held-out 24 x 8,906 at 4 value heads 132 us against 106 (H200,
+                                      # 2026-11-28). Last: a grid shape's index picks a one-sequence shape's
+                                      # mix, so shapes inserted earlier would renew those uuids.
+                                      {"num_seqs": (32,), "total_seq_len": (512, 1024, 2048, 8192)}),
                           grid_every_mix=True, one_mix=one_sequence),
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
