@@ -36,6 +36,9 @@
 #                                              each candidate's host time (benchmarks/moe.py), then the per-kernel
 #                                              profile at decode sizes with host times (benchmarks/moe_profile.py)
 #
+# On a machine with several GPUs, benchmarks/on_gpus.sh runs several steps at once, one GPU each (give each a
+# distinct TUNE_TAG); `tune --device cuda` spreads one tune over all of them by itself.
+#
 # Each step archives what it wrote (stores' twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
 # carried twin older than its sqlite merges in harmlessly (per key, the later measurement wins).
