@@ -41,9 +41,20 @@ def host_breakdown(fn, args, top: int = 12) -> list[str]:
         prof.disable()
     torch.cuda.synchronize()
     stats = pstats.Stats(prof).stats
-    rows = sorted(((tt, nc, f) for f, (_cc, nc, tt, _ct, _callers) in stats.items()), reverse=True)[:top]
-    return [f"{tt / PROFILED * 1e6:8.1f} us  {nc // PROFILED:3d} calls  {f[2]} ({f[0].split('/')[-1]}:{f[1]})"
-            for tt, nc, f in rows]
+    rows = sorted(((tt, nc, f, callers) for f, (_cc, nc, tt, _ct, callers) in stats.items()), reverse=True)[:top]
+    return [f"{tt / PROFILED * 1e6:8.1f} us  {nc // PROFILED:3d} calls  {_where(f)}  <- {_top_caller(callers)}"
+            for tt, nc, f, callers in rows]
+
+
+def _where(f) -> str:
+    return f"{f[2]} ({f[0].split('/')[-1]}:{f[1]})"
+
+
+def _top_caller(callers: dict) -> str:
+    """The caller that made the most of a function's calls (what a hot library function is called for)."""
+    if not callers:
+        return "-"
+    return _where(max(callers, key=lambda c: callers[c][0]))
 
 
 def kernel_times(fn, args) -> dict[str, float]:
