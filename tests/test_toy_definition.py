@@ -2,6 +2,7 @@
 operator defined entirely in this test's temporary folder is materialised, gated, timed, fitted
 and compiled into a router on the CPU by the real tuner."""
 import importlib
+import io
 import json
 import os
 import sys
@@ -253,9 +254,11 @@ def test_screening_leaves_a_far_slower_variant_ungated_and_untimed(tmp_path, toy
     try:
         write_traces(tmp_path, (2, 9))
         path = tmp_path / "store" / "cpu.sqlite"
+        log = io.StringIO()
         r = flows.tune(tmp_path / "traces", definitions=["toy_scale"], device="cpu", env=ENV, store=path,
-                       out=tmp_path / "routers", quick=True, stream=open(os.devnull, "w"), screen=2.0)
+                       out=tmp_path / "routers", quick=True, stream=log, screen=2.0)
         assert r.complete
+        assert "failed 0, screened out 2" in log.getvalue()  # the progress line: screened is not failed
         rows = {(x.variant, x.uuid): x for x in Store.open(path).results(NAME)}
         assert {v for v, _ in rows} == {"reference", "toy_fast", "toy_slow"}
         for n in (2, 9):

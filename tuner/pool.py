@@ -27,20 +27,28 @@ from .plan import JOB_IDS
 # Progress
 # ----------------------------------------------------------------------------------------------
 
+def _outcome(row: dict) -> tuple[bool, bool]:
+    """(passed, screened out) of a worker's result row (a screened row: TIMEOUT with the screen's
+    rough times in its metrics, tuner/job.py)."""
+    return row["status"] == PASSED, row["status"] == TIMEOUT and "screen" in (row.get("metrics") or {})
+
+
 class Progress:
     """A one-line progress bar with ETA on stderr (a line every few seconds when not a terminal)."""
 
     def __init__(self, total: int, stream=None, label: str = "tune"):
-        self.total, self.done, self.failed = total, 0, 0
+        self.total, self.done, self.failed, self.screened = total, 0, 0, 0
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.monotonic()
         self.last = 0.0
         self.label = label
 
-    def update(self, definition: str, variant: str, ok: bool) -> None:
+    def update(self, definition: str, variant: str, ok: bool, screened: bool = False) -> None:
+        """One pair done: passed (ok), left out by the screen (several times slower: not a failure), or failed."""
         self.done += 1
-        self.failed += 0 if ok else 1
+        self.screened += 1 if screened else 0
+        self.failed += 0 if ok or screened else 1
         t = time.monotonic()
         if self.done < self.total and t - self.last < (0.2 if self.tty else 10.0):
             return
@@ -50,7 +58,8 @@ class Progress:
         pct = 100.0 * self.done / max(self.total, 1)
         bar = "#" * int(pct / 5) + "." * (20 - int(pct / 5))
         short = defs.get(definition).short
-        line = (f"[{self.label}] [{bar}] {self.done}/{self.total} ({pct:.0f}%) failed {self.failed}  "
+        line = (f"[{self.label}] [{bar}] {self.done}/{self.total} ({pct:.0f}%) failed {self.failed}"
+                f"{f', screened out {self.screened}' if self.screened else ''}  "
                 f"{clock(el)} elapsed, ETA {clock(eta)}  {short} {variant}")
         if self.tty:
             self.stream.write("\r" + line[:160].ljust(160))
@@ -176,7 +185,7 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
                     row = payload[0]
                     on_row(_job.definition, row)
                     if progress:
-                        progress.update(_job.definition, row["variant"], row["status"] == PASSED)
+                        progress.update(_job.definition, row["variant"], *_outcome(row))
             _resolve(job.executor)(job, emit)
         return True
     import multiprocessing as mp
@@ -200,7 +209,7 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
             deaths_without_progress[w.id] = 0
             on_row(w.job.definition, row)
             if progress:
-                progress.update(w.job.definition, row["variant"], row["status"] == PASSED)
+                progress.update(w.job.definition, row["variant"], *_outcome(row))
         elif kind == "done":
             w.job = None
         elif kind == "fatal":
