@@ -187,6 +187,20 @@ class WorkEscaped(RuntimeError):
     pass
 
 
+def _end_generator_capture(device) -> None:
+    """After a capture that raised: torch's CUDA generators stay marked as capturing (the capture's
+    end failed before releasing them), and any later random draw on the device in this process raises
+    "Offset increment outside graph capture". A capture that completes releases them; it records one
+    small op so that it is not empty. The caller re-raises the capture's own error."""
+    try:
+        scratch = torch.zeros(1, device=device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            scratch.add_(1)
+    except Exception:  # the context is gone: the caller's health check says so
+        pass
+
+
 def graph_times_us(fn: Callable, sets: list, reps: int | None = None, target_s: float = 0.05,
                    min_reps: int = 3, max_reps: int = 100) -> tuple[list[float], int]:
     """Per-call times (µs) of `reps` replays of one CUDA graph calling fn once per input set.
@@ -201,8 +215,12 @@ def graph_times_us(fn: Callable, sets: list, reps: int | None = None, target_s: 
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        rets = [fn(*s) for s in sets]
+    try:
+        with torch.cuda.graph(g):
+            rets = [fn(*s) for s in sets]
+    except Exception:
+        _end_generator_capture(device)
+        raise
     try:
         # The captured work must happen on replay: fresh outputs are poisoned and must be
         # overwritten; outputs that alias an input (in-place state) are zeroed and some must be

@@ -2,7 +2,8 @@
 straight to the compiled kernel's launcher; a pointer that loses its 16-byte alignment, an int that
 becomes 1 or stops dividing by 16, another constexpr or dtype each get their own compiled kernel
 (a wrongly reused one would read misaligned vectors or the wrong sizes), and launches inside a CUDA
-graph capture land on the capturing stream. Skipped without CUDA."""
+graph capture land on the capturing stream. Skipped without CUDA. Inputs are drawn on the CPU: after
+another test's deliberately failed capture, torch's CUDA generator raises in that process."""
 import pytest
 import torch
 
@@ -37,7 +38,7 @@ def test_each_specialisation_is_compiled_and_reused():
     from kdispatch.kernels.triton import launch as L
 
     kernel = _kernel()
-    base = torch.randn(4099, device="cuda")
+    base = torch.randn(4099).cuda()
     before = len(L._COMPILED)
     for _ in range(2):  # the second round reuses every compiled kernel
         _check(kernel, base, 4096, 0.5, 1)
@@ -54,13 +55,13 @@ def test_captured_launches_replay():
     from kdispatch.kernels.triton.launch import launch
 
     kernel = _kernel()
-    x = torch.randn(1000, device="cuda")
+    x = torch.randn(1000).cuda()
     y = torch.zeros_like(x)
     launch(kernel, (8,), x, y, 1000, 2.0, 128, 0)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch(kernel, (8,), x, y, 1000, 2.0, 128, 0)
-    x.copy_(torch.randn_like(x))
+    x.copy_(torch.randn(1000))
     y.zero_()
     graph.replay()
     torch.cuda.synchronize()
