@@ -4,8 +4,10 @@ workloads of the trace sets), and per definition the seconds spent on each workl
 reference trials (shared by its variants), on the variants' correctness gates and on their timing,
 from the metrics `kdispatch tune` records per row (pairs measured before it recorded them are
 counted, not timed), the slowest variants last. Worker start-up and compiles outside a gate are
-not in the rows: a tune takes longer than these sums. Rows the tuner's screen left ungated and
-untimed (tuner/job.py) count their workload's screen, once per workload like its inputs. The gate
+not in the rows: a tune takes longer than these sums. Each workload's screen (tuner/job.py: rough
+times that leave far slower variants ungated and untimed) counts once per workload, like its inputs,
+in a column of its own; where the rows recorded it, it is split into its first calls (compiles) and
+its rough times. The gate
 seconds beyond each variant's median gate, by backend, are mostly first calls' compiles (Triton,
 NVRTC, the libraries' JITs): what a parallel precompile could take off.
 
@@ -57,26 +59,30 @@ def main() -> None:
     opts = ap.parse_args()
     store = open_stores(opts.store)
     registry.discover()
-    per_def = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])  # inputs + screen, gate, timing, timed, pairs
+    per_def = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0, 0])  # inputs, screen, gate, timing, timed, pairs
+    screen_split = [0.0, 0.0]  # the screen's first calls (compiles), its rough times: rows that recorded them
     per_variant = collections.Counter()
     saved = [0, 0.0, 0.0]  # pairs a screen would skip, their seconds, the seconds of every timed pair
     compiles = collections.Counter()  # backend -> gate seconds beyond its variant's median gate
     for name in defs.names():
-        inputs = {}
+        inputs, screens = {}, {}
         acc = per_def[name]
         rows = current_rows(store, name, opts.workloads)
         for r in rows:
-            acc[4] += 1
+            acc[5] += 1
             m = r.metrics or {}
             if "inputs_s" in m:  # once per workload and run
-                inputs[r.uuid] = max(inputs.get(r.uuid, 0.0), m["inputs_s"] + m.get("screen_s", 0.0))
+                inputs[r.uuid] = max(inputs.get(r.uuid, 0.0), m["inputs_s"])
+                screens[r.uuid] = max(screens.get(r.uuid, 0.0), m.get("screen_s", 0.0))
+            screen_split[0] += m.get("screen_first_s", 0.0)
+            screen_split[1] += m.get("screen_rough_s", 0.0)
             if "gate_s" not in m:
                 continue
-            acc[1] += m["gate_s"]
-            acc[2] += m["timing_s"]
-            acc[3] += 1
+            acc[2] += m["gate_s"]
+            acc[3] += m["timing_s"]
+            acc[4] += 1
             per_variant[(defs.get(name).short, r.variant)] += m["gate_s"] + m["timing_s"]
-        acc[0] = sum(inputs.values())
+        acc[0], acc[1] = sum(inputs.values()), sum(screens.values())
         for variant, gates in _gates(rows).items():
             typical = statistics.median(gates)
             compiles[_backend(name, variant)] += sum(g - typical for g in gates if g > typical)
@@ -84,13 +90,18 @@ def main() -> None:
             for n, s in _screened_in_full(rows, opts.screen):
                 saved[0] += n
                 saved[1] += s
-            saved[2] += acc[1] + acc[2]
-    total = sum(sum(v[:3]) for v in per_def.values())
-    print(f"{'definition':<30}{'pairs':>7}{'timed':>7}{'inputs+ref s':>14}{'gates s':>10}{'timing s':>10}{'share':>8}")
-    for name, (i, g, t, n, p) in sorted(per_def.items(), key=lambda kv: -sum(kv[1][:3])):
-        print(f"{defs.get(name).short:<30}{p:>7}{n:>7}{i:>14.0f}{g:>10.0f}{t:>10.0f}{(i + g + t) / max(total, 1e-9):>8.0%}")
-    print(f"{'all':<30}{sum(v[4] for v in per_def.values()):>7}{sum(v[3] for v in per_def.values()):>7}"
-          f"{total:>34.0f} s = {total / 60:.1f} min (summed over workers)")
+            saved[2] += acc[2] + acc[3]
+    total = sum(sum(v[:4]) for v in per_def.values())
+    print(f"{'definition':<30}{'pairs':>7}{'timed':>7}{'inputs+ref s':>14}{'screen s':>10}{'gates s':>10}"
+          f"{'timing s':>10}{'share':>8}")
+    for name, (i, sc, g, t, n, p) in sorted(per_def.items(), key=lambda kv: -sum(kv[1][:4])):
+        print(f"{defs.get(name).short:<30}{p:>7}{n:>7}{i:>14.0f}{sc:>10.0f}{g:>10.0f}{t:>10.0f}"
+              f"{(i + sc + g + t) / max(total, 1e-9):>8.0%}")
+    print(f"{'all':<30}{sum(v[5] for v in per_def.values()):>7}{sum(v[4] for v in per_def.values()):>7}"
+          f"{total:>44.0f} s = {total / 60:.1f} min (summed over workers)")
+    if any(screen_split):
+        print(f"the screen's first calls (compiles the gates would pay otherwise) {screen_split[0]:.0f} s, "
+              f"its rough times {screen_split[1]:.0f} s (rows that recorded them)")
     print("gates beyond each variant's median gate (mostly first-call compiles): " +
           ", ".join(f"{b} {sec:.0f} s" for b, sec in compiles.most_common()))
     if opts.screen:

@@ -267,6 +267,9 @@ def test_screening_leaves_a_far_slower_variant_ungated_and_untimed(tmp_path, toy
             assert slow.screened["eager_us"] > 2 * slow.screened["best_eager_us"] > 0
             assert "gate_s" not in slow.metrics and slow.median_us is None and not slow.passed
             assert fast.passed and fast.screened is None and "screen_s" in fast.metrics
+            for row in (slow, fast):  # what the screen cost, per variant: its first call and its rough times
+                assert row.metrics["screen_first_s"] >= 0 and row.metrics["screen_rough_s"] >= 0
+            assert slow.metrics["screen_rough_s"] > 0.03  # its rough times: 30 ms calls
         twin = {(x.variant, x.uuid): x for x in Store.open(twin_of(path)).results(NAME)}
         assert twin[("toy_slow", "toy-2")].screened == rows[("toy_slow", "toy-2")].screened
         assert "toy_slow" not in (tmp_path / "routers" / "cpu" / f"{NAME}.py").read_text().split("# fit")[1]

@@ -127,8 +127,9 @@ def run_job(job: Job, emit: Callable) -> None:
         inputs_s = time.perf_counter() - t_inputs
         t_screen = time.perf_counter()
         factor = job.extra.get("screen")
+        costs: dict[str, dict] = {}  # the screen's seconds per variant, into its row's metrics
         slow = screen(definition, job.extra.get("baseline"), names, trials[0][0], factor,
-                      lambda name: emit("start", name, w["uuid"])) if factor else {}
+                      lambda name: emit("start", name, w["uuid"]), costs) if factor else {}
         screen_s = round(time.perf_counter() - t_screen, 3)
         for name in names:
             emit("start", name, w["uuid"])
@@ -138,7 +139,7 @@ def run_job(job: Job, emit: Callable) -> None:
                           f"input, over {factor}x the fastest ({_us(x['best_graph_us'])}, {_us(x['best_eager_us'])});"
                           " not gated, not timed")
                 emit("result", _row(name, w, Verdict(TIMEOUT, reason, metrics={
-                    "screen": slow[name], "inputs_s": round(inputs_s, 3), "screen_s": screen_s})))
+                    "screen": slow[name], "inputs_s": round(inputs_s, 3), "screen_s": screen_s, **costs[name]})))
                 continue
             try:
                 fn = resolve_fn(definition, name, w)
@@ -184,7 +185,7 @@ def run_job(job: Job, emit: Callable) -> None:
                 except Exception as exc:
                     verdict = Verdict(RUNTIME_ERROR, f"timing failed: {type(exc).__name__}: {exc}"[:500],
                                            verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
-            verdict.metrics.update(extra, inputs_s=round(inputs_s, 3), screen_s=screen_s,
+            verdict.metrics.update(extra, **costs.get(name, {}), inputs_s=round(inputs_s, 3), screen_s=screen_s,
                                    gate_s=round(t_timing - t_gate, 3), timing_s=round(time.perf_counter() - t_timing, 3))
             emit("result", _row(name, w, verdict, timing))
         del trials
@@ -197,14 +198,16 @@ def _us(x: float | None) -> str:
 
 
 def screen(definition: str, baseline: str | None, names: list[str], args, factor: float,
-           started: Callable[[str], None] = lambda name: None) -> dict[str, dict]:
+           started: Callable[[str], None] = lambda name: None, costs: dict | None = None) -> dict[str, dict]:
     """The variants among `names` to leave ungated and untimed on this workload, with their rough
     times: over `factor` times the fastest screened one's graph time (or not capturable) and eager
     time (`timing.screen_us`, on one private copy of the inputs that every screened call may
     overwrite). The baseline is the yardstick, screened always and never left out; a variant that
     raises here is not left out (its gate records why); nothing is left out where the baseline raises.
     `started(name)` before each (the worker's "start": a crash is blamed on that variant). The
-    fastest may still fail its gate: what it left out is then not measured there, the baseline is."""
+    fastest may still fail its gate: what it left out is then not measured there, the baseline is.
+    `costs`, if given, receives per screened variant the seconds of its first call (compiles) and of its
+    rough times: {"screen_first_s", "screen_rough_s"} (what the screen costs, `benchmarks/tune_time.py`)."""
     candidates = [n for n in names if n not in ("routed", ROUTED_HINTED, baseline)]
     if baseline is None or not candidates:
         return {}
@@ -213,11 +216,15 @@ def screen(definition: str, baseline: str | None, names: list[str], args, factor
     times = {}
     for name in [baseline, *candidates]:
         started(name)
+        t0 = time.perf_counter()
         try:
             fn = timed_fn(definition, name, resolve_fn(definition, name))
             fn(*args)  # compiles outside the timers (the gate would have)
+            t1 = time.perf_counter()
             times[name] = screen_us(fn, args, graph=defs.get(definition).spec.reference_graph_safe
                                     or name != registry.REFERENCE)
+            if costs is not None:
+                costs[name] = {"screen_first_s": round(t1 - t0, 3), "screen_rough_s": round(time.perf_counter() - t1, 3)}
         except Exception as exc:
             if not gate.healthy(device):
                 raise gate.ContextLost(f"screening {name}: {type(exc).__name__}: {exc}"[:500]) from exc
