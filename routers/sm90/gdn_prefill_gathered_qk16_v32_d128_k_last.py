@@ -8,19 +8,19 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T13:59:21Z
-# workloads   120 on each of 2 devices (workload-set digest 9e773e996af25b26)
+# measured    up to 2026-11-28T15:24:07Z
+# workloads   132 on each of 2 devices (workload-set digest e15c2799ca2fa41f)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  232/232  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  222/222  0.26x
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  222/222  0.34x
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  222/222  0.33x
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  222/222  0.32x
-#   triton_prefill_chunked.v64      2a710645e644b88e  232/232  0.48x
-#   triton_prefill_fused.c16v32     49496897c400beaa  232/232  0.56x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  232/232  0.67x
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  232/232  1.15x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  225/234  0.26x  [9 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  228/234  0.34x  [6 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  227/234  0.33x  [7 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  227/234  0.32x  [7 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  242/244  0.48x  [2 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  241/244  0.55x  [3 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.66x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.14x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -35,19 +35,19 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.20% mean, 63.41% max;
-#             1.061x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.50% mean, 109.29% max;
-#             1.190x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.01% mean, 63.41% max;
+#             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.96% mean, 148.92% max;
+#             1.177x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and num_seqs <= 3: triton_prefill_fused.c16v32, 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 319 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 317 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   5. 45 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
 #   6. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   7. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 136 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 19 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -57,22 +57,23 @@
 #   5. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   6. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   7. 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 268 and 2 < num_seqs <= 41: vllm_flashinfer_prefill (baseline), 86 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len > 268 and num_seqs > 41 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.67x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   10. total_seq_len > 268 and num_seqs > 41 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   9. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   11. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
 #   12. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 7, 'speedup': (4.76, 5.56, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 319)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 317)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 136, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 148, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
@@ -84,11 +85,12 @@ REGIONS_EAGER = (
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (212, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 41), 'total_seq_len': (268, None)}, 'workloads': 86, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (41, None), 'total_seq_len': (268, None)}, 'workloads': 8, 'speedup': (1.37, 1.67, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (41, None), 'total_seq_len': (268, None)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.68, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.29, 1.48, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 14, 'speedup': (1.49, 2.28, 3.83), 'fallbacks': ()},
     {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -103,12 +105,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 3 < num_seqs <= 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 3: 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 317 and num_seqs > 24:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 319 and 11 < num_seqs <= 23:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 4: 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 319 and num_seqs > 24:
-        return 'cuda_prefill_pool_rows.k4c8'
     # region 5: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 1980 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -118,9 +120,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 7: 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill
     if total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 136 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 148 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
@@ -151,66 +153,69 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 7: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
     if 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 86 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 41:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 8 workloads, 1.67x (1.37x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and num_seqs > 41 and mean_seq_len <= 3:
+    # region 8: 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 724 and num_seqs > 250:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 52 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and num_seqs > 41 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 128 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 135:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and 135 < num_seqs <= 250:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 11: 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 250:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2299 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2520 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 71.64% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.42% mean, 71.64% max;
 #             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.15% mean, 150.44% max;
-#             1.262x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.37% mean, 109.29% max;
+#             1.257x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   6. total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 362 and 3 < num_seqs <= 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 0 workloads
-#   8. total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   9. 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   11. 3 < num_seqs <= 8 and mean_seq_len > 6 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
-#   12. 3 < num_seqs <= 8 and mean_seq_len > 6 and 254 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   13. 3 < num_seqs <= 8 and mean_seq_len > 6 and 900 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   14. 3 < num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   15. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   17. 3 < num_seqs <= 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   18. num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   19. num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   20. num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.12x (1.08x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. num_seqs > 8 and mean_seq_len > 6 and 10 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. num_seqs > 8 and mean_seq_len > 6 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 62 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   24. num_seqs > 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   3. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   6. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   8. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   9. total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+#   17. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   18. num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   19. num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   20. num_seqs > 8 and 7 < mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   21. num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   22. num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.12x (1.08x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   23. num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 41: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   24. num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 76 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   25. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   26. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   27. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.42x (1.31x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   27. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
 #   28. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   29. 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   31. total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   32. total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   29. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   31. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   33. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   34. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   35. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
@@ -218,80 +223,74 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   1. total_seq_len <= 22 and num_seqs <= 11 and max_seq_len <= 15: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 45 and num_seqs <= 11 and 15 < max_seq_len <= 20: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 106 and num_seqs <= 2 and 43 < max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.80x (4.10x .. 6.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len > 83: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.56x (1.35x .. 1.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.78x (1.17x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 45 and max_seq_len > 83: triton_prefill_fused.c16v64, 4 workloads, 1.69x (1.55x .. 1.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len <= 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len > 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   11. total_seq_len <= 789 and num_seqs > 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 30 workloads, 2.03x (1.21x .. 3.82x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   13. 22 < total_seq_len <= 789 and num_seqs <= 11 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   14. 45 < total_seq_len <= 789 and num_seqs <= 11 and 15 < max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len > 106 and num_seqs <= 2 and 43 < max_seq_len <= 361: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   16. 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   17. 268 < total_seq_len <= 724 and 2 < num_seqs <= 22 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-#   18. 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and max_seq_len > 196: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   20. 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. 268 < total_seq_len <= 724 and num_seqs > 22 and 43 < max_seq_len <= 84: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   22. 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   23. 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 415: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   24. 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   25. total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 268 and 2 < num_seqs <= 8 and 84 < max_seq_len <= 139: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.17x .. 2.09x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and max_seq_len > 205: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 268 and 3 < num_seqs <= 8 and mean_seq_len > 208 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 84: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   32. 724 < total_seq_len <= 2896 and 2 < num_seqs <= 181 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 724 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 84: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. 789 < total_seq_len <= 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 789 and num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   41. total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 2896 and num_seqs > 2 and 43 < max_seq_len <= 84: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 181 and num_seqs > 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.76x (1.35x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   5. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len <= 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len > 28 and 20 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   7. total_seq_len <= 789 and num_seqs > 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 31 workloads, 2.00x (1.21x .. 3.82x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   9. 22 < total_seq_len <= 789 and num_seqs <= 11 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   10. 45 < total_seq_len <= 789 and num_seqs <= 11 and 15 < max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 106 and num_seqs <= 2 and 43 < max_seq_len <= 361: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   12. 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   13. 181 < total_seq_len <= 379 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   14. 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333: triton_prefill_fused.c16v32, 4 workloads, 1.53x (1.12x .. 2.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   15. 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   16. 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   17. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   18. 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 55 < max_seq_len <= 71: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 333 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 457: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   23. 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   25. 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   26. 724 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. total_seq_len > 789 and num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 28 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 789 and num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43: triton_prefill_fused.c16v64, 3 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. 1448 < total_seq_len <= 2896 and 3 < num_seqs <= 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   34. 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   37. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (3, 22), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 15), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (2, 6), 'num_seqs': (3, 45), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (2, 6), 'num_seqs': (45, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (6, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (6, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 900), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 1022), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (6, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (15, 43), 'mean_seq_len': (None, 6), 'num_seqs': (3, 90)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (21, 64), 'mean_seq_len': (6, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.08, 1.12, 1.17), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 64), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (6, None), 'num_seqs': (8, None)}, 'workloads': 62, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 43), 'mean_seq_len': (None, 6), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, 41), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 53), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None)}, 'workloads': 11, 'speedup': (1.32, 1.43, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (7, 2), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (7, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 6, 'speedup': (1.08, 1.12, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 41), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 76, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 19, 'speedup': (1.31, 1.42, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 10, 'speedup': (1.12, 1.35, 1.6), 'fallbacks': ()},
     {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 64), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 15), 'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.28, 1.31, 1.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ()},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 41), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -301,46 +300,40 @@ REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 20), 'num_seqs': (None, 11), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 361), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 3, 'speedup': (4.1, 4.8, 6.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.35, 1.56, 1.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 6, 'speedup': (1.17, 1.78, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.55, 1.69, 1.82), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (None, 28), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 3, 'speedup': (3.34, 5.62, 8.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (28, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 5, 'speedup': (1.49, 2.82, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (11, None), 'total_seq_len': (None, 789)}, 'workloads': 30, 'speedup': (1.21, 2.03, 3.82), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 11), 'total_seq_len': (22, 789)}, 'workloads': 4, 'speedup': (2.59, 3.55, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 20), 'num_seqs': (None, 11), 'total_seq_len': (45, 789)}, 'workloads': 1, 'speedup': (3.14, 3.14, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 196), 'mean_seq_len': (2, None), 'num_seqs': (8, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.2, 1.22, 1.24), 'fallbacks': (), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (196, None), 'mean_seq_len': (2, None), 'num_seqs': (8, 22), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 181), 'mean_seq_len': (2, None), 'num_seqs': (22, 90), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 415), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, None), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (268, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (84, 181), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (208, None), 'num_seqs': (2, 3), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (84, 139), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.17, 1.53, 2.09), 'fallbacks': ()},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (139, 205), 'mean_seq_len': (74, 208), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (205, None), 'mean_seq_len': (74, 208), 'num_seqs': (2, 8), 'total_seq_len': (268, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (208, None), 'num_seqs': (3, 8), 'total_seq_len': (268, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (84, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (139, None), 'mean_seq_len': (None, 74), 'num_seqs': (2, 8), 'total_seq_len': (379, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, 181), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (181, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (84, None), 'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (None, 90), 'total_seq_len': (789, 1020)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, 20), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (None, 90), 'total_seq_len': (1020, None)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 84), 'num_seqs': (2, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.35, 1.76, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (None, 28), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 3, 'speedup': (3.34, 5.62, 8.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (20, 43), 'mean_seq_len': (28, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 789)}, 'workloads': 5, 'speedup': (1.49, 2.82, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (11, None), 'total_seq_len': (None, 789)}, 'workloads': 31, 'speedup': (1.21, 2.0, 3.82), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 11), 'total_seq_len': (22, 789)}, 'workloads': 4, 'speedup': (2.59, 3.55, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 20), 'num_seqs': (None, 11), 'total_seq_len': (45, 789)}, 'workloads': 1, 'speedup': (3.14, 3.14, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, None), 'num_seqs': (2, 3), 'total_seq_len': (181, 379)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (71, 333), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.12, 1.53, 2.33), 'fallbacks': (), 'hand_back': True},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 2), 'num_seqs': (3, None), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (3, None), 'total_seq_len': (181, 1448)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (55, 71), 'mean_seq_len': (2, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': (), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (55, 71), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, 450), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 2896)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, 457), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (2, 11), 'num_seqs': (2, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, None), 'num_seqs': (2, 3), 'total_seq_len': (379, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 333), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (724, 2896)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, 28), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (28, None), 'num_seqs': (None, 90), 'total_seq_len': (789, None)}, 'workloads': 3, 'speedup': (1.11, 1.14, 1.17), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (3, 90), 'total_seq_len': (1448, 2896)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (90, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -356,91 +349,94 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 11 and 1 < num_seqs <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 181 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
+    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and max_seq_len <= 30:
+    # region 10: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 6 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
+    # region 11: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 133 < max_seq_len <= 254:
+    # region 12: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 28 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 254 < max_seq_len <= 900:
+    # region 13: 28 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 3 < num_seqs <= 8 and mean_seq_len > 6 and 900 < max_seq_len <= 1022:
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 1022:
+    # region 15: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    # region 16: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
-    if num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43:
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21:
+    # region 19: 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill
+    if num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 8 workloads, 1.12x (1.08x .. 1.17x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10:
+    if num_seqs > 8 and 7 < mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 6 workloads, 1.12x (1.08x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 6 and 10 < max_seq_len <= 64:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 62 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len > 64:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 2 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
-    if num_seqs > 90 and mean_seq_len <= 6 and 15 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 41:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 76 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 41:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 25: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
     if 2 < total_seq_len <= 45 and num_seqs <= 1:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 19 workloads, 1.42x (1.31x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 6 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10:
+        return 'cuda_prefill_pool_rows.k2c8'
     # region 28: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 2314 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len <= 6 and 10 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157:
-        return 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71:
+        return 'cuda_prefill_pool_rows.k2c8'
     # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len > 157:
+    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
@@ -466,124 +462,106 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 3: 3 workloads, 4.80x (4.10x .. 6.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 106 and num_seqs <= 2 and 43 < max_seq_len <= 361:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 4 workloads, 1.56x (1.35x .. 1.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len > 83:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 6 workloads, 1.78x (1.17x .. 2.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 43 < max_seq_len <= 83:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 1.69x (1.55x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 45 and max_seq_len > 83:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 43 < max_seq_len <= 83:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 83:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill
+    # region 4: 8 workloads, 1.76x (1.35x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 2 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 3 workloads, 5.62x (3.34x .. 8.28x) over vllm_flashinfer_prefill
     if total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len <= 28 and 20 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill
+    # region 6: 5 workloads, 2.82x (1.49x .. 9.63x) over vllm_flashinfer_prefill
     if total_seq_len <= 789 and num_seqs <= 11 and mean_seq_len > 28 and 20 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 30 workloads, 2.03x (1.21x .. 3.82x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 31 workloads, 2.00x (1.21x .. 3.82x) over vllm_flashinfer_prefill
     if total_seq_len <= 789 and num_seqs > 11 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    # region 8: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill
+    # region 9: 4 workloads, 3.55x (2.59x .. 4.28x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 789 and num_seqs <= 11 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill
+    # region 10: 1 workloads, 3.14x (3.14x .. 3.14x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 789 and num_seqs <= 11 and 15 < max_seq_len <= 20:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    # region 11: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
     if total_seq_len > 106 and num_seqs <= 2 and 43 < max_seq_len <= 361:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 379 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 4 workloads, 1.53x (1.12x .. 2.33x) over vllm_flashinfer_prefill's guarded call
+    if 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:
         return 'triton_prefill_fused.c16v32'
-    # region 17: 2 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 724 and 2 < num_seqs <= 22 and 43 < max_seq_len <= 84:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 26 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    if 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71:
         return 'triton_prefill_fused.c16v64'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and max_seq_len > 196:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:
-        return 'triton_prefill_fused.c16v64'
+    # region 19: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 55 < max_seq_len <= 71:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 333 < max_seq_len <= 450:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and num_seqs > 22 and 43 < max_seq_len <= 84:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415:
-        return 'triton_prefill_fused.c16v64'
-    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 415:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139:
+    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 4 workloads, 1.53x (1.17x .. 2.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and 84 < max_seq_len <= 139:
-        return 'triton_prefill_fused.c16v64'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205:
-        return 'triton_prefill_fused.c16v64'
-    # region 28: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and max_seq_len > 205:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 30 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 3 < num_seqs <= 8 and mean_seq_len > 208 and max_seq_len > 139:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 84:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 2896 and 2 < num_seqs <= 181 and 43 < max_seq_len <= 84:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84:
+    # region 22: 68 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 2 and max_seq_len > 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 52 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 84:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 789 < total_seq_len <= 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55:
+        return 'triton_prefill_fused.c16v64'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 38: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 28 and max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 3 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 789 and num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43:
+        return 'triton_prefill_fused.c16v64'
+    # region 30: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
-        return 'triton_prefill_fused.c16v64'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 2 and 43 < max_seq_len <= 84:
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and 3 < num_seqs <= 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -591,43 +569,41 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 181 and num_seqs > 22 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:  # region 6
+    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:  # region 5
         return True
-    if total_seq_len <= 362 and num_seqs > 45 and 2 < mean_seq_len <= 6 and max_seq_len > 64:  # region 8
+    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:  # region 9
         return True
-    if num_seqs > 8 and 6 < mean_seq_len <= 5 and max_seq_len <= 21:  # region 19
+    if num_seqs > 8 and 7 < mean_seq_len <= 2:  # region 20
         return True
-    if num_seqs > 8 and 6 < mean_seq_len <= 5 and 21 < max_seq_len <= 64:  # region 20
+    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11:  # region 21
         return True
-    if num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 10:  # region 21
+    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:  # region 22
         return True
-    if 181 < total_seq_len <= 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 64:  # region 29
-        return True
-    if total_seq_len > 362 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 43 < max_seq_len <= 157:  # region 31
+    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:  # region 30
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 379 and 2 < num_seqs <= 8 and mean_seq_len <= 74 and max_seq_len > 139:  # region 16
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55:  # region 12
         return True
-    if 268 < total_seq_len <= 724 and 8 < num_seqs <= 22 and mean_seq_len > 2 and 84 < max_seq_len <= 196:  # region 18
+    if 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:  # region 14
         return True
-    if 268 < total_seq_len <= 724 and 22 < num_seqs <= 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:  # region 20
+    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457:  # region 15
         return True
-    if 268 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 2 and 181 < max_seq_len <= 415:  # region 22
+    if 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71:  # region 18
         return True
-    if 268 < total_seq_len <= 724 and num_seqs > 90 and mean_seq_len > 2 and 84 < max_seq_len <= 181:  # region 24
+    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457:  # region 21
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 3 and mean_seq_len > 208 and max_seq_len > 139:  # region 25
+    if 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55:  # region 23
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 8 and 74 < mean_seq_len <= 208 and 139 < max_seq_len <= 205:  # region 27
+    if 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55:  # region 24
         return True
-    if 724 < total_seq_len <= 2896 and num_seqs > 181 and 43 < max_seq_len <= 84:  # region 33
+    if 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:  # region 25
         return True
-    if total_seq_len > 789 and num_seqs <= 90 and 20 < mean_seq_len <= 20 and max_seq_len <= 43:  # region 37
+    if total_seq_len > 789 and num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43:  # region 29
         return True
-    if total_seq_len > 1020 and num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:  # region 41
+    if 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:  # region 34
         return True
     return False

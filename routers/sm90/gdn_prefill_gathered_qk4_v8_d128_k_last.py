@@ -8,20 +8,20 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T14:03:16Z
-# workloads   120 on each of 2 devices (workload-set digest 9052b4d6cbbaeac1)
+# measured    up to 2026-11-28T15:24:32Z
+# workloads   132 on each of 2 devices (workload-set digest 03a51fc2d6474a56)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  232/232  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  220/220  0.46x
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  220/220  0.41x
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  220/220  0.45x
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  220/220  0.49x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  226/232  0.45x  [6 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  226/232  0.41x  [6 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  227/232  0.45x  [5 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  228/232  0.48x  [4 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
-#   triton_prefill_chunked.v64      2a710645e644b88e  232/232  0.78x
-#   triton_prefill_fused.c16v32     49496897c400beaa  232/232  0.80x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  232/232  0.82x
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  232/232  1.39x
+#   triton_prefill_chunked.v64      2a710645e644b88e  244/244  0.76x
+#   triton_prefill_fused.c16v32     49496897c400beaa  243/244  0.78x  [1 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.81x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.37x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,23 +36,22 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 13.79% mean, 204.18% max;
-#             1.129x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 24.30% mean, 354.35% max;
-#             1.494x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 13.33% mean, 204.18% max;
+#             1.124x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 23.70% mean, 354.35% max;
+#             1.484x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   4. 13 < num_seqs <= 19 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 17 workloads, 1.11x (1.06x .. 1.14x) over vllm_flashinfer_prefill
-#   5. 19 < num_seqs <= 62 and mean_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.64x (1.21x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. 62 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 26 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   7. num_seqs > 188 and mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len <= 602: vllm_flashinfer_prefill.cp_off, 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   9. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len > 602: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   10. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   5. 13 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   6. num_seqs > 188 and mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len <= 602: vllm_flashinfer_prefill.cp_off, 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   8. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len > 602: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 181 and 8 < num_seqs <= 62: cuda_prefill_pool_rows.k16c8, 15 workloads, 2.59x (1.62x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -64,23 +63,22 @@
 #   8. 181 < total_seq_len <= 399 and 8 < num_seqs <= 46: cuda_prefill_pool_rows.k8c8, 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   9. total_seq_len > 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   11. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 78 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   11. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   12. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (13, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 19)}, 'workloads': 17, 'speedup': (1.06, 1.11, 1.14), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (19, 62)}, 'workloads': 6, 'speedup': (1.21, 1.64, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (62, 188)}, 'workloads': 26, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (188, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 602), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 18, 'speedup': (1.19, 2.03, 3.07), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (602, None), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 46, 'speedup': (1.04, 2.67, 5.79), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (13, None), 'total_seq_len': (724, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, 45), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 188)}, 'workloads': 52, 'speedup': (1.04, 1.08, 1.14), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (188, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 602), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 18, 'speedup': (1.19, 2.03, 3.07), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (602, None), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 46, 'speedup': (1.04, 2.67, 5.79), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (13, None), 'total_seq_len': (1448, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
@@ -94,7 +92,7 @@ REGIONS_EAGER = (
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 46), 'total_seq_len': (181, 399)}, 'workloads': 10, 'speedup': (1.1, 2.0, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 46, 'speedup': (1.32, 3.0, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 6, 'speedup': (1.04, 1.74, 3.27), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 78, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
@@ -110,36 +108,33 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 21:
+    # region 3: 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 17 workloads, 1.11x (1.06x .. 1.14x) over vllm_flashinfer_prefill
-    if 13 < num_seqs <= 19 and mean_seq_len <= 21:
+    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    if 13 < num_seqs <= 188 and mean_seq_len <= 21:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 6 workloads, 1.64x (1.21x .. 2.20x) over vllm_flashinfer_prefill
-    if 19 < num_seqs <= 62 and mean_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 26 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if 62 < num_seqs <= 188 and mean_seq_len <= 21:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 18 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 18 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 188 and mean_seq_len <= 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill
+    # region 7: 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill
     if total_seq_len > 107 and num_seqs <= 2 and mean_seq_len <= 602:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 107 and num_seqs <= 2 and mean_seq_len > 602:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+    # region 9: 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len <= 362:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 26 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 26 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 44 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 44 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -176,9 +171,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 10: 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 78 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 90 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 12: 20 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
@@ -186,225 +181,205 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2210 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2428 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.98% mean, 204.18% max;
-#             1.206x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.92% mean, 245.65% max;
-#             1.657x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.21% mean, 204.18% max;
+#             1.199x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.67% mean, 157.46% max;
+#             1.676x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 93 and 19 < num_seqs <= 62 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.91x (1.68x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 93 and 19 < num_seqs <= 62 and 21 < max_seq_len <= 408: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   5. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   6. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len <= 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   8. total_seq_len <= 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   9. total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 42: triton_prefill_fused.c16v32, 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   10. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 42: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 42: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 42: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   13. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 5792 and 19 < num_seqs <= 62 and 832 < max_seq_len <= 1162: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   15. total_seq_len <= 5792 and 19 < num_seqs <= 62 and max_seq_len > 1162: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 10278 and 19 < num_seqs <= 62 and 408 < max_seq_len <= 832: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   17. num_seqs <= 3 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. num_seqs <= 3 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   20. 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   23. 9 < num_seqs <= 19 and 550 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   24. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. 9 < num_seqs <= 19 and 756 < max_seq_len <= 900: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   26. 9 < num_seqs <= 19 and max_seq_len > 900: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
-#   28. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   29. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
-#   30. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. 62 < num_seqs <= 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   32. 62 < num_seqs <= 181 and 5 < mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. num_seqs > 62 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 40 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   35. total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 93 and 19 < num_seqs <= 62 and max_seq_len <= 408: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. total_seq_len > 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 0 workloads
-#   41. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
-#   43. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   44. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   45. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   47. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   49. total_seq_len > 5792 and 19 < num_seqs <= 62 and max_seq_len > 832: vllm_flashinfer_prefill (baseline), 0 workloads
-#   50. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   51. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   52. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
-#   53. total_seq_len > 10278 and 19 < num_seqs <= 62 and 408 < max_seq_len <= 832: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   54. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   55. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.91x (1.68x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   5. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   6. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 59: vllm_flashinfer_prefill (baseline), 0 workloads
+#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   10. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 0 workloads
+#   11. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   12. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   17. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   18. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   20. num_seqs <= 3 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   21. num_seqs <= 3 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   23. 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   25. 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   26. 9 < num_seqs <= 19 and 550 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   27. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   28. num_seqs > 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   29. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
+#   30. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   31. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
+#   32. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   34. total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   41. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
+#   47. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
+#   48. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   49. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   51. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 0 workloads
+#   52. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   53. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   54. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   55. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   56. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   57. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   58. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
+#   59. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   60. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and mean_seq_len <= 107 and 5 < max_seq_len <= 51: cuda_prefill_pool_rows.k16c8, 15 workloads, 4.18x (1.91x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len <= 107 and 116 < max_seq_len <= 131: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 362 and 5 < mean_seq_len <= 107 and 51 < max_seq_len <= 116: cuda_prefill_pool_rows.k16c8, 14 workloads, 4.22x (1.62x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 724 and 107 < mean_seq_len <= 237 and max_seq_len <= 532: triton_prefill_fused.c16v32, 14 workloads, 3.28x (1.70x .. 4.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len <= 107 and max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 6 workloads, 9.38x (5.31x .. 17.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 5 and 51 < max_seq_len <= 116: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 532: triton_prefill_chunked.v64, 4 workloads, 1.95x (1.77x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 1448 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.81x (1.60x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 5 and 51 < max_seq_len <= 116: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   10. total_seq_len <= 2896 and 90 < num_seqs <= 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 419: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len <= 2896 and 90 < num_seqs <= 188 and mean_seq_len <= 107 and max_seq_len > 419: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2896 and num_seqs > 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 627: triton_prefill_fused.c16v64, 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   13. total_seq_len <= 2896 and num_seqs > 188 and mean_seq_len <= 107 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 4048 and num_seqs <= 2 and mean_seq_len > 237 and max_seq_len <= 529: triton_prefill_fused.c16v32, 6 workloads, 2.89x (2.14x .. 3.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   15. total_seq_len <= 4048 and num_seqs <= 2 and mean_seq_len > 237 and max_seq_len > 529: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.89x (1.32x .. 2.90x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   16. total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and max_seq_len <= 490: triton_prefill_fused.c16v64, 6 workloads, 3.99x (3.18x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and 490 < max_seq_len <= 1431: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.04x (1.73x .. 2.56x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   18. total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and 1431 < max_seq_len <= 1914: triton_prefill_chunked.v64, 4 workloads, 2.01x (1.49x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   19. total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and max_seq_len > 1914: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.31x (1.29x .. 1.33x) over vllm_flashinfer_prefill
-#   20. num_seqs <= 22 and mean_seq_len <= 107 and 131 < max_seq_len <= 450: triton_prefill_fused.c16v32, 12 workloads, 2.14x (1.20x .. 3.81x) over vllm_flashinfer_prefill
-#   21. num_seqs <= 45 and mean_seq_len <= 107 and 450 < max_seq_len <= 500: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. num_seqs <= 45 and mean_seq_len <= 107 and 500 < max_seq_len <= 680: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   23. num_seqs <= 45 and mean_seq_len <= 107 and max_seq_len > 680: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 22 < num_seqs <= 45 and mean_seq_len <= 107 and 131 < max_seq_len <= 450: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   25. 45 < num_seqs <= 90 and mean_seq_len <= 107 and 116 < max_seq_len <= 222: triton_prefill_fused.c16v64, 4 workloads, 1.32x (1.16x .. 1.54x) over vllm_flashinfer_prefill
-#   26. 45 < num_seqs <= 90 and mean_seq_len <= 107 and 222 < max_seq_len <= 339: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   27. 45 < num_seqs <= 90 and mean_seq_len <= 107 and max_seq_len > 339: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. 181 < total_seq_len <= 1448 and mean_seq_len <= 107 and 5 < max_seq_len <= 51: cuda_prefill_pool_rows.k2c8, 22 workloads, 2.15x (1.39x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   29. 362 < total_seq_len <= 1448 and 5 < mean_seq_len <= 107 and 51 < max_seq_len <= 116: triton_prefill_fused.c16v64, 6 workloads, 2.79x (1.47x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 107 and 116 < max_seq_len <= 131: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   31. 724 < total_seq_len <= 2232 and 107 < mean_seq_len <= 237 and max_seq_len <= 532: triton_prefill_fused.c16v64, 6 workloads, 2.31x (1.23x .. 4.00x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   32. 1448 < total_seq_len <= 2896 and mean_seq_len <= 30 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.57x (1.25x .. 1.94x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 1448 and mean_seq_len <= 107 and 48 < max_seq_len <= 116: vllm_flashinfer_prefill (baseline), 0 workloads
-#   34. total_seq_len > 1448 and 30 < mean_seq_len <= 107 and max_seq_len <= 48: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   35. total_seq_len > 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 532: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. 2232 < total_seq_len <= 11585 and 107 < mean_seq_len <= 237 and max_seq_len <= 238: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. 2232 < total_seq_len <= 11585 and 107 < mean_seq_len <= 237 and 238 < max_seq_len <= 532: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 2896 and mean_seq_len <= 30 and max_seq_len <= 48: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   39. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len <= 21 and max_seq_len > 116: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 2896 and num_seqs > 90 and 21 < mean_seq_len <= 107 and max_seq_len > 116: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. 4048 < total_seq_len <= 4840 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len > 2707: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   42. 4048 < total_seq_len <= 5792 and num_seqs > 11 and mean_seq_len > 237: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 4048 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 2707: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.71x (1.18x .. 2.57x) over vllm_flashinfer_prefill
-#   44. total_seq_len > 4840 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len > 2707: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   45. total_seq_len > 5792 and num_seqs > 11 and 237 < mean_seq_len <= 615: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   46. total_seq_len > 5792 and num_seqs > 11 and mean_seq_len > 615: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 11585 and 107 < mean_seq_len <= 237 and max_seq_len <= 532: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 755: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.69x (3.34x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 339: triton_prefill_fused.c16v64, 4 workloads, 1.39x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   8. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   9. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   10. num_seqs <= 8 and 755 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 26 workloads, 1.78x (1.18x .. 2.90x) over vllm_flashinfer_prefill
+#   11. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   13. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   14. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. 181 < total_seq_len <= 1448 and num_seqs <= 8 and max_seq_len <= 755: triton_prefill_fused.c16v32, 42 workloads, 3.27x (1.33x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   16. 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8; engine plugins keep the engine's kernel (`hand_back`)
+#   17. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
+#   18. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   19. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   20. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   21. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   23. total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 755: triton_prefill_fused.c16v64, 2 workloads, 4.05x (3.18x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   26. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.34x (2.14x .. 2.56x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   27. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   29. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   31. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (1.68, 1.91, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 408), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.36, 1.49, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 5), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 5), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 42), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 58, 'speedup': (1.19, 2.6, 5.79), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (42, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 42), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 21, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (832, 1162), 'num_seqs': (19, 62), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1162, None), 'num_seqs': (19, 62), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (408, 832), 'num_seqs': (19, 62), 'total_seq_len': (None, 10278)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.36, 7.96, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 3)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (7.84, 8.7, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19)}, 'workloads': 3, 'speedup': (1.34, 1.57, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (5, None), 'num_seqs': (5, 19)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (550, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 900), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (900, None), 'num_seqs': (9, 19)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.56, 1.58, 1.61), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.27, 1.36, 1.46), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (5, 5), 'num_seqs': (62, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (5, 5), 'num_seqs': (62, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (62, None)}, 'workloads': 40, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (1.16, 1.26, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 408), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 2, 'speedup': (1.08, 1.08, 1.09), 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.28, 1.36, 1.45), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (5, 5), 'num_seqs': (181, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (5, 5), 'num_seqs': (181, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 10, 'speedup': (1.66, 2.52, 4.35), 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (832, None), 'num_seqs': (19, 62), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, 832), 'num_seqs': (19, 62), 'total_seq_len': (10278, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (1.68, 1.91, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.36, 1.49, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 58, 'speedup': (1.19, 2.6, 5.79), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 21, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.36, 7.96, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 3)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (7.84, 8.7, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19)}, 'workloads': 3, 'speedup': (1.34, 1.57, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (5, None), 'num_seqs': (5, 19)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (550, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.56, 1.58, 1.61), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.27, 1.36, 1.46), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (1.16, 1.26, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.28, 1.36, 1.45), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 10, 'speedup': (1.66, 2.52, 4.35), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 51), 'mean_seq_len': (None, 107), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.91, 4.18, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (116, 131), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (51, 116), 'mean_seq_len': (5, 107), 'total_seq_len': (None, 362)}, 'workloads': 14, 'speedup': (1.62, 4.22, 5.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (107, 237), 'total_seq_len': (None, 724)}, 'workloads': 14, 'speedup': (1.7, 3.28, 4.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 107), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (5.31, 9.38, 17.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (51, 116), 'mean_seq_len': (None, 5), 'num_seqs': (None, 90), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.83, 2.04, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (107, 237), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.77, 1.95, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 107), 'num_seqs': (5, None), 'total_seq_len': (None, 1448)}, 'workloads': 15, 'speedup': (1.6, 2.81, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (51, 116), 'mean_seq_len': (None, 5), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (116, 419), 'mean_seq_len': (None, 107), 'num_seqs': (90, 188), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (419, None), 'mean_seq_len': (None, 107), 'num_seqs': (90, 188), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (116, 627), 'mean_seq_len': (None, 107), 'num_seqs': (188, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 107), 'num_seqs': (188, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 529), 'mean_seq_len': (237, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4048)}, 'workloads': 6, 'speedup': (2.14, 2.89, 3.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (529, None), 'mean_seq_len': (237, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4048)}, 'workloads': 8, 'speedup': (1.32, 1.89, 2.9), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 490), 'mean_seq_len': (237, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4048)}, 'workloads': 6, 'speedup': (3.18, 3.99, 5.78), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (490, 1431), 'mean_seq_len': (237, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4048)}, 'workloads': 8, 'speedup': (1.73, 2.04, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1431, 1914), 'mean_seq_len': (237, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4048)}, 'workloads': 4, 'speedup': (1.49, 2.01, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, None), 'mean_seq_len': (237, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4048)}, 'workloads': 2, 'speedup': (1.29, 1.31, 1.33), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (131, 450), 'mean_seq_len': (None, 107), 'num_seqs': (None, 22)}, 'workloads': 12, 'speedup': (1.2, 2.14, 3.81), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, 500), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (500, 680), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (680, None), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (131, 450), 'mean_seq_len': (None, 107), 'num_seqs': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (116, 222), 'mean_seq_len': (None, 107), 'num_seqs': (45, 90)}, 'workloads': 4, 'speedup': (1.16, 1.32, 1.54), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (222, 339), 'mean_seq_len': (None, 107), 'num_seqs': (45, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (None, 107), 'num_seqs': (45, 90)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 51), 'mean_seq_len': (None, 107), 'total_seq_len': (181, 1448)}, 'workloads': 22, 'speedup': (1.39, 2.15, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (51, 116), 'mean_seq_len': (5, 107), 'total_seq_len': (362, 1448)}, 'workloads': 6, 'speedup': (1.47, 2.79, 5.53), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (116, 131), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (107, 237), 'total_seq_len': (724, 2232)}, 'workloads': 6, 'speedup': (1.23, 2.31, 4.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 30), 'total_seq_len': (1448, 2896)}, 'workloads': 4, 'speedup': (1.25, 1.57, 1.94), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, 116), 'mean_seq_len': (None, 107), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (30, 107), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (107, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 238), 'mean_seq_len': (107, 237), 'total_seq_len': (2232, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (238, 532), 'mean_seq_len': (107, 237), 'total_seq_len': (2232, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 30), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (116, None), 'mean_seq_len': (None, 21), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (116, None), 'mean_seq_len': (21, 107), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2707, None), 'mean_seq_len': (237, None), 'num_seqs': (None, 11), 'total_seq_len': (4048, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (237, None), 'num_seqs': (11, None), 'total_seq_len': (4048, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2707), 'mean_seq_len': (237, None), 'num_seqs': (None, 11), 'total_seq_len': (4048, None)}, 'workloads': 6, 'speedup': (1.18, 1.71, 2.57), 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2707, None), 'mean_seq_len': (237, None), 'num_seqs': (None, 11), 'total_seq_len': (4840, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, 615), 'num_seqs': (11, None), 'total_seq_len': (5792, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (615, None), 'num_seqs': (11, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (107, 237), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 755), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 23, 'speedup': (3.34, 6.69, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.48, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.62, 2.05, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.05, 2.84, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 120), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.04, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.22, 1.28), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 339), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.3, 1.39, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 2712), 'num_seqs': (None, 8)}, 'workloads': 26, 'speedup': (1.18, 1.78, 2.9), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 8, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 120), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 16, 'speedup': (1.39, 2.16, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 120), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 755), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 42, 'speedup': (1.33, 3.27, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8'), 'hand_back': True},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 6, 'speedup': (1.47, 1.61, 1.76), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.66, 1.99, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.23, 1.98, 4.54), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 955), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1455), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.23, 1.91, 2.94), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 755), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (3.18, 4.05, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 755), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.14, 2.34, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 362), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.24, 1.24, 1.25), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 90), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.91, 1.93, 1.94), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 90), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -420,141 +395,156 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 3: 4 workloads, 1.91x (1.68x .. 2.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and max_seq_len <= 21:
+    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and 21 < max_seq_len <= 408:
+    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 42:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 42:
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 42:
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 42:
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    # region 17: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 19 < num_seqs <= 62 and 832 < max_seq_len <= 1162:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 10278 and 19 < num_seqs <= 62 and 408 < max_seq_len <= 832:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill
+    # region 20: 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill
     if num_seqs <= 3 and 4 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 3 and 11 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill
+    # region 22: 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill
+    # region 24: 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    # region 25: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 9 < num_seqs <= 19 and 550 < max_seq_len <= 741:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 9 < num_seqs <= 19 and 741 < max_seq_len <= 756:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 9 < num_seqs <= 19 and 756 < max_seq_len <= 900:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if 9 < num_seqs <= 19 and max_seq_len > 900:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
+    # region 28: 44 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 32 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
     if 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
+    # region 31: 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
     if 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 62 < num_seqs <= 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 32:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 40 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 62 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
+    # region 33: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 35: 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill
+    # region 34: 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 2 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and 19 < num_seqs <= 62 and max_seq_len <= 408:
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 39: 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
+    # region 46: 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
     if total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 8 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 55: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 56: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    # region 57: 0 workloads, by estimated times (no measured workload in it)
     if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 53: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10278 and 19 < num_seqs <= 62 and 408 < max_seq_len <= 832:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 0 workloads, by estimated times (no measured workload in it)
+    # region 59: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 55: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 60: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -563,174 +553,130 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 15 workloads, 4.18x (1.91x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 107 and 5 < max_seq_len <= 51:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len <= 107 and 116 < max_seq_len <= 131:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 14 workloads, 4.22x (1.62x .. 5.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 5 < mean_seq_len <= 107 and 51 < max_seq_len <= 116:
+    # region 1: 23 workloads, 6.69x (3.34x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 755:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 14 workloads, 3.28x (1.70x .. 4.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 107 < mean_seq_len <= 237 and max_seq_len <= 532:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 6 workloads, 9.38x (5.31x .. 17.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len <= 107 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 5 and 51 < max_seq_len <= 116:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 4 workloads, 1.95x (1.77x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 532:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 8: 15 workloads, 2.81x (1.60x .. 7.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 1.39x (1.30x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 339:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
     # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 5 and 51 < max_seq_len <= 116:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 90 < num_seqs <= 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 419:
-        return 'triton_prefill_fused.c16v64'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and 90 < num_seqs <= 188 and mean_seq_len <= 107 and max_seq_len > 419:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2896 and num_seqs > 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 627:
-        return 'triton_prefill_fused.c16v64'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 188 and mean_seq_len <= 107 and max_seq_len > 627:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 6 workloads, 2.89x (2.14x .. 3.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs <= 2 and mean_seq_len > 237 and max_seq_len <= 529:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 8 workloads, 1.89x (1.32x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs <= 2 and mean_seq_len > 237 and max_seq_len > 529:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 6 workloads, 3.99x (3.18x .. 5.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and max_seq_len <= 490:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 8 workloads, 2.04x (1.73x .. 2.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and 490 < max_seq_len <= 1431:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 4 workloads, 2.01x (1.49x .. 2.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and 1431 < max_seq_len <= 1914:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 19: 2 workloads, 1.31x (1.29x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 2 and mean_seq_len > 237 and max_seq_len > 1914:
+    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 12 workloads, 2.14x (1.20x .. 3.81x) over vllm_flashinfer_prefill
-    if num_seqs <= 22 and mean_seq_len <= 107 and 131 < max_seq_len <= 450:
-        return 'triton_prefill_fused.c16v32'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 45 and mean_seq_len <= 107 and 450 < max_seq_len <= 500:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 45 and mean_seq_len <= 107 and 500 < max_seq_len <= 680:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 45 and mean_seq_len <= 107 and max_seq_len > 680:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < num_seqs <= 45 and mean_seq_len <= 107 and 131 < max_seq_len <= 450:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 4 workloads, 1.32x (1.16x .. 1.54x) over vllm_flashinfer_prefill
-    if 45 < num_seqs <= 90 and mean_seq_len <= 107 and 116 < max_seq_len <= 222:
-        return 'triton_prefill_fused.c16v64'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < num_seqs <= 90 and mean_seq_len <= 107 and 222 < max_seq_len <= 339:
+    # region 10: 26 workloads, 1.78x (1.18x .. 2.90x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 755 < max_seq_len <= 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 45 < num_seqs <= 90 and mean_seq_len <= 107 and max_seq_len > 339:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 22 workloads, 2.15x (1.39x .. 3.28x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and mean_seq_len <= 107 and 5 < max_seq_len <= 51:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 6 workloads, 2.79x (1.47x .. 5.53x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1448 and 5 < mean_seq_len <= 107 and 51 < max_seq_len <= 116:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 107 and 116 < max_seq_len <= 131:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 6 workloads, 2.31x (1.23x .. 4.00x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 2232 and 107 < mean_seq_len <= 237 and max_seq_len <= 532:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 4 workloads, 1.57x (1.25x .. 1.94x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2896 and mean_seq_len <= 30 and max_seq_len <= 48:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 30 < mean_seq_len <= 107 and max_seq_len <= 48:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 532:
+    # region 11: 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 15: 42 workloads, 3.27x (1.33x .. 6.29x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and max_seq_len <= 755:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 17: 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148:
+        return 'triton_prefill_fused.c16v64'
+    # region 22: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 2232 < total_seq_len <= 11585 and 107 < mean_seq_len <= 237 and max_seq_len <= 238:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if 2232 < total_seq_len <= 11585 and 107 < mean_seq_len <= 237 and 238 < max_seq_len <= 532:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and mean_seq_len <= 30 and max_seq_len <= 48:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len <= 21 and max_seq_len > 116:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 90 and 21 < mean_seq_len <= 107 and max_seq_len > 116:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if 4048 < total_seq_len <= 4840 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len > 2707:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if 4048 < total_seq_len <= 5792 and num_seqs > 11 and mean_seq_len > 237:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 6 workloads, 1.71x (1.18x .. 2.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 2707:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 11 and mean_seq_len > 237 and max_seq_len > 2707:
+    # region 25: 2 workloads, 4.05x (3.18x .. 5.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 755:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, 2.34x (2.14x .. 2.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 755:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 11 and 237 < mean_seq_len <= 615:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and num_seqs > 11 and mean_seq_len > 615:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and 107 < mean_seq_len <= 237 and max_seq_len <= 532:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 21:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 90:  # region 7
+    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:  # region 5
         return True
-    if 62 < num_seqs <= 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 32:  # region 31
+    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:  # region 9
         return True
-    if total_seq_len > 724 and num_seqs > 181 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:  # region 39
+    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:  # region 37
         return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 44
+    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:  # region 41
         return True
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 46
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 48
         return True
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 51
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 52
         return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 54
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 57
+        return True
+    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 59
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and 90 < num_seqs <= 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 419:  # region 10
+    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:  # region 16
         return True
-    if total_seq_len <= 2896 and num_seqs > 188 and mean_seq_len <= 107 and 116 < max_seq_len <= 627:  # region 12
-        return True
-    if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len <= 21 and max_seq_len > 116:  # region 39
-        return True
-    if total_seq_len > 5792 and num_seqs > 11 and mean_seq_len > 615:  # region 46
+    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:  # region 27
         return True
     return False

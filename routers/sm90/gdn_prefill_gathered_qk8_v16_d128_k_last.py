@@ -8,19 +8,19 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T14:05:01Z
-# workloads   120 on each of 2 devices (workload-set digest 27ff618d1537f1f0)
+# measured    up to 2026-11-28T15:24:47Z
+# workloads   132 on each of 2 devices (workload-set digest e2e4874bac89fb6e)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  232/232  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  220/220  0.39x
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  220/220  0.42x
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  220/220  0.42x
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  220/220  0.44x
-#   triton_prefill_chunked.v64      2a710645e644b88e  232/232  0.66x
-#   triton_prefill_fused.c16v32     49496897c400beaa  232/232  0.73x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  232/232  0.80x
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  232/232  1.36x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  226/232  0.38x  [6 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  227/232  0.41x  [5 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  226/232  0.42x  [6 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  226/232  0.43x  [6 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  242/244  0.66x  [2 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  243/244  0.72x  [1 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.79x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.34x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -35,16 +35,16 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.22% mean, 78.71% max;
-#             1.080x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.11% mean, 162.46% max;
-#             1.457x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.93% mean, 78.71% max;
+#             1.076x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.24% mean, 162.46% max;
+#             1.425x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 18 workloads, 1.55x (1.28x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
 #   3. 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   4. 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 60 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 72 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   6. 31 < total_seq_len <= 90 and num_seqs <= 4: triton_prefill_fused.c16v32, 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   7. 90 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
 #   8. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
@@ -57,11 +57,11 @@
 #   5. total_seq_len <= 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.19x (1.53x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   7. 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11: triton_prefill_fused.c16v64, 6 workloads, 1.45x (1.12x .. 2.00x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   8. 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   8. 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   9. 280 < total_seq_len <= 724 and num_seqs > 71: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   10. total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 14 workloads, 3.10x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 62 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 71 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   13. total_seq_len > 724 and num_seqs > 71: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   14. total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   15. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
@@ -72,7 +72,7 @@ REGIONS = (
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 397)}, 'workloads': 18, 'speedup': (1.28, 1.55, 2.03), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, 90), 'num_seqs': (4, 21)}, 'workloads': 35, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 60, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 72, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (31, 90)}, 'workloads': 7, 'speedup': (3.09, 4.26, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (90, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
@@ -87,11 +87,11 @@ REGIONS_EAGER = (
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1347)}, 'workloads': 8, 'speedup': (1.82, 2.6, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 6, 'speedup': (1.53, 2.19, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 11), 'total_seq_len': (280, 545)}, 'workloads': 6, 'speedup': (1.12, 1.45, 2.0), 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, 71), 'total_seq_len': (280, 545)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, 71), 'total_seq_len': (280, 545)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (280, 724)}, 'workloads': 8, 'speedup': (1.27, 1.81, 2.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (4, 71), 'total_seq_len': (280, None)}, 'workloads': 6, 'speedup': (1.17, 1.34, 1.47), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 14, 'speedup': (1.58, 3.1, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 62, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 71, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -115,9 +115,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 32 workloads, the baseline; its stand-ins where it cannot run here
     if 4 < num_seqs <= 21 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 60 workloads, the baseline; its stand-ins where it cannot run here
+    # region 5: 72 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 6: 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 90 and num_seqs <= 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
@@ -157,9 +157,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 7: 6 workloads, 1.45x (1.12x .. 2.00x) over vllm_flashinfer_prefill's guarded call
     if 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11:
         return 'triton_prefill_fused.c16v64'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
     if 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 9: 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill
     if 280 < total_seq_len <= 724 and num_seqs > 71:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -169,9 +169,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 11: 14 workloads, 3.10x (1.58x .. 7.39x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 62 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 71 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 13: 26 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
@@ -192,173 +192,199 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2182 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2396 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.22% mean, 46.27% max;
-#             1.150x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.31% mean, 432.13% max;
-#             1.550x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.11% mean, 46.27% max;
+#             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.14% mean, 432.13% max;
+#             1.530x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 22: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   11. total_seq_len <= 1233 and 8 < num_seqs <= 45 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 26 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
-#   12. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   13. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   14. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 900: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   15. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   16. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   19. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   21. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
-#   22. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   24. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
-#   25. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   26. 724 < total_seq_len <= 1233 and num_seqs > 45 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 1233 and num_seqs > 8 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 48 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   30. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   32. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   33. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 45 and 4 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and 4 < num_seqs <= 8 and 4 < max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   7. total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 0 workloads
+#   8. total_seq_len <= 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. num_seqs <= 2 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44: triton_prefill_fused.c16v32, 2 workloads, 4.08x (3.98x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   16. num_seqs <= 2 and mean_seq_len > 1723 and 32 < max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   17. num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. num_seqs <= 4 and mean_seq_len <= 1723 and 44 < max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.44x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   19. num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   20. num_seqs <= 4 and 6 < max_seq_len <= 32: triton_prefill_fused.c16v32, 6 workloads, 5.34x (4.73x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   21. 1 < num_seqs <= 4 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. 2 < num_seqs <= 4 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.46x (4.46x .. 4.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   23. 2 < num_seqs <= 4 and mean_seq_len > 1723 and 32 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
+#   24. 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   28. num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len > 103: vllm_flashinfer_prefill (baseline), 0 workloads
+#   29. num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 60 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 45 and 4 < num_seqs <= 8 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
+#   32. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   34. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   36. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
+#   40. total_seq_len > 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   44. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   45. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 17 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 2 workloads, 11.37x (11.36x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 168 and num_seqs <= 11 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.50x (6.99x .. 7.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 168 and mean_seq_len <= 5 and 26 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.40x (1.80x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 168 and mean_seq_len > 5 and 26 < max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.02x (1.94x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 168 and num_seqs > 11 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k4c8, 7 workloads, 3.15x (2.32x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 181 and num_seqs <= 5 and max_seq_len > 79: triton_prefill_fused.c16v32, 4 workloads, 4.57x (3.69x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and num_seqs > 5 and max_seq_len > 79: cuda_prefill_pool_rows.k16c8, 2 workloads, 1.74x (1.64x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.03x (9.55x .. 10.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 462 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.84x (2.48x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   10. 17 < total_seq_len <= 462 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.62x (2.03x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   11. 168 < total_seq_len <= 462 and 4 < max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.00x (1.67x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   12. 168 < total_seq_len <= 462 and 33 < max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.58x (1.58x .. 6.05x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   13. 181 < total_seq_len <= 462 and num_seqs <= 22 and 79 < max_seq_len <= 151: triton_prefill_fused.c16v64, 2 workloads, 4.23x (4.09x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. 181 < total_seq_len <= 462 and 151 < max_seq_len <= 207: triton_prefill_fused.c16v64, 4 workloads, 2.16x (1.11x .. 4.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   15. 181 < total_seq_len <= 462 and max_seq_len > 207: triton_prefill_fused.c16v32, 12 workloads, 3.02x (1.31x .. 5.09x) over vllm_flashinfer_prefill
-#   16. 181 < total_seq_len <= 462 and num_seqs > 22 and 79 < max_seq_len <= 151: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   17. 462 < total_seq_len <= 545 and 4 < num_seqs <= 11 and 85 < max_seq_len <= 342: triton_prefill_fused.c16v32, 2 workloads, 1.93x (1.64x .. 2.28x) over vllm_flashinfer_prefill
-#   18. 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 31 < max_seq_len <= 85: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   19. 462 < total_seq_len <= 545 and num_seqs > 4 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.83x (1.39x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   20. 462 < total_seq_len <= 545 and num_seqs > 4 and 342 < max_seq_len <= 450: triton_prefill_fused.c16v64, 4 workloads, 1.21x (1.17x .. 1.23x) over vllm_flashinfer_prefill
-#   21. 462 < total_seq_len <= 545 and num_seqs > 4 and max_seq_len > 450: triton_prefill_fused.c16v32, 2 workloads, 1.34x (1.13x .. 1.58x) over vllm_flashinfer_prefill
-#   22. 462 < total_seq_len <= 545 and 11 < num_seqs <= 45 and 85 < max_seq_len <= 121: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   23. 462 < total_seq_len <= 545 and 11 < num_seqs <= 45 and 121 < max_seq_len <= 342: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   24. 462 < total_seq_len <= 545 and 45 < num_seqs <= 90 and 85 < max_seq_len <= 342: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 85: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   26. 462 < total_seq_len <= 545 and num_seqs > 90 and 85 < max_seq_len <= 342: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.39x (1.24x .. 1.57x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 462 and num_seqs <= 4 and max_seq_len <= 392: triton_prefill_fused.c16v64, 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 10 workloads, 2.71x (1.80x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 462 and num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 462 and num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   31. 545 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len <= 8 and 90 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   32. 545 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len <= 8 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   33. 545 < total_seq_len <= 2896 and 4 < num_seqs <= 14 and max_seq_len <= 189: triton_prefill_fused.c16v64, 4 workloads, 1.66x (1.33x .. 2.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   34. 545 < total_seq_len <= 2896 and 4 < num_seqs <= 14 and max_seq_len > 189: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 545 < total_seq_len <= 2896 and 14 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 39: triton_prefill_fused.c16v64, 4 workloads, 1.34x (1.17x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 545 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 545 and num_seqs > 14 and mean_seq_len <= 8 and 39 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 545 and num_seqs > 14 and mean_seq_len <= 11 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.58x (1.27x .. 1.95x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 545 and num_seqs > 14 and mean_seq_len > 8 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 48 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 1448 and num_seqs > 14 and mean_seq_len <= 8 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. total_seq_len > 2896 and 4 < num_seqs <= 14 and max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 2896 and 4 < num_seqs <= 14 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   43. total_seq_len > 2896 and num_seqs > 14 and mean_seq_len > 11 and max_seq_len <= 39: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.66x (3.44x .. 3.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.12x (1.94x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and 1 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.35x (1.58x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.97x (2.23x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   7. total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 686: triton_prefill_fused.c16v32, 5 workloads, 5.01x (3.58x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54: cuda_prefill_pool_rows.k8c8, 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len <= 326 and 1 < num_seqs <= 4 and 85 < max_seq_len <= 686: triton_prefill_fused.c16v32, 12 workloads, 3.83x (3.06x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v32, 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 724 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   13. total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 111: triton_prefill_fused.c16v64, 2 workloads, 1.21x (1.11x .. 1.33x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 724 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: triton_prefill_fused.c16v32, 7 workloads, 1.31x (1.13x .. 1.58x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 73 < max_seq_len <= 369: triton_prefill_fused.c16v32, 6 workloads, 1.61x (1.14x .. 2.28x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563: triton_prefill_fused.c16v64, 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   17. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
+#   19. num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. 181 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 22 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.90x (1.39x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   21. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 22 and max_seq_len <= 73: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   22. total_seq_len > 238 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len <= 111: cuda_prefill_pool_rows.k2c8, 14 workloads, 1.85x (1.43x .. 2.68x) over vllm_flashinfer_prefill
+#   23. 326 < total_seq_len <= 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v32, 4 workloads, 2.83x (2.33x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   24. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392: triton_prefill_fused.c16v64, 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   26. 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   27. 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   37. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   38. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   40. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   42. total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (8.89, 9.07, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 63)}, 'workloads': 5, 'speedup': (3.98, 4.83, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.69, 8.01, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (1.75, 1.78, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 14, 'speedup': (1.32, 1.58, 2.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.13, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, 45), 'total_seq_len': (None, 1233)}, 'workloads': 26, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 900), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 60, 'speedup': (1.09, 2.54, 4.97), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.47, 1.62, 1.79), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.46), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.32, 1.45, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 85), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (724, 1233)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.27, 1.35, 1.43), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (1233, None)}, 'workloads': 48, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (4, 8), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (1.75, 1.78, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 19), 'num_seqs': (4, 8), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 14, 'speedup': (1.32, 1.58, 2.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, 571), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 898), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 18, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.04), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (8.89, 9.07, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (3.98, 4.08, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4)}, 'workloads': 56, 'speedup': (1.09, 2.44, 4.97), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, 32), 'num_seqs': (None, 4)}, 'workloads': 6, 'speedup': (4.73, 5.34, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 4)}, 'workloads': 2, 'speedup': (7.69, 8.01, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (None, 1723), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (4.46, 4.46, 4.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.47, 1.62, 1.79), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 4, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 103), 'mean_seq_len': (5, 2), 'num_seqs': (21, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (103, None), 'mean_seq_len': (5, 2), 'num_seqs': (21, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None)}, 'workloads': 60, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'num_seqs': (4, 8), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.46), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.32, 1.45, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 73), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.27, 1.35, 1.43), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 17)}, 'workloads': 2, 'speedup': (11.36, 11.37, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (None, 11), 'total_seq_len': (None, 168)}, 'workloads': 3, 'speedup': (6.99, 7.5, 7.9), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (26, 79), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 3, 'speedup': (1.8, 2.4, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (26, 79), 'mean_seq_len': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 12, 'speedup': (1.94, 5.02, 8.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (11, None), 'total_seq_len': (None, 168)}, 'workloads': 7, 'speedup': (2.32, 3.15, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (79, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.69, 4.57, 5.98), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (79, None), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.64, 1.74, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (9.55, 10.03, 10.54), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 462)}, 'workloads': 4, 'speedup': (2.48, 2.84, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (17, 462)}, 'workloads': 7, 'speedup': (2.03, 2.62, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 33), 'total_seq_len': (168, 462)}, 'workloads': 6, 'speedup': (1.67, 2.0, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (33, 79), 'total_seq_len': (168, 462)}, 'workloads': 6, 'speedup': (1.58, 2.58, 6.05), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (79, 151), 'num_seqs': (None, 22), 'total_seq_len': (181, 462)}, 'workloads': 2, 'speedup': (4.09, 4.23, 4.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (151, 207), 'total_seq_len': (181, 462)}, 'workloads': 4, 'speedup': (1.11, 2.16, 4.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (207, None), 'total_seq_len': (181, 462)}, 'workloads': 12, 'speedup': (1.31, 3.02, 5.09), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (79, 151), 'num_seqs': (22, None), 'total_seq_len': (181, 462)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 342), 'num_seqs': (4, 11), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.64, 1.93, 2.28), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (31, 85), 'num_seqs': (4, 45), 'total_seq_len': (462, 545)}, 'workloads': 4, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (4, None), 'total_seq_len': (462, 545)}, 'workloads': 8, 'speedup': (1.39, 1.83, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (342, 450), 'num_seqs': (4, None), 'total_seq_len': (462, 545)}, 'workloads': 4, 'speedup': (1.17, 1.21, 1.23), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (4, None), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.13, 1.34, 1.58), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 121), 'num_seqs': (11, 45), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (121, 342), 'num_seqs': (11, 45), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (85, 342), 'num_seqs': (45, 90), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 85), 'num_seqs': (45, None), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (85, 342), 'num_seqs': (90, None), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.57), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8'), 'hand_back': True},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 8, 'speedup': (2.47, 3.98, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 10, 'speedup': (1.8, 2.71, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 20, 'speedup': (1.31, 1.94, 3.81), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 362), 'mean_seq_len': (None, 8), 'num_seqs': (14, None), 'total_seq_len': (545, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 8), 'num_seqs': (14, None), 'total_seq_len': (545, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 189), 'num_seqs': (4, 14), 'total_seq_len': (545, 2896)}, 'workloads': 4, 'speedup': (1.33, 1.66, 2.62), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, None), 'num_seqs': (4, 14), 'total_seq_len': (545, 2896)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (14, 181), 'total_seq_len': (545, 2896)}, 'workloads': 4, 'speedup': (1.17, 1.34, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (545, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (39, 90), 'mean_seq_len': (None, 8), 'num_seqs': (14, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 11), 'num_seqs': (14, None), 'total_seq_len': (545, None)}, 'workloads': 6, 'speedup': (1.27, 1.58, 1.95), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (8, None), 'num_seqs': (14, None), 'total_seq_len': (545, None)}, 'workloads': 48, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 8), 'num_seqs': (14, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2383), 'num_seqs': (4, 14), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.16, 1.19, 1.21), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'num_seqs': (4, 14), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (11, None), 'num_seqs': (14, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.44, 3.66, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.94, 2.12, 2.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'mean_seq_len': (None, 1), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (1, 111), 'mean_seq_len': (None, 1), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.58, 2.35, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 7, 'speedup': (2.23, 2.97, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 111), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.8, 2.73, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (54, 686), 'num_seqs': (None, 1), 'total_seq_len': (None, 326)}, 'workloads': 5, 'speedup': (3.58, 5.01, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 15, 'speedup': (4.83, 7.32, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 3, 'speedup': (3.52, 4.59, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 686), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 12, 'speedup': (3.06, 3.83, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.6, 1.74, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.27, 1.49, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.11, 1.21, 1.33), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (None, 724)}, 'workloads': 7, 'speedup': (1.13, 1.31, 1.58), 'fallbacks': ()},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 369), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.14, 1.61, 2.28), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (369, 563), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (None, 4)}, 'workloads': 20, 'speedup': (1.31, 1.94, 3.81), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (None, 4)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, 22), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 10, 'speedup': (1.39, 1.9, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (22, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 111), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (238, None)}, 'workloads': 14, 'speedup': (1.43, 1.85, 2.68), 'fallbacks': ()},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (326, 724)}, 'workloads': 4, 'speedup': (2.33, 2.83, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (2.47, 3.98, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.62, 2.64, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, 86), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (362, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (2317, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -367,259 +393,298 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
+    # region 1: 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 4 < num_seqs <= 8 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and 4 < num_seqs <= 8 and 4 < max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
+    # region 4: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len <= 22:
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 22:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 26 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1233 and 8 < num_seqs <= 45 and mean_seq_len > 5:
+    # region 8: 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 571:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 900:
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 900:
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489:
+    # region 11: 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+    # region 12: 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
+    # region 14: 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 15: 2 workloads, 4.08x (3.98x .. 4.17x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and mean_seq_len > 1723 and 32 < max_seq_len <= 3489:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
+    # region 18: 56 workloads, 2.44x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and mean_seq_len <= 1723 and 44 < max_seq_len <= 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 6 workloads, 5.34x (4.73x .. 6.39x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and 6 < max_seq_len <= 32:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 4 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 1 workloads, 4.46x (4.46x .. 4.46x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len > 1723 and 32 < max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 60 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 45 and 4 < num_seqs <= 8 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 31: 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
     if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill
+    # region 33: 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 85:
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 85:
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 1233 and num_seqs > 45 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
+    # region 36: 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 48 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 8 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956:
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 40: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097:
+    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1794:
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 11.37x (11.36x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 17 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 7.50x (6.99x .. 7.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 11 and 4 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 3 workloads, 2.40x (1.80x .. 3.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and mean_seq_len <= 5 and 26 < max_seq_len <= 79:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 12 workloads, 5.02x (1.94x .. 8.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and mean_seq_len > 5 and 26 < max_seq_len <= 79:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 7 workloads, 3.15x (2.32x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 11 and 4 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 4.57x (3.69x .. 5.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and max_seq_len > 79:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 2 workloads, 1.74x (1.64x .. 1.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 5 and max_seq_len > 79:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 2 workloads, 10.03x (9.55x .. 10.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 4 workloads, 2.84x (2.48x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs > 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 7 workloads, 2.62x (2.03x .. 3.88x) over vllm_flashinfer_prefill
-    if 17 < total_seq_len <= 462 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 6 workloads, 2.00x (1.67x .. 2.68x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 462 and 4 < max_seq_len <= 33:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 6 workloads, 2.58x (1.58x .. 6.05x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 462 and 33 < max_seq_len <= 79:
+    # region 1: 2 workloads, 3.66x (3.44x .. 3.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 2 workloads, 2.12x (1.94x .. 2.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 6 workloads, 2.35x (1.58x .. 3.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and 1 < max_seq_len <= 111:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 2 workloads, 4.23x (4.09x .. 4.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs <= 22 and 79 < max_seq_len <= 151:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 4 workloads, 2.16x (1.11x .. 4.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and 151 < max_seq_len <= 207:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 12 workloads, 3.02x (1.31x .. 5.09x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and max_seq_len > 207:
-        return 'triton_prefill_fused.c16v32'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 462 and num_seqs > 22 and 79 < max_seq_len <= 151:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 2 workloads, 1.93x (1.64x .. 2.28x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 11 and 85 < max_seq_len <= 342:
-        return 'triton_prefill_fused.c16v32'
-    # region 18: 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 31 < max_seq_len <= 85:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 8 workloads, 1.83x (1.39x .. 2.39x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 4 and max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 4 workloads, 1.21x (1.17x .. 1.23x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 4 and 342 < max_seq_len <= 450:
+    # region 5: 7 workloads, 2.97x (2.23x .. 3.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 5 workloads, 5.01x (3.58x .. 10.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 12 workloads, 3.83x (3.06x .. 5.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and 1 < num_seqs <= 4 and 85 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len > 111:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 2 workloads, 1.21x (1.11x .. 1.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 111:
         return 'triton_prefill_fused.c16v64'
-    # region 21: 2 workloads, 1.34x (1.13x .. 1.58x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 4 and max_seq_len > 450:
+    # region 14: 7 workloads, 1.31x (1.13x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
         return 'triton_prefill_fused.c16v32'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 462 < total_seq_len <= 545 and 11 < num_seqs <= 45 and 85 < max_seq_len <= 121:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 545 and 11 < num_seqs <= 45 and 121 < max_seq_len <= 342:
+    # region 15: 6 workloads, 1.61x (1.14x .. 2.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 73 < max_seq_len <= 369:
+        return 'triton_prefill_fused.c16v32'
+    # region 16: 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:
         return 'triton_prefill_fused.c16v64'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 545 and 45 < num_seqs <= 90 and 85 < max_seq_len <= 342:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, 1.39x (1.24x .. 1.57x) over vllm_flashinfer_prefill's guarded call
-    if 462 < total_seq_len <= 545 and num_seqs > 90 and 85 < max_seq_len <= 342:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and max_seq_len <= 392:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 10 workloads, 2.71x (1.80x .. 4.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 29: 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and 686 < max_seq_len <= 4399:
+    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 563:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and 686 < max_seq_len <= 4399:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 462 and num_seqs <= 4 and max_seq_len > 4399:
+    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 4 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len <= 8 and 90 < max_seq_len <= 362:
+    # region 20: 10 workloads, 1.90x (1.39x .. 2.32x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 22 and max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 22 and max_seq_len <= 73:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 14 workloads, 1.85x (1.43x .. 2.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 238 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len <= 111:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 4 workloads, 2.83x (2.33x .. 3.64x) over vllm_flashinfer_prefill
+    if 326 < total_seq_len <= 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 24: 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:
         return 'triton_prefill_fused.c16v64'
     # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 545 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len <= 8 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 4 workloads, 1.66x (1.33x .. 2.62x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 2896 and 4 < num_seqs <= 14 and max_seq_len <= 189:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if 545 < total_seq_len <= 2896 and 4 < num_seqs <= 14 and max_seq_len > 189:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 4 workloads, 1.34x (1.17x .. 1.45x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 2896 and 14 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 39:
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 545 and num_seqs > 14 and mean_seq_len <= 8 and 39 < max_seq_len <= 90:
+    # region 34: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 6 workloads, 1.58x (1.27x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 545 and num_seqs > 14 and mean_seq_len <= 11 and max_seq_len <= 39:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 48 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and num_seqs > 14 and mean_seq_len > 8 and max_seq_len > 39:
+    # region 35: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 38: 37 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 14 and mean_seq_len <= 8 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 4 < num_seqs <= 14 and max_seq_len <= 2383:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 4 < num_seqs <= 14 and max_seq_len > 2383:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73:
+        return 'triton_prefill_fused.c16v64'
+    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 14 and mean_seq_len > 11 and max_seq_len <= 39:
+    if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len <= 22:  # region 9
+    if total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53:  # region 6
+        return True
+    if num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103:  # region 27
+        return True
+    if total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73:  # region 38
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 462 < total_seq_len <= 545 and 11 < num_seqs <= 45 and 121 < max_seq_len <= 342:  # region 23
+    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:  # region 16
         return True
-    if 462 < total_seq_len <= 545 and 45 < num_seqs <= 90 and 85 < max_seq_len <= 342:  # region 24
+    if 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 27
         return True
-    if 462 < total_seq_len <= 545 and num_seqs > 90 and 85 < max_seq_len <= 342:  # region 26
+    if 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 28
         return True
-    if 545 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len <= 8 and 90 < max_seq_len <= 362:  # region 31
+    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 29
         return True
-    if 545 < total_seq_len <= 2896 and 14 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 39:  # region 35
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 31
         return True
-    if total_seq_len > 545 and num_seqs > 14 and mean_seq_len <= 8 and 39 < max_seq_len <= 90:  # region 37
+    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 33
+        return True
+    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 34
         return True
     return False
