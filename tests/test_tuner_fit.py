@@ -448,6 +448,22 @@ def test_a_failure_excludes_the_variant_from_its_region():
     assert pol.heldout["unsafe"] <= 1
 
 
+def test_a_region_prefers_a_variant_a_little_slower_everywhere_to_one_far_slower_on_some_shapes():
+    """The cost is the squared latency ratio to the best: A, best on 12 of 16 workloads and 1.56x the
+    best on the other 4, loses one region to B, 1.2x the best on those 12 and best on the 4 (plain
+    ratios: A 18.24 against B 18.40; squared: A 21.73 against B 21.28)."""
+    def lat(name, axes):
+        b = axes["batch_size"]
+        base, far = 10.0 + b, b >= 64
+        return {"flashinfer": base, "A": base * (0.4 * 1.56 if far else 0.5), "B": base * (0.4 if far else 0.6)}[name]
+
+    table = fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90")
+    one_region = fitting.FitParams(max_depth=0)
+    assert [r.variant for r in fitting.fit(table, one_region).regions] == ["B"]
+    one_region.miss_exponent = 1.0
+    assert [r.variant for r in fitting.fit(table, one_region).regions] == ["A"]
+
+
 def test_not_faster_than_the_spread_keeps_the_baseline():
     def lat(name, axes):
         base = 10.0 + axes["batch_size"]

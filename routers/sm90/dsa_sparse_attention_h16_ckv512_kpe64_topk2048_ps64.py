@@ -43,8 +43,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.33% mean, 49.56% max;
 #             1.182x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.99% mean, 76.53% max;
-#             1.306x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.17% mean, 76.53% max;
+#             1.307x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
@@ -55,11 +55,11 @@
 #   7. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 10 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   8. num_tokens > 1056: triton_splitk.b64s1, 16 workloads, 1.11x (1.05x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 8: cuda_splitk.s16, 58 workloads, 3.77x (2.02x .. 7.25x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
-#   2. 8 < num_tokens <= 40: cuda_splitk.s8, 12 workloads, 2.94x (1.93x .. 4.53x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2
-#   3. 40 < num_tokens <= 68: cuda_splitk.s2, 4 workloads, 2.09x (1.88x .. 2.29x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s1
-#   4. 68 < num_tokens <= 118: cuda_splitk.s1, 4 workloads, 1.43x (1.23x .. 1.61x) over flashmla_sparse; then triton_splitk.b64s4, triton_splitk.b64s1
-#   5. 118 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.58x (1.32x .. 1.95x) over flashmla_sparse; then triton_splitk.b64s4
+#   1. num_tokens <= 1: cuda_splitk.s8, 4 workloads, 4.18x (3.18x .. 5.56x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s4
+#   2. 1 < num_tokens <= 6: cuda_splitk.s16, 30 workloads, 3.80x (2.02x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1
+#   3. 6 < num_tokens <= 90: cuda_splitk.s8, 42 workloads, 3.10x (1.30x .. 7.34x) over flashmla_sparse; then triton_splitk.b64s4
+#   4. 90 < num_tokens <= 156: triton_splitk.b64s4, 4 workloads, 1.51x (1.41x .. 1.73x) over flashmla_sparse; then triton_splitk.b64s1
+#   5. 156 < num_tokens <= 269: triton_splitk.b64s1, 4 workloads, 1.62x (1.40x .. 1.95x) over flashmla_sparse; then triton_splitk.b64s4
 #   6. 269 < num_tokens <= 465: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s2, cuda_splitk.s1
 #   7. 465 < num_tokens <= 804: triton_splitk.b64s1, 4 workloads, 1.19x (1.08x .. 1.43x) over flashmla_sparse
 #   8. 804 < num_tokens <= 1388: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
@@ -78,11 +78,11 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 8)}, 'workloads': 58, 'speedup': (2.02, 3.77, 7.25), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 12, 'speedup': (1.93, 2.94, 4.53), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'cuda_splitk.s2', 'bounds': {'num_tokens': (40, 68)}, 'workloads': 4, 'speedup': (1.88, 2.09, 2.29), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s1')},
-    {'region': 4, 'variant': 'cuda_splitk.s1', 'bounds': {'num_tokens': (68, 118)}, 'workloads': 4, 'speedup': (1.23, 1.43, 1.61), 'fallbacks': ('triton_splitk.b64s4', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (118, 269)}, 'workloads': 6, 'speedup': (1.32, 1.58, 1.95), 'fallbacks': ('triton_splitk.b64s4',)},
+    {'region': 1, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (None, 1)}, 'workloads': 4, 'speedup': (3.18, 4.18, 5.56), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s4')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (1, 6)}, 'workloads': 30, 'speedup': (2.02, 3.8, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (6, 90)}, 'workloads': 42, 'speedup': (1.3, 3.1, 7.34), 'fallbacks': ('triton_splitk.b64s4',)},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (90, 156)}, 'workloads': 4, 'speedup': (1.41, 1.51, 1.73), 'fallbacks': ('triton_splitk.b64s1',)},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, 269)}, 'workloads': 4, 'speedup': (1.4, 1.62, 1.95), 'fallbacks': ('triton_splitk.b64s4',)},
     {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 465)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s2', 'cuda_splitk.s1')},
     {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (465, 804)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.43), 'fallbacks': ()},
     {'region': 8, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (804, 1388)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
@@ -123,20 +123,20 @@ def route(num_tokens, num_pages):
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 58 workloads, 3.77x (2.02x .. 7.25x) over flashmla_sparse
-    if num_tokens <= 8:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 2: 12 workloads, 2.94x (1.93x .. 4.53x) over flashmla_sparse
-    if 8 < num_tokens <= 40:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s8'
-    # region 3: 4 workloads, 2.09x (1.88x .. 2.29x) over flashmla_sparse
-    if 40 < num_tokens <= 68:
-        return ('cuda_splitk.s2', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s1') if inside else 'cuda_splitk.s2'
-    # region 4: 4 workloads, 1.43x (1.23x .. 1.61x) over flashmla_sparse
-    if 68 < num_tokens <= 118:
-        return ('cuda_splitk.s1', 'triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s1'
-    # region 5: 6 workloads, 1.58x (1.32x .. 1.95x) over flashmla_sparse
-    if 118 < num_tokens <= 269:
+    # region 1: 4 workloads, 4.18x (3.18x .. 5.56x) over flashmla_sparse
+    if num_tokens <= 1:
+        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s4') if inside else 'cuda_splitk.s8'
+    # region 2: 30 workloads, 3.80x (2.02x .. 6.34x) over flashmla_sparse
+    if 1 < num_tokens <= 6:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
+    # region 3: 42 workloads, 3.10x (1.30x .. 7.34x) over flashmla_sparse
+    if 6 < num_tokens <= 90:
+        return ('cuda_splitk.s8', 'triton_splitk.b64s4') if inside else 'cuda_splitk.s8'
+    # region 4: 4 workloads, 1.51x (1.41x .. 1.73x) over flashmla_sparse
+    if 90 < num_tokens <= 156:
+        return ('triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+    # region 5: 4 workloads, 1.62x (1.40x .. 1.95x) over flashmla_sparse
+    if 156 < num_tokens <= 269:
         return ('triton_splitk.b64s1', 'triton_splitk.b64s4') if inside else 'triton_splitk.b64s1'
     # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 269 < num_tokens <= 465:

@@ -26,8 +26,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.09% mean, 10.38% max;
 #             2.949x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.61% mean, 35.37% max;
-#             7.410x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.81% mean, 35.37% max;
+#             7.399x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 3.85x (2.77x .. 4.83x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
 #   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 9 workloads, 1.44x (1.19x .. 1.69x) over deepgemm_flashinfer_topk

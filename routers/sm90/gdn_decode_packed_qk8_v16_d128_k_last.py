@@ -55,8 +55,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.71% mean, 8.63% max;
 #             1.031x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.69% mean, 28.72% max;
-#             1.812x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.13% mean, 36.01% max;
+#             1.798x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 16 workloads, 1.55x (1.22x .. 1.92x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
 #   2. 12 < batch_size <= 19: triton_decode_pool.v32w1cs, 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode; then triton_decode_pool.v32w1
@@ -64,7 +64,12 @@
 #   4. 88 < batch_size <= 142: triton_decode_pool.v8w1cs, 4 workloads, 1.04x (1.03x .. 1.06x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   5. batch_size > 142: sglang_packed_decode (baseline), 10 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_decode_pool_rows.r4, 46 workloads, 2.33x (1.08x .. 26.81x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 8 workloads, 4.96x (2.85x .. 26.81x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs
+#   2. 4 < batch_size <= 7: cuda_decode_pool_rows.r8, 4 workloads, 3.21x (2.51x .. 4.16x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
+#   3. 7 < batch_size <= 15: cuda_decode_pool_rows.r4, 6 workloads, 2.98x (2.28x .. 3.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs
+#   4. 15 < batch_size <= 32: cuda_decode_pool_rows.r2cs, 6 workloads, 2.63x (2.09x .. 3.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
+#   5. 32 < batch_size <= 117: cuda_decode_pool_rows.r4, 10 workloads, 2.01x (1.34x .. 3.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w1cs
+#   6. batch_size > 117: cuda_decode_pool_rows.r8, 12 workloads, 1.27x (1.10x .. 1.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -76,7 +81,12 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {}, 'workloads': 46, 'speedup': (1.08, 2.33, 26.81), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 8, 'speedup': (2.85, 4.96, 26.81), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 7)}, 'workloads': 4, 'speedup': (2.51, 3.21, 4.16), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 15)}, 'workloads': 6, 'speedup': (2.28, 2.98, 3.98), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (15, 32)}, 'workloads': 6, 'speedup': (2.09, 2.63, 3.25), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
+    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (32, 117)}, 'workloads': 10, 'speedup': (1.34, 2.01, 3.07), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w1cs')},
+    {'region': 6, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (117, None)}, 'workloads': 12, 'speedup': (1.1, 1.27, 1.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -104,8 +114,25 @@ def route(batch_size, num_slots):
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 46 workloads, 2.33x (1.08x .. 26.81x) over sglang_packed_decode
-    return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r4'
+    # region 1: 8 workloads, 4.96x (2.85x .. 26.81x) over sglang_packed_decode
+    if batch_size <= 4:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r4'
+    # region 2: 4 workloads, 3.21x (2.51x .. 4.16x) over sglang_packed_decode
+    if 4 < batch_size <= 7:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 6 workloads, 2.98x (2.28x .. 3.98x) over sglang_packed_decode
+    if 7 < batch_size <= 15:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r4'
+    # region 4: 6 workloads, 2.63x (2.09x .. 3.25x) over sglang_packed_decode
+    if 15 < batch_size <= 32:
+        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r2cs'
+    # region 5: 10 workloads, 2.01x (1.34x .. 3.07x) over sglang_packed_decode
+    if 32 < batch_size <= 117:
+        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4'
+    # region 6: 12 workloads, 1.27x (1.10x .. 1.55x) over sglang_packed_decode
+    if batch_size > 117:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r8'
+    return 'sglang_packed_decode'
 
 
 def hand_back(batch_size, num_slots):

@@ -35,72 +35,74 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 25.63% mean, 340.01% max;
-#             1.211x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 44.88% mean, 295.56% max;
-#             1.759x over the baseline; 13 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 24.54% mean, 340.01% max;
+#             1.194x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 46.14% mean, 356.82% max;
+#             1.715x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. 30 < total_seq_len <= 72: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. 72 < total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90: triton_prefill_chunked.v64, 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-#   4. total_seq_len > 72 and num_seqs <= 2 and 419 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   5. total_seq_len > 72 and num_seqs <= 2 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. total_seq_len > 72 and num_seqs <= 5 and mean_seq_len <= 419: vllm_flashinfer_prefill.cp_off, 40 workloads, 2.35x (1.06x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. total_seq_len > 72 and 2 < num_seqs <= 5 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. total_seq_len > 72 and 5 < num_seqs <= 14 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 18 workloads, 2.79x (1.24x .. 4.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   9. total_seq_len > 72 and 5 < num_seqs <= 14 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len > 72 and 14 < num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 26 workloads, 3.74x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 72 and num_seqs > 31 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 69 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90: triton_prefill_chunked.v64, 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+#   4. num_seqs <= 2 and 419 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   5. num_seqs <= 2 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. num_seqs <= 5 and 90 < mean_seq_len <= 419: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   7. 2 < num_seqs <= 5 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   9. 5 < num_seqs <= 14 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. 31 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   11. 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   12. 30 < total_seq_len <= 72 and num_seqs <= 31 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   13. total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
+#   14. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 126 and num_seqs > 21: cuda_prefill_pool_rows.k16c8, 6 workloads, 3.29x (2.16x .. 7.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 1448 and num_seqs <= 1 and mean_seq_len > 419: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.33x (1.93x .. 2.84x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 1448 and 1 < num_seqs <= 21 and mean_seq_len > 419: triton_prefill_fused.c16v32, 6 workloads, 2.52x (1.76x .. 3.33x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   4. num_seqs <= 1 and 37 < mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 7 workloads, 4.11x (2.60x .. 5.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   5. num_seqs <= 21 and mean_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 7 workloads, 8.77x (5.53x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. num_seqs <= 21 and 4 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 34 workloads, 5.59x (1.40x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   7. 1 < num_seqs <= 21 and 37 < mean_seq_len <= 419: triton_prefill_fused.c16v32, 64 workloads, 3.61x (1.15x .. 13.34x) over vllm_flashinfer_prefill
-#   8. 126 < total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k8c8, 12 workloads, 2.72x (1.18x .. 4.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. 362 < total_seq_len <= 533 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. total_seq_len > 533 and 21 < num_seqs <= 121: vllm_flashinfer_prefill (baseline), 33 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   11. total_seq_len > 533 and 121 < num_seqs <= 225: triton_prefill_fused.c16v64, 4 workloads, 1.78x (1.52x .. 2.10x) over vllm_flashinfer_prefill
-#   12. 724 < total_seq_len <= 1448 and num_seqs > 225: triton_prefill_fused.c16v32, 6 workloads, 1.37x (1.12x .. 1.80x) over vllm_flashinfer_prefill
-#   13. 1448 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419: triton_prefill_chunked.v64, 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 1448 and num_seqs > 225: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 419: triton_prefill_fused.c16v32, 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 724: triton_prefill_fused.c16v64, 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 724: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 419: triton_prefill_chunked.v64, 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+#   6. 9 < total_seq_len <= 38 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 38 < total_seq_len <= 126 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. 126 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. 264 < total_seq_len <= 533 and mean_seq_len <= 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   11. total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. total_seq_len > 533 and mean_seq_len <= 5: triton_prefill_fused.c16v32, 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'total_seq_len': (None, 30)}, 'workloads': 10, 'speedup': (1.5, 5.54, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'total_seq_len': (30, 72)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (72, 3330)}, 'workloads': 6, 'speedup': (1.22, 2.01, 2.81), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, 724), 'num_seqs': (None, 2), 'total_seq_len': (72, None)}, 'workloads': 8, 'speedup': (1.06, 1.34, 1.63), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2), 'total_seq_len': (72, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 5), 'total_seq_len': (72, None)}, 'workloads': 40, 'speedup': (1.06, 2.35, 3.51), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, 5), 'total_seq_len': (72, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (5, 14), 'total_seq_len': (72, None)}, 'workloads': 18, 'speedup': (1.24, 2.79, 4.4), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (5, 14), 'total_seq_len': (72, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (14, 31), 'total_seq_len': (72, None)}, 'workloads': 26, 'speedup': (1.14, 3.74, 5.83), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (31, None), 'total_seq_len': (72, None)}, 'workloads': 69, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 10, 'speedup': (1.5, 5.54, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 14, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (None, 3330)}, 'workloads': 6, 'speedup': (1.22, 2.01, 2.81), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, 724), 'num_seqs': (None, 2)}, 'workloads': 8, 'speedup': (1.06, 1.34, 1.63), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 5)}, 'workloads': 28, 'speedup': (1.06, 2.11, 3.05), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, 5)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 245), 'num_seqs': (5, 14)}, 'workloads': 10, 'speedup': (1.24, 2.63, 4.4), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (5, 14)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (31, 169)}, 'workloads': 31, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (31, 169)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (30, 72)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (72, None)}, 'workloads': 46, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (None, 126)}, 'workloads': 6, 'speedup': (2.16, 3.29, 7.35), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.93, 2.33, 2.84), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (1, 21), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.76, 2.52, 3.33), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (37, 419), 'num_seqs': (None, 1)}, 'workloads': 7, 'speedup': (2.6, 4.11, 5.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (5.53, 8.77, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 37), 'num_seqs': (None, 21)}, 'workloads': 34, 'speedup': (1.4, 5.59, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 419), 'num_seqs': (1, 21)}, 'workloads': 64, 'speedup': (1.15, 3.61, 13.34), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (126, 362)}, 'workloads': 12, 'speedup': (1.18, 2.72, 4.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (362, 533)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, 121), 'total_seq_len': (533, None)}, 'workloads': 33, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (121, 225), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (1.52, 1.78, 2.1), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (724, 1448)}, 'workloads': 6, 'speedup': (1.12, 1.37, 1.8), 'fallbacks': ()},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (1448, 4900)}, 'workloads': 8, 'speedup': (1.18, 1.78, 3.04), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (4900, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (2, None), 'total_seq_len': (None, 3436)}, 'workloads': 36, 'speedup': (1.15, 3.34, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 724), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 22, 'speedup': (1.73, 3.19, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4089)}, 'workloads': 6, 'speedup': (1.18, 1.8, 3.04), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 38)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (38, 126)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (126, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (264, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.64, 4.14, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (533, None)}, 'workloads': 8, 'speedup': (1.12, 1.4, 1.8), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -110,39 +112,48 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 30:
+    if total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill
-    if 30 < total_seq_len <= 72:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 3: 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90:
+    if total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90:
         return 'triton_prefill_chunked.v64'
     # region 4: 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 72 and num_seqs <= 2 and 419 < mean_seq_len <= 724:
+    if num_seqs <= 2 and 419 < mean_seq_len <= 724:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and num_seqs <= 2 and mean_seq_len > 724:
+    if num_seqs <= 2 and mean_seq_len > 724:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 40 workloads, 2.35x (1.06x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and num_seqs <= 5 and mean_seq_len <= 419:
+    # region 6: 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 90 < mean_seq_len <= 419:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and 2 < num_seqs <= 5 and mean_seq_len > 419:
+    if 2 < num_seqs <= 5 and mean_seq_len > 419:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 18 workloads, 2.79x (1.24x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 5 < num_seqs <= 14 and mean_seq_len <= 245:
+    # region 8: 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 9: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and 5 < num_seqs <= 14 and mean_seq_len > 245:
+    if 5 < num_seqs <= 14 and mean_seq_len > 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 26 workloads, 3.74x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 14 < num_seqs <= 31 and mean_seq_len <= 90:
+    # region 10: 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if 31 < num_seqs <= 169 and mean_seq_len <= 30:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 69 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and num_seqs > 31 and mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 25 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill
+    if 30 < total_seq_len <= 72 and num_seqs <= 31 and mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 25 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -151,57 +162,51 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 3.29x (2.16x .. 7.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 126 and num_seqs > 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 2.33x (1.93x .. 2.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 1 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 6 workloads, 2.52x (1.76x .. 3.33x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 1 < num_seqs <= 21 and mean_seq_len > 419:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 7 workloads, 4.11x (2.60x .. 5.74x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and 37 < mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 7 workloads, 8.77x (5.53x .. 20.06x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 34 workloads, 5.59x (1.40x .. 11.92x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 4 < mean_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 64 workloads, 3.61x (1.15x .. 13.34x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 21 and 37 < mean_seq_len <= 419:
-        return 'triton_prefill_fused.c16v32'
-    # region 8: 12 workloads, 2.72x (1.18x .. 4.95x) over vllm_flashinfer_prefill
-    if 126 < total_seq_len <= 362 and num_seqs > 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 533 and num_seqs > 21:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 33 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 533 and 21 < num_seqs <= 121:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 1.78x (1.52x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and 121 < num_seqs <= 225:
-        return 'triton_prefill_fused.c16v64'
-    # region 12: 6 workloads, 1.37x (1.12x .. 1.80x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and num_seqs > 225:
-        return 'triton_prefill_fused.c16v32'
-    # region 13: 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419:
+    # region 1: 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 419:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 724:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 724:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 5: 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 419:
         return 'triton_prefill_chunked.v64'
-    # region 14: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 225:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 24 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill
+    if 9 < total_seq_len <= 38 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill
+    if 38 < total_seq_len <= 126 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill
+    if 126 < total_seq_len <= 264 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 264 < total_seq_len <= 533 and mean_seq_len <= 5:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 41 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and mean_seq_len <= 5:
+        return 'triton_prefill_fused.c16v32'
+    # region 13: 41 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4089 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 72 and num_seqs <= 2 and 419 < mean_seq_len <= 724:  # region 4
+    if num_seqs <= 2 and 419 < mean_seq_len <= 724:  # region 4
         return True
     return False
 
@@ -211,66 +216,71 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.73% mean, 73.88% max;
-#             1.344x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.72% mean, 168.94% max;
-#             2.253x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.43% mean, 73.88% max;
+#             1.354x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.83% mean, 168.94% max;
+#             2.251x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 11 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.38x (8.91x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 24 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.24x (7.62x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 7: triton_prefill_fused.c16v32, 9 workloads, 4.38x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 22: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27: triton_prefill_fused.c16v64, 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and 126 < max_seq_len <= 379: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   10. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 379: vllm_flashinfer_prefill (baseline), 0 workloads
-#   11. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   12. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and 22 < max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   13. 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
-#   14. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8
-#   15. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   16. 35 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-#   17. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
-#   18. num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   19. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   20. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
-#   21. 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   24. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   25. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   26. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
-#   27. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and 1444 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   29. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
-#   31. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794: triton_prefill_chunked.v64, 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 72 and 1 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v32, 10 workloads, 6.09x (4.69x .. 7.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   34. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   36. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   39. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   41. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   42. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   46. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   48. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 45 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and 7 < max_seq_len <= 45: triton_prefill_fused.c16v32, 7 workloads, 4.86x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 45: vllm_flashinfer_prefill.cp_off, 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   6. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 14 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 22: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27: triton_prefill_fused.c16v64, 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   10. total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and 126 < max_seq_len <= 379: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   12. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 379: vllm_flashinfer_prefill (baseline), 0 workloads
+#   13. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   14. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and 22 < max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   15. 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
+#   16. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8
+#   17. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. 35 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+#   19. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+#   20. num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   21. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   25. 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   26. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   28. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   29. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   30. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+#   31. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and 1444 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   33. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   34. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
+#   35. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794: triton_prefill_chunked.v64, 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   38. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   40. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   41. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   44. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   46. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   47. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   48. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   49. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   51. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   52. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   53. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 16 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k16c8, 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 362 and num_seqs > 31 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 90 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k16c8, 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   5. total_seq_len <= 362 and num_seqs > 31 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   6. total_seq_len <= 362 and num_seqs > 31 and 49 < max_seq_len <= 124: cuda_prefill_pool_rows.k16c8, 4 workloads, 2.48x (2.16x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
 #   7. total_seq_len <= 724 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 415: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
 #   8. total_seq_len <= 724 and 31 < num_seqs <= 181 and 415 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -279,102 +289,114 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #   11. total_seq_len <= 2896 and num_seqs > 31 and 124 < max_seq_len <= 256: triton_prefill_fused.c16v64, 3 workloads, 1.64x (1.35x .. 1.81x) over vllm_flashinfer_prefill
 #   12. total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.63x (1.09x .. 2.44x) over vllm_flashinfer_prefill
 #   13. total_seq_len <= 2896 and num_seqs > 181 and 256 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 3465 and num_seqs <= 31 and max_seq_len > 726: triton_prefill_chunked.v64, 22 workloads, 2.31x (1.18x .. 4.66x) over vllm_flashinfer_prefill
-#   15. num_seqs <= 4 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   16. num_seqs <= 31 and mean_seq_len <= 158 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v32, 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   17. num_seqs <= 31 and 7 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 20 workloads, 7.23x (4.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. num_seqs <= 31 and 158 < mean_seq_len <= 328 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v64, 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   19. 4 < num_seqs <= 31 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. 16 < total_seq_len <= 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. total_seq_len > 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. total_seq_len > 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   23. 362 < total_seq_len <= 724 and num_seqs > 31 and 49 < max_seq_len <= 124: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   24. 362 < total_seq_len <= 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   25. total_seq_len > 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: triton_prefill_fused.c16v64, 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. total_seq_len > 362 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 21 workloads, 2.71x (1.74x .. 3.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   27. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   28. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 295 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   29. 724 < total_seq_len <= 2896 and num_seqs > 31 and 49 < max_seq_len <= 80: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   30. 724 < total_seq_len <= 2896 and num_seqs > 31 and 80 < max_seq_len <= 124: triton_prefill_fused.c16v32, 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. 2896 < total_seq_len <= 4833 and num_seqs > 31 and mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   32. 2896 < total_seq_len <= 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 2896 and 31 < num_seqs <= 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and 726 < max_seq_len <= 5419: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and max_seq_len > 5419: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and 726 < max_seq_len <= 4095: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. 4833 < total_seq_len <= 11585 and num_seqs > 31 and mean_seq_len <= 213 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 564 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   47. total_seq_len > 4833 and num_seqs > 31 and 213 < mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   48. total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   50. total_seq_len > 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   14. total_seq_len <= 3465 and num_seqs <= 1 and max_seq_len > 726: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len <= 362 and max_seq_len > 726: triton_prefill_chunked.v64, 12 workloads, 2.54x (1.40x .. 4.66x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   16. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and 726 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.57x (2.21x .. 2.98x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   17. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and max_seq_len > 1091: triton_prefill_chunked.v64, 4 workloads, 1.95x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 4 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   19. num_seqs <= 31 and mean_seq_len <= 5 and 7 < max_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. num_seqs <= 31 and mean_seq_len <= 158 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v32, 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   21. num_seqs <= 31 and mean_seq_len > 5 and 7 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 19 workloads, 7.20x (4.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. num_seqs <= 31 and 158 < mean_seq_len <= 328 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v64, 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   23. 4 < num_seqs <= 31 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   24. 16 < total_seq_len <= 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   25. total_seq_len > 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   26. 90 < total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   27. total_seq_len > 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   28. 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.75x (1.88x .. 3.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   29. 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and 21 < max_seq_len <= 49: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.95x (2.45x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   30. 362 < total_seq_len <= 724 and num_seqs > 31 and 49 < max_seq_len <= 124: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   31. 362 < total_seq_len <= 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   32. total_seq_len > 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: triton_prefill_fused.c16v64, 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   33. total_seq_len > 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.69x (1.74x .. 3.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   34. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 295 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   36. 724 < total_seq_len <= 2896 and num_seqs > 31 and 49 < max_seq_len <= 80: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   37. 724 < total_seq_len <= 2896 and num_seqs > 31 and 80 < max_seq_len <= 124: triton_prefill_fused.c16v32, 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   38. 2896 < total_seq_len <= 4833 and num_seqs > 31 and mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. 2896 < total_seq_len <= 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   41. total_seq_len > 2896 and 31 < num_seqs <= 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
+#   45. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and 726 < max_seq_len <= 5419: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and max_seq_len > 5419: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and 726 < max_seq_len <= 4095: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
+#   48. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   49. 4833 < total_seq_len <= 11585 and num_seqs > 31 and mean_seq_len <= 213 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   51. total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   52. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   53. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 564 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   54. total_seq_len > 4833 and num_seqs > 31 and 213 < mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   55. total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   56. total_seq_len > 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   57. total_seq_len > 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (8.91, 9.38, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 24)}, 'workloads': 4, 'speedup': (7.62, 8.24, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 9, 'speedup': (2.85, 4.38, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.21, 7.21, 7.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.05, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 379), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (379, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90)}, 'workloads': 6, 'speedup': (1.09, 1.11, 1.13), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (35, 181)}, 'workloads': 12, 'speedup': (1.08, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 16, 'speedup': (1.27, 1.51, 1.8), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 28), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.13, 1.13, 1.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (11, 72)}, 'workloads': 2, 'speedup': (1.8, 1.82, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (24, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (1.41, 2.0, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 25, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 9, 'speedup': (1.04, 1.1, 1.15), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.21, 1.22, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 10, 'speedup': (4.69, 6.09, 7.34), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 88, 'speedup': (1.06, 2.54, 5.83), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 36, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.69, 1.69, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 14), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (3.87, 4.86, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.13, 3.31, 3.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.21, 7.21, 7.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.05, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 379), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (379, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90)}, 'workloads': 6, 'speedup': (1.09, 1.11, 1.13), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (35, 181)}, 'workloads': 12, 'speedup': (1.08, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 16, 'speedup': (1.27, 1.51, 1.8), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 28), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.13, 1.13, 1.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (11, 72)}, 'workloads': 2, 'speedup': (1.8, 1.82, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (24, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 14), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (1.41, 2.0, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 28, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.1, 1.15), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.21, 1.22, 1.23), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 11), 'total_seq_len': (72, None)}, 'workloads': 2, 'speedup': (4.69, 4.75, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 88, 'speedup': (1.06, 2.54, 5.83), 'fallbacks': ()},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, None)}, 'workloads': 8, 'speedup': (5.81, 6.39, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.69, 1.69, 1.7), 'fallbacks': (), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (None, 16)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.43, 4.33, 6.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (4.73, 5.14, 6.13), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.26, 3.35, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.58, 3.36, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (31, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.43, 4.33, 6.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (4.73, 5.14, 6.13), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.26, 3.35, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (49, 124), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.16, 2.48, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 415), 'num_seqs': (31, 181), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, 930), 'num_seqs': (31, 181), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
@@ -383,43 +405,50 @@ REGIONS_HINTED_EAGER = (
     {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (124, 256), 'num_seqs': (31, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.35, 1.64, 1.81), 'fallbacks': ()},
     {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (90, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.63, 2.44), 'fallbacks': ()},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 930), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'num_seqs': (None, 31), 'total_seq_len': (None, 3465)}, 'workloads': 22, 'speedup': (1.18, 2.31, 4.66), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (3.34, 4.15, 5.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (None, 158), 'num_seqs': (None, 31)}, 'workloads': 26, 'speedup': (1.82, 3.51, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 45), 'num_seqs': (None, 31)}, 'workloads': 20, 'speedup': (4.33, 7.23, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (158, 328), 'num_seqs': (None, 31)}, 'workloads': 14, 'speedup': (2.43, 3.76, 6.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (4, 31)}, 'workloads': 4, 'speedup': (3.68, 4.81, 6.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (16, 30)}, 'workloads': 4, 'speedup': (3.96, 7.8, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (30, None)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (3.98, 5.8, 7.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 124), 'num_seqs': (31, None), 'total_seq_len': (362, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (362, 2896)}, 'workloads': 3, 'speedup': (1.41, 2.02, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (3.47, 6.26, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (362, None)}, 'workloads': 21, 'speedup': (1.74, 2.71, 3.96), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 295), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (295, 930), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 80), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (80, 124), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.66, 2.2, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (None, 362), 'num_seqs': (31, None), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.33, 1.51), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (328, None), 'num_seqs': (None, 31), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.29, 2.33, 2.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (31, 192), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.5, 1.63, 1.9), 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.29, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 5419), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.4, 1.8, 3.5), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5419, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 4095), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.42, 1.68, 1.98), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (828, 2896), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 564), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, 828), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (213, 362), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 3465)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'mean_seq_len': (None, 362), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 12, 'speedup': (1.4, 2.54, 4.66), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 1091), 'mean_seq_len': (362, None), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 2, 'speedup': (2.21, 2.57, 2.98), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (362, None), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 4, 'speedup': (1.18, 1.95, 3.04), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (3.34, 4.15, 5.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (None, 5), 'num_seqs': (None, 31)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (None, 158), 'num_seqs': (None, 31)}, 'workloads': 26, 'speedup': (1.82, 3.51, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (5, None), 'num_seqs': (None, 31)}, 'workloads': 19, 'speedup': (4.33, 7.2, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (158, 328), 'num_seqs': (None, 31)}, 'workloads': 14, 'speedup': (2.43, 3.76, 6.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (4, 31)}, 'workloads': 4, 'speedup': (3.68, 4.81, 6.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (16, 30)}, 'workloads': 4, 'speedup': (3.96, 7.8, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (30, None)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (31, None), 'total_seq_len': (90, 362)}, 'workloads': 4, 'speedup': (2.58, 3.36, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (3.98, 5.8, 7.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (362, 533)}, 'workloads': 7, 'speedup': (1.88, 2.75, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (21, 49), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.45, 2.95, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 124), 'num_seqs': (31, None), 'total_seq_len': (362, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (362, 2896)}, 'workloads': 3, 'speedup': (1.41, 2.02, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (3.47, 6.26, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (533, None)}, 'workloads': 12, 'speedup': (1.74, 2.69, 3.96), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 295), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (295, 930), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 80), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (80, 124), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.66, 2.2, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (None, 362), 'num_seqs': (31, None), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.33, 1.51), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (328, None), 'num_seqs': (None, 31), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.29, 2.33, 2.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (31, 192), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.5, 1.63, 1.9), 'fallbacks': ()},
+    {'region': 42, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.29, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 5419), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.4, 1.8, 3.5), 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5419, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 4095), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.42, 1.68, 1.98), 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (828, 2896), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 564), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, 828), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (213, 362), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -434,136 +463,151 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 2: 4 workloads, 8.24x (7.62x .. 9.00x) over vllm_flashinfer_prefill
     if total_seq_len <= 24 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 9 workloads, 4.38x (2.85x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 7 workloads, 4.86x (3.87x .. 6.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and 7 < max_seq_len <= 45:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 45:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 14 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 22:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill
+    # region 8: 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
+    # region 9: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 126:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and 126 < max_seq_len <= 379:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    # region 13: 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and 22 < max_seq_len <= 126:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
+    # region 15: 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
     if 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+    # region 18: 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
     if 35 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 126:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+    # region 19: 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
     if num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    # region 20: 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
     if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 28:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill
+    # region 23: 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill
     if 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
     if 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 26: 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898:
         return 'triton_prefill_chunked.v64'
-    # region 26: 9 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 762:
+    # region 29: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and 1444 < max_seq_len <= 1794:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794:
         return 'triton_prefill_chunked.v64'
-    # region 31: 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call
+    # region 35: 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call
     if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794:
         return 'triton_prefill_chunked.v64'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 10 workloads, 6.09x (4.69x .. 7.34x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 1 < num_seqs <= 22 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 34: 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+    # region 37: 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 38: 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 40: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    # region 41: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 24 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 24 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    # region 44: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    # region 50: 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call
+    # region 53: 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -575,18 +619,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 1: 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 16 and num_seqs <= 31 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs > 31 and 5 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 31 and 45 < max_seq_len <= 85:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill
+    # region 4: 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs <= 31 and 122 < max_seq_len <= 161:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill
+    # region 5: 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 31 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 6: 4 workloads, 2.48x (2.16x .. 3.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 31 and 49 < max_seq_len <= 124:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -611,112 +655,133 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and num_seqs > 181 and 256 < max_seq_len <= 930:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 22 workloads, 2.31x (1.18x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and num_seqs <= 31 and max_seq_len > 726:
+    # region 14: 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and num_seqs <= 1 and max_seq_len > 726:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 15: 12 workloads, 2.54x (1.40x .. 4.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len <= 362 and max_seq_len > 726:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
+    # region 16: 2 workloads, 2.57x (2.21x .. 2.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and 726 < max_seq_len <= 1091:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 4 workloads, 1.95x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and max_seq_len > 1091:
         return 'triton_prefill_chunked.v64'
-    # region 15: 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill
+    # region 18: 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill
     if num_seqs <= 4 and 85 < max_seq_len <= 122:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 16: 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill
+    # region 19: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
+    if num_seqs <= 31 and mean_seq_len <= 5 and 7 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 20: 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill
     if num_seqs <= 31 and mean_seq_len <= 158 and 161 < max_seq_len <= 726:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 20 workloads, 7.23x (4.33x .. 11.92x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and 7 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill
+    # region 21: 19 workloads, 7.20x (4.33x .. 11.92x) over vllm_flashinfer_prefill
+    if num_seqs <= 31 and mean_seq_len > 5 and 7 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill
     if num_seqs <= 31 and 158 < mean_seq_len <= 328 and 161 < max_seq_len <= 726:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill
+    # region 23: 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 31 and 85 < max_seq_len <= 122:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 20: 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill
+    # region 24: 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill
     if 16 < total_seq_len <= 30 and num_seqs <= 31 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
     if total_seq_len > 30 and num_seqs <= 31 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 27: 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 31 and 45 < max_seq_len <= 85:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 23: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
+    # region 28: 7 workloads, 2.75x (1.88x .. 3.65x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 2 workloads, 2.95x (2.45x .. 3.56x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and 21 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 724 and num_seqs > 31 and 49 < max_seq_len <= 124:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 24: 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill
+    # region 31: 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill
+    # region 32: 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 31 and 122 < max_seq_len <= 161:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 21 workloads, 2.71x (1.74x .. 3.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 12 workloads, 2.69x (1.74x .. 3.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
     if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295:
         return 'triton_prefill_fused.c16v64'
-    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 295 < max_seq_len <= 930:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    # region 36: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 2896 and num_seqs > 31 and 49 < max_seq_len <= 80:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill
+    # region 37: 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 2896 and num_seqs > 31 and 80 < max_seq_len <= 124:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 4833 and num_seqs > 31 and mean_seq_len <= 362 and max_seq_len > 221:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
+    # region 39: 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
     if 2896 < total_seq_len <= 11585 and num_seqs > 192 and 49 < max_seq_len <= 221:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill
+    # region 40: 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 31 < num_seqs <= 192 and 49 < max_seq_len <= 221:
         return 'triton_prefill_fused.c16v64'
-    # region 35: 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    # region 42: 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:
         return 'triton_prefill_fused.c16v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and 221 < max_seq_len <= 2896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    # region 45: 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
     if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and 726 < max_seq_len <= 5419:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and max_seq_len > 5419:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
+    # region 47: 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
     if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and 726 < max_seq_len <= 4095:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and max_seq_len > 4095:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 4833 < total_seq_len <= 11585 and num_seqs > 31 and mean_seq_len <= 213 and max_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
     if 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 564 < max_seq_len <= 828:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 54: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4833 and num_seqs > 31 and 213 < mean_seq_len <= 362 and max_seq_len > 221:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    # region 55: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 56: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and max_seq_len > 828:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs > 192 and 49 < max_seq_len <= 221:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -724,23 +789,23 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22:  # region 11
+    if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22:  # region 13
         return True
-    if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:  # region 18
+    if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:  # region 20
         return True
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794:  # region 29
+    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794:  # region 33
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794:  # region 31
+    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794:  # region 35
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:  # region 32
+    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:  # region 36
         return True
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 36
+    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 41
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 43
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 48
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 45
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 50
         return True
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 48
+    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 53
         return True
     return False
 
@@ -749,16 +814,16 @@ def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len)
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 724 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 415:  # region 7
         return True
-    if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295:  # region 27
+    if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295:  # region 34
         return True
-    if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:  # region 35
+    if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:  # region 42
         return True
-    if 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896:  # region 43
+    if 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896:  # region 50
         return True
-    if total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896:  # region 44
+    if total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896:  # region 51
         return True
-    if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564:  # region 45
+    if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564:  # region 52
         return True
-    if total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896:  # region 48
+    if total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896:  # region 55
         return True
     return False

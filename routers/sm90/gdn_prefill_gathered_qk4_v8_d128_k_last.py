@@ -36,13 +36,13 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 13.33% mean, 204.18% max;
-#             1.124x over the baseline; 8 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 12.07% mean, 204.18% max;
+#             1.140x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 23.70% mean, 354.35% max;
-#             1.484x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+#             1.486x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   5. 13 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
@@ -69,7 +69,7 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, 45), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 188)}, 'workloads': 52, 'speedup': (1.04, 1.08, 1.14), 'fallbacks': ()},
@@ -107,7 +107,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -185,201 +185,233 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.21% mean, 204.18% max;
-#             1.199x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.67% mean, 157.46% max;
-#             1.676x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.86% mean, 204.18% max;
+#             1.201x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.51% mean, 157.46% max;
+#             1.668x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.91x (1.68x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   5. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   6. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 59: vllm_flashinfer_prefill (baseline), 0 workloads
-#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   10. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 0 workloads
-#   11. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   12. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   17. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   18. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   19. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   20. num_seqs <= 3 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   21. num_seqs <= 3 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   22. num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   23. 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   25. 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   26. 9 < num_seqs <= 19 and 550 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   27. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. num_seqs > 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   3. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.16x (2.12x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and 2 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.72x (1.68x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   6. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   9. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   12. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   15. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   17. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   19. num_seqs <= 3 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. num_seqs <= 3 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   21. 2 < num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   25. 9 < num_seqs <= 19 and 550 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   26. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   27. 32 < num_seqs <= 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   28. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   29. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
 #   30. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   31. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
 #   32. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   34. total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   39. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
-#   47. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   48. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   49. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   51. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 0 workloads
-#   52. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   53. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   54. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   55. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   56. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   57. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   58. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
-#   59. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   60. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   34. total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   35. total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   43. 1704 < total_seq_len <= 5258 and num_seqs <= 9 and max_seq_len > 1916: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   44. total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 1704 and num_seqs <= 9 and 1491 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. total_seq_len > 1704 and num_seqs <= 9 and 1794 < max_seq_len <= 1916: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   47. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   48. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 0 workloads
+#   49. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   50. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   51. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   52. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   53. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   54. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   55. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1916: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   56. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   57. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
+#   58. total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   59. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 755: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.69x (3.34x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   4. total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 339: triton_prefill_fused.c16v64, 4 workloads, 1.39x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   8. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   9. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   10. num_seqs <= 8 and 755 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 26 workloads, 1.78x (1.18x .. 2.90x) over vllm_flashinfer_prefill
-#   11. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   13. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   14. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   15. 181 < total_seq_len <= 1448 and num_seqs <= 8 and max_seq_len <= 755: triton_prefill_fused.c16v32, 42 workloads, 3.27x (1.33x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   16. 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
-#   18. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   19. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   20. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   21. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   23. total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 755: triton_prefill_fused.c16v64, 2 workloads, 4.05x (3.18x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.34x (2.14x .. 2.56x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   27. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   31. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and num_seqs <= 8 and 2 < max_seq_len <= 20: cuda_prefill_pool_rows.k16c8, 6 workloads, 10.64x (5.31x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs <= 8 and 63 < max_seq_len <= 755: cuda_prefill_pool_rows.k16c8, 9 workloads, 4.66x (3.34x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   6. total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 131: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 131 < max_seq_len <= 233: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.28x .. 1.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   10. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 233 < max_seq_len <= 339: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   12. total_seq_len <= 929 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.34x (8.05x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. total_seq_len <= 929 and num_seqs <= 8 and 20 < max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.90x (3.96x .. 11.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 929 and 2 < num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   16. num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 955: triton_prefill_chunked.v64, 4 workloads, 1.99x (1.85x .. 2.14x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   17. num_seqs <= 8 and mean_seq_len <= 362 and 955 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.99x (1.80x .. 2.20x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. num_seqs <= 8 and 1794 < max_seq_len <= 2045: triton_prefill_chunked.v64, 2 workloads, 2.24x (2.20x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. num_seqs <= 8 and 2045 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.49x (1.18x .. 1.96x) over vllm_flashinfer_prefill
+#   20. num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.90x (1.32x .. 2.90x) over vllm_flashinfer_prefill
+#   21. 45 < total_seq_len <= 929 and num_seqs <= 8 and 2 < max_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 1 workloads, 7.40x (7.40x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   24. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   25. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 181 < total_seq_len <= 929 and num_seqs <= 8 and 63 < max_seq_len <= 755: triton_prefill_fused.c16v32, 30 workloads, 3.37x (1.70x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   27. 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
+#   29. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   30. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   31. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   34. total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. total_seq_len > 929 and num_seqs <= 8 and max_seq_len <= 315: triton_prefill_fused.c16v64, 6 workloads, 4.10x (3.18x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   37. total_seq_len > 929 and num_seqs <= 8 and 315 < max_seq_len <= 490: triton_prefill_fused.c16v32, 4 workloads, 3.05x (2.43x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   38. total_seq_len > 929 and num_seqs <= 8 and 490 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.28x (2.02x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   39. 1448 < total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.23x (1.22x .. 1.23x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   44. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and max_seq_len > 48: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. total_seq_len > 1448 and num_seqs > 45 and 11 < mean_seq_len <= 90 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   46. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len <= 1210 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and max_seq_len > 3423: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   49. total_seq_len > 5792 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (1.68, 1.91, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.36, 1.49, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 58, 'speedup': (1.19, 2.6, 5.79), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 21, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.36, 7.96, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 3)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (7.84, 8.7, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19)}, 'workloads': 3, 'speedup': (1.34, 1.57, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (5, None), 'num_seqs': (5, 19)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (550, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (2.12, 2.16, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 21), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.68, 1.72, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.36, 1.49, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (32, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.13, 1.19, 1.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 58, 'speedup': (1.19, 2.6, 5.79), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 21, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (7.84, 8.7, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.36, 7.96, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 3)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19)}, 'workloads': 3, 'speedup': (1.34, 1.57, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (5, None), 'num_seqs': (5, 19)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (550, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 8, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
     {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.56, 1.58, 1.61), 'fallbacks': ()},
     {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.27, 1.36, 1.46), 'fallbacks': ()},
     {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (1.16, 1.26, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.28, 1.36, 1.45), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 10, 'speedup': (1.66, 2.52, 4.35), 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (1.16, 1.26, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.28, 1.36, 1.45), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 5258)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 10, 'speedup': (1.66, 2.52, 4.35), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 1794), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1794, 1916), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (439, 639), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 755), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 23, 'speedup': (3.34, 6.69, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.48, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.62, 2.05, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.05, 2.84, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 120), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.04, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.22, 1.28), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 339), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.3, 1.39, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 2712), 'num_seqs': (None, 8)}, 'workloads': 26, 'speedup': (1.18, 1.78, 2.9), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 8, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 120), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 16, 'speedup': (1.39, 2.16, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 120), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 755), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 42, 'speedup': (1.33, 3.27, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8'), 'hand_back': True},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 6, 'speedup': (1.47, 1.61, 1.76), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.66, 1.99, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.23, 1.98, 4.54), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 955), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1455), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.23, 1.91, 2.94), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 755), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (3.18, 4.05, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 755), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.14, 2.34, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 362), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.24, 1.24, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 90), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.91, 1.93, 1.94), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 90), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 20), 'num_seqs': (None, 8), 'total_seq_len': (None, 45)}, 'workloads': 6, 'speedup': (5.31, 10.64, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, 755), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (3.34, 4.66, 5.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.48, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.62, 2.05, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.05, 2.84, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 120), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.04, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.22, 1.28), 'fallbacks': ()},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 131), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (131, 233), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.28, 1.43, 1.65), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (233, 339), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (8.05, 8.34, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (20, 63), 'num_seqs': (None, 8), 'total_seq_len': (None, 929)}, 'workloads': 5, 'speedup': (3.96, 6.9, 11.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 8), 'total_seq_len': (None, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (755, 955), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.85, 1.99, 2.14), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1794), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.8, 1.99, 2.2), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2045), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (2.2, 2.24, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2045, 2712), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.18, 1.49, 1.96), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 1794), 'mean_seq_len': (362, None), 'num_seqs': (None, 8)}, 'workloads': 12, 'speedup': (1.32, 1.9, 2.9), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 20), 'num_seqs': (None, 8), 'total_seq_len': (45, 929)}, 'workloads': 1, 'speedup': (7.4, 7.4, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 8, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 120), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 16, 'speedup': (1.39, 2.16, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 120), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 755), 'num_seqs': (None, 8), 'total_seq_len': (181, 929)}, 'workloads': 30, 'speedup': (1.7, 3.37, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8'), 'hand_back': True},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 6, 'speedup': (1.47, 1.61, 1.76), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.66, 1.99, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.23, 1.98, 4.54), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 955), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1455), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.23, 1.91, 2.94), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 315), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 6, 'speedup': (3.18, 4.1, 5.78), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 490), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (2.43, 3.05, 3.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (490, 755), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 6, 'speedup': (2.02, 2.28, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 362), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.24, 1.24, 1.25), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 90), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.91, 1.93, 1.94), 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (21, 48), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.22, 1.23, 1.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, None), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (11, 90), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (None, 1210), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, 3423), 'mean_seq_len': (1210, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3423, None), 'mean_seq_len': (1210, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (5792, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -394,78 +426,84 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 1.91x (1.68x .. 2.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    # region 3: 2 workloads, 2.16x (2.12x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 2 workloads, 1.72x (1.68x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and 2 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill
+    # region 6: 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
     if total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
+    # region 12: 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 15: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    # region 17: 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill
+    # region 18: 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 19: 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill
     if num_seqs <= 3 and 4 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 3 and 11 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < num_seqs <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill
+    # region 23: 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    # region 24: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 9 < num_seqs <= 19 and 550 < max_seq_len <= 741:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 9 < num_seqs <= 19 and 741 < max_seq_len <= 756:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 44 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 32 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 8 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if 32 < num_seqs <= 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 24 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 29: 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
     if 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k4c8'
@@ -478,73 +516,79 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
+    # region 33: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 34: 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill
+    # region 35: 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 39: 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
+    # region 38: 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491:
+    # region 42: 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 1704 < total_seq_len <= 5258 and num_seqs <= 9 and max_seq_len > 1916:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
+    # region 44: 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
     if total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304:
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1704 and num_seqs <= 9 and 1491 < max_seq_len <= 1794:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    # region 46: 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 1704 and num_seqs <= 9 and 1794 < max_seq_len <= 1916:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:
+    # region 49: 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 53: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 8 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5:
+    # region 52: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491:
+    # region 55: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1916:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 57: 0 workloads, by estimated times (no measured workload in it)
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:
+    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 59: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:
+    # region 58: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 60: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 59: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -553,130 +597,177 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 23 workloads, 6.69x (3.34x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 755:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill
+    # region 1: 6 workloads, 10.64x (5.31x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 8 and 2 < max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 9 workloads, 4.66x (3.34x .. 5.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and 63 < max_seq_len <= 755:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill
+    # region 4: 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill
+    # region 5: 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
         return 'triton_prefill_fused.c16v64'
-    # region 7: 4 workloads, 1.39x (1.30x .. 1.58x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 339:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 131:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 4 workloads, 1.43x (1.28x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 131 < max_seq_len <= 233:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 233 < max_seq_len <= 339:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 2 workloads, 8.34x (8.05x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 2 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 13: 5 workloads, 6.90x (3.96x .. 11.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 8 and 20 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 929 and 2 < num_seqs <= 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 26 workloads, 1.78x (1.18x .. 2.90x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 755 < max_seq_len <= 2712:
+    # region 16: 4 workloads, 1.99x (1.85x .. 2.14x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 955:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 17: 2 workloads, 1.99x (1.80x .. 2.20x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 362 and 955 < max_seq_len <= 1794:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 2 workloads, 2.24x (2.20x .. 2.27x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 1794 < max_seq_len <= 2045:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 19: 6 workloads, 1.49x (1.18x .. 1.96x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 2045 < max_seq_len <= 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
+    # region 20: 12 workloads, 1.90x (1.32x .. 2.90x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1794:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 1 workloads, 7.40x (7.40x .. 7.40x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 929 and num_seqs <= 8 and 2 < max_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill
+    # region 24: 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 42 workloads, 3.27x (1.33x .. 6.29x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and max_seq_len <= 755:
+    # region 26: 30 workloads, 3.37x (1.70x .. 6.29x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and num_seqs <= 8 and 63 < max_seq_len <= 755:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    # region 27: 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
     if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
+    # region 28: 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill
+    # region 30: 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
+    # region 32: 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148:
         return 'triton_prefill_fused.c16v64'
-    # region 22: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
+    # region 34: 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 2 workloads, 4.05x (3.18x .. 5.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 755:
+    # region 36: 6 workloads, 4.10x (3.18x .. 5.78x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 8 and max_seq_len <= 315:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, 2.34x (2.14x .. 2.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 755:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call
+    # region 37: 4 workloads, 3.05x (2.43x .. 3.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 8 and 315 < max_seq_len <= 490:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 38: 6 workloads, 2.28x (2.02x .. 2.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 8 and 490 < max_seq_len <= 755:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len > 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
+    # region 42: 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
+    # region 43: 2 workloads, 1.23x (1.22x .. 1.23x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and max_seq_len > 48:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 45 and 11 < mean_seq_len <= 90 and max_seq_len > 21:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len <= 1210 and max_seq_len > 2712:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 48: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and max_seq_len > 3423:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:  # region 5
+    if total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:  # region 42
         return True
-    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:  # region 9
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402:  # region 49
         return True
-    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:  # region 37
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537:  # region 56
         return True
-    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:  # region 41
-        return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 48
-        return True
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 52
-        return True
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 57
-        return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 59
+    if total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663:  # region 58
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:  # region 16
+    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:  # region 27
         return True
-    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:  # region 27
+    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:  # region 40
+        return True
+    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48:  # region 43
+        return True
+    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423:  # region 47
         return True
     return False

@@ -35,20 +35,21 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.93% mean, 78.71% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.95% mean, 78.71% max;
 #             1.076x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.24% mean, 162.46% max;
-#             1.425x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.71% mean, 162.46% max;
+#             1.422x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 18 workloads, 1.55x (1.28x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   1. total_seq_len <= 31 and num_seqs <= 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   4. 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 72 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   6. 31 < total_seq_len <= 90 and num_seqs <= 4: triton_prefill_fused.c16v32, 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   7. 90 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   8. 90 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 11: triton_prefill_fused.c16v32, 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
@@ -60,23 +61,25 @@
 #   8. 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   9. 280 < total_seq_len <= 724 and num_seqs > 71: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   10. total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462: triton_prefill_fused.c16v32, 14 workloads, 3.10x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 71 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len > 724 and num_seqs > 71: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   14. total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   15. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 181: triton_prefill_fused.c16v64, 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len > 326 and num_seqs <= 4 and 181 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 71 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len > 724 and num_seqs > 71: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   15. total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   16. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 31)}, 'workloads': 6, 'speedup': (4.6, 6.87, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 397)}, 'workloads': 18, 'speedup': (1.28, 1.55, 2.03), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 31)}, 'workloads': 6, 'speedup': (4.6, 6.87, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 63)}, 'workloads': 6, 'speedup': (1.72, 1.86, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, 90), 'num_seqs': (4, 21)}, 'workloads': 35, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 72, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (31, 90)}, 'workloads': 7, 'speedup': (3.09, 4.26, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (90, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (63, 397)}, 'workloads': 12, 'speedup': (1.28, 1.43, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (90, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
@@ -90,11 +93,12 @@ REGIONS_EAGER = (
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, 71), 'total_seq_len': (280, 545)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (280, 724)}, 'workloads': 8, 'speedup': (1.27, 1.81, 2.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (4, 71), 'total_seq_len': (280, None)}, 'workloads': 6, 'speedup': (1.17, 1.34, 1.47), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 14, 'speedup': (1.58, 3.1, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 71, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 6, 'speedup': (2.51, 3.62, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (181, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (1.58, 2.81, 4.25), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 71, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -105,10 +109,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill
     if total_seq_len <= 31 and num_seqs <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 18 workloads, 1.55x (1.28x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -121,13 +125,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 90 and num_seqs <= 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    # region 7: 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 2438 and num_seqs <= 4:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 12 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 12 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 4:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -166,19 +173,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 10: 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill
     if total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 14 workloads, 3.10x (1.58x .. 7.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 462:
+    # region 11: 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 181:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 12: 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 326 and num_seqs <= 4 and 181 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 71 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 71 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 26 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 26 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill
+    # region 15: 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill
     if total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 16: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -196,57 +206,58 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.11% mean, 46.27% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.75% mean, 46.27% max;
 #             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.14% mean, 432.13% max;
-#             1.530x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.15% mean, 432.13% max;
+#             1.531x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and 4 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 45 and 4 < num_seqs <= 8 and 4 < max_seq_len <= 19: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 0 workloads
-#   8. total_seq_len <= 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   11. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. num_seqs <= 2 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44: triton_prefill_fused.c16v32, 2 workloads, 4.08x (3.98x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   16. num_seqs <= 2 and mean_seq_len > 1723 and 32 < max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   17. num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. num_seqs <= 4 and mean_seq_len <= 1723 and 44 < max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.44x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   19. num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   20. num_seqs <= 4 and 6 < max_seq_len <= 32: triton_prefill_fused.c16v32, 6 workloads, 5.34x (4.73x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   21. 1 < num_seqs <= 4 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   22. 2 < num_seqs <= 4 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.46x (4.46x .. 4.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   23. 2 < num_seqs <= 4 and mean_seq_len > 1723 and 32 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
-#   24. 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   27. num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   28. num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len > 103: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 60 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 45 and 4 < num_seqs <= 8 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
-#   32. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   34. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   36. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. total_seq_len > 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   44. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   45. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 63 and 5 < num_seqs <= 8 and 3 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 1: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.46x (1.32x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   10. total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.67x (1.40x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   11. total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.60x (1.41x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 9 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   18. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+#   19. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+#   20. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   21. 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   22. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   25. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   26. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   28. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   29. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   31. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
+#   34. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   35. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   36. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   38. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   41. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   45. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.66x (3.44x .. 3.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.12x (1.94x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -274,71 +285,73 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   24. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392: triton_prefill_fused.c16v64, 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   25. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   26. 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   27. 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   37. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   38. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   42. total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   43. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   30. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   32. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   34. 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
+#   35. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   38. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   39. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   40. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   41. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   43. total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   44. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (4, 8), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (1.75, 1.78, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 19), 'num_seqs': (4, 8), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 14, 'speedup': (1.32, 1.58, 2.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, 571), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 898), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (4, 8), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 18, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.04), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (8.89, 9.07, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (3.98, 4.08, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4)}, 'workloads': 56, 'speedup': (1.09, 2.44, 4.97), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, 32), 'num_seqs': (None, 4)}, 'workloads': 6, 'speedup': (4.73, 5.34, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 4)}, 'workloads': 2, 'speedup': (7.69, 8.01, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (None, 1723), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (4.46, 4.46, 4.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.47, 1.62, 1.79), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 4, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 103), 'mean_seq_len': (5, 2), 'num_seqs': (21, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (103, None), 'mean_seq_len': (5, 2), 'num_seqs': (21, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None)}, 'workloads': 60, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'num_seqs': (4, 8), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.46), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.32, 1.45, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 73), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.27, 1.35, 1.43), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, 5), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (8.89, 9.07, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.69, 8.01, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (1.75, 1.78, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (1, None), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 4, 'speedup': (1.32, 1.46, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.4, 1.67, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 4, 'speedup': (1.41, 1.6, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.13, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (9, 29), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 18, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.04), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 4, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 5, 'speedup': (3.98, 4.83, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 898), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 60, 'speedup': (1.09, 2.54, 4.97), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.47, 1.62, 1.79), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.46), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.32, 1.45, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 73), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.27, 1.35, 1.43), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -368,23 +381,24 @@ REGIONS_HINTED_EAGER = (
     {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (2.47, 3.98, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.62, 2.64, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, 86), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (362, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (2317, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 103), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (724, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (103, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (724, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (2317, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -393,133 +407,145 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 4 < num_seqs <= 8 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 4 < num_seqs <= 8 and 4 < max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 14 workloads, 1.58x (1.32x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 2:
+    if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and 3 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 4 workloads, 1.46x (1.32x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 1:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 6 workloads, 1.67x (1.40x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 4 workloads, 1.60x (1.41x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53:
+    # region 14: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 29:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 571:
+    # region 16: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 9 < max_seq_len <= 29:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 29:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 15: 2 workloads, 4.08x (3.98x .. 4.17x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and mean_seq_len > 1723 and 32 < max_seq_len <= 3489:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 56 workloads, 2.44x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if num_seqs <= 4 and mean_seq_len <= 1723 and 44 < max_seq_len <= 2281:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 6 workloads, 5.34x (4.73x .. 6.39x) over vllm_flashinfer_prefill
-    if num_seqs <= 4 and 6 < max_seq_len <= 32:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 4 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 1 workloads, 4.46x (4.46x .. 4.46x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len <= 1723 and 32 < max_seq_len <= 44:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len > 1723 and 32 < max_seq_len <= 4399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    # region 21: 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 24: 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 60 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 45 and 4 < num_seqs <= 8 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 32: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
     if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill
+    # region 35: 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
+    # region 38: 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 40: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 19 < max_seq_len <= 956:
+    # region 40: 51 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -607,54 +633,57 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+    if 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    # region 28: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    # region 30: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:
         return 'triton_prefill_fused.c16v64'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return 'triton_prefill_fused.c16v64'
-    # region 34: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 35: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
+    # region 36: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
+    # region 38: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 37 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 37 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 14 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 14 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+    # region 41: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73:
         return 'triton_prefill_fused.c16v64'
-    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -662,11 +691,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 53:  # region 6
-        return True
-    if num_seqs > 21 and 5 < mean_seq_len <= 2 and max_seq_len <= 103:  # region 27
-        return True
-    if total_seq_len > 724 and num_seqs > 21 and 5 < mean_seq_len <= 5 and max_seq_len <= 73:  # region 38
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9:  # region 15
         return True
     return False
 
@@ -675,16 +700,18 @@ def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len)
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:  # region 16
         return True
-    if 362 < total_seq_len <= 724 and 22 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 27
+    if 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 27
         return True
-    if 362 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 28
+    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 28
         return True
-    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 29
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 30
         return True
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 31
+    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 32
         return True
-    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 33
+    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103:  # region 33
         return True
-    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 34
+    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141:  # region 34
+        return True
+    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 35
         return True
     return False

@@ -31,16 +31,17 @@
 #             0.999x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 #             below 1x: the regions it fitted lose to the baseline where they were not fitted,
 #             so every shape goes to the baseline
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.48% mean, 74.38% max;
-#             1.278x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.49% mean, 74.38% max;
+#             1.277x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. every shape: sglang_verify (baseline), 42 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1 and cache_steps <= 6: cuda_verify_rows.r1, 4 workloads, 4.13x (3.50x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2
 #   2. num_seqs <= 176 and cache_steps > 6: cuda_verify_rows.r2, 4 workloads, 3.25x (2.48x .. 5.25x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   3. 1 < num_seqs <= 176 and cache_steps <= 6: cuda_verify_rows.r8, 26 workloads, 2.04x (1.17x .. 3.76x) over sglang_verify
-#   4. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
-#   5. num_seqs > 176 and cache_steps > 2: cuda_verify_rows.r4, 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 1 < num_seqs <= 176 and cache_steps <= 3: cuda_verify_rows.r4, 6 workloads, 2.36x (1.61x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   4. 1 < num_seqs <= 176 and 3 < cache_steps <= 6: cuda_verify_rows.r8, 20 workloads, 1.97x (1.17x .. 3.76x) over sglang_verify
+#   5. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
+#   6. num_seqs > 176 and cache_steps > 2: cuda_verify_rows.r4, 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -50,9 +51,10 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 6), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.5, 4.13, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
     {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (6, None), 'num_seqs': (None, 176)}, 'workloads': 4, 'speedup': (2.48, 3.25, 5.25), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 6), 'num_seqs': (1, 176)}, 'workloads': 26, 'speedup': (1.17, 2.04, 3.76), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.09, 1.15, 1.22), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.07, 1.11, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (1, 176)}, 'workloads': 6, 'speedup': (1.61, 2.36, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, 6), 'num_seqs': (1, 176)}, 'workloads': 20, 'speedup': (1.17, 1.97, 3.76), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.09, 1.15, 1.22), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.07, 1.11, 1.15), 'fallbacks': (), 'hand_back': True},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -70,19 +72,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     # region 2: 4 workloads, 3.25x (2.48x .. 5.25x) over sglang_verify
     if num_seqs <= 176 and cache_steps > 6:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 3: 26 workloads, 2.04x (1.17x .. 3.76x) over sglang_verify
-    if 1 < num_seqs <= 176 and cache_steps <= 6:
+    # region 3: 6 workloads, 2.36x (1.61x .. 4.09x) over sglang_verify
+    if 1 < num_seqs <= 176 and cache_steps <= 3:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 4: 20 workloads, 1.97x (1.17x .. 3.76x) over sglang_verify
+    if 1 < num_seqs <= 176 and 3 < cache_steps <= 6:
         return 'cuda_verify_rows.r8'
-    # region 4: 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
+    # region 5: 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
     if num_seqs > 176 and cache_steps <= 2:
         return 'cuda_verify_rows.r8'
-    # region 5: 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call
+    # region 6: 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call
     if num_seqs > 176 and cache_steps > 2:
         return 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs > 176 and cache_steps > 2:  # region 5
+    if num_seqs > 176 and cache_steps > 2:  # region 6
         return True
     return False

@@ -41,38 +41,42 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.96% mean, 47.05% max;
 #             1.188x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.54% mean, 74.09% max;
-#             1.376x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.24% mean, 74.09% max;
+#             1.378x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 3 < num_tokens <= 8: cuda_splitk.s16, 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s64, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 52: triton_splitk.b64s16, 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
-#   5. 122 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
-#   6. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   7. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
+#   3. 8 < num_tokens <= 22: triton_splitk.b64s16, 4 workloads, 3.01x (2.36x .. 3.58x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   4. 22 < num_tokens <= 52: triton_splitk.b64s4, 3 workloads, 1.63x (1.47x .. 1.86x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s16, cuda_splitk.s2
+#   5. 52 < num_tokens <= 118: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s8, cuda_splitk.s1, triton_splitk.b64s1
+#   6. 122 < num_tokens <= 269: triton_splitk.b64s1, 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
+#   7. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   8. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 7: cuda_splitk.s16, 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, triton_splitk.b64s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   2. 7 < num_tokens <= 40: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
-#   3. 40 < num_tokens <= 156: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
-#   4. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
+#   1. num_tokens <= 6: cuda_splitk.s16, 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
+#   2. 6 < num_tokens <= 7: triton_splitk.b64s16, 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse; then triton_splitk.b32s64, cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
+#   3. 7 < num_tokens <= 40: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
+#   4. 40 < num_tokens <= 156: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   5. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 3)}, 'workloads': 12, 'speedup': (6.19, 7.57, 8.35), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (3, 8)}, 'workloads': 17, 'speedup': (4.27, 4.87, 5.58), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 52)}, 'workloads': 7, 'speedup': (1.3, 2.29, 3.58), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (122, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.21), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.12, 1.13), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 22)}, 'workloads': 4, 'speedup': (2.36, 3.01, 3.58), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (22, 52)}, 'workloads': 3, 'speedup': (1.47, 1.63, 1.86), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s2')},
+    {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (52, 118)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (122, 269)}, 'workloads': 3, 'speedup': (1.08, 1.16, 1.21), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 612)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 8, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (612, None)}, 'workloads': 10, 'speedup': (1.1, 1.12, 1.13), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 7)}, 'workloads': 21, 'speedup': (2.61, 4.17, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 40)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 156)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 6)}, 'workloads': 17, 'speedup': (2.7, 4.32, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (6, 7)}, 'workloads': 4, 'speedup': (2.48, 3.55, 4.06), 'fallbacks': ('triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 40)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 156)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -86,19 +90,22 @@ def route(num_tokens, num_pages):
     # region 2: 17 workloads, 4.87x (4.27x .. 5.58x) over flashmla_sparse
     if 3 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 3: 7 workloads, 2.29x (1.30x .. 3.58x) over flashmla_sparse
-    if 8 < num_tokens <= 52:
+    # region 3: 4 workloads, 3.01x (2.36x .. 3.58x) over flashmla_sparse
+    if 8 < num_tokens <= 22:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
-    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 4: 3 workloads, 1.63x (1.47x .. 1.86x) over flashmla_sparse
+    if 22 < num_tokens <= 52:
+        return ('triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s4'
+    # region 5: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 52 < num_tokens <= 118:
         return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s8', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'flashmla_sparse'
-    # region 5: 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
+    # region 6: 3 workloads, 1.16x (1.08x .. 1.21x) over flashmla_sparse
     if 122 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
-    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 269 < num_tokens <= 612:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 7: 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
+    # region 8: 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
     if num_tokens > 612:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
@@ -106,16 +113,19 @@ def route(num_tokens, num_pages):
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 21 workloads, 4.17x (2.61x .. 6.34x) over flashmla_sparse
-    if num_tokens <= 7:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
-    # region 2: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
+    # region 1: 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse
+    if num_tokens <= 6:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+    # region 2: 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse
+    if 6 < num_tokens <= 7:
+        return ('triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
+    # region 3: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
     if 7 < num_tokens <= 40:
         return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
-    # region 3: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
+    # region 4: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
     if 40 < num_tokens <= 156:
         return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
-    # region 4: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
+    # region 5: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
     if num_tokens > 156:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'

@@ -33,24 +33,22 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 23.75% mean, 340.01% max;
-#             1.214x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 54.23% mean, 840.91% max;
-#             1.888x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 19.84% mean, 251.13% max;
+#             1.232x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 39.46% mean, 249.99% max;
+#             1.976x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   4. num_seqs <= 2 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. num_seqs > 2 and 245 < mean_seq_len <= 419: triton_prefill_chunked.v64, 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
-#   7. num_seqs > 2 and 419 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. 245 < mean_seq_len <= 419: triton_prefill_chunked.v64, 9 workloads, 1.49x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+#   5. mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   3. num_seqs <= 21 and mean_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   4. num_seqs <= 21 and 9 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   5. num_seqs <= 21 and 37 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
@@ -68,18 +66,16 @@ REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (None, 61)}, 'workloads': 6, 'speedup': (1.6, 4.89, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.03, 1.04, 1.07), 'fallbacks': ()},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 128), 'total_seq_len': (None, 2973)}, 'workloads': 15, 'speedup': (1.04, 1.11, 1.13), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (245, 596), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.09, 1.56, 2.17), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (245, 419), 'num_seqs': (2, None)}, 'workloads': 7, 'speedup': (1.04, 1.53, 2.13), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, 596), 'num_seqs': (2, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (61, None)}, 'workloads': 41, 'speedup': (1.03, 2.81, 5.8), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 169), 'total_seq_len': (2973, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (245, 419)}, 'workloads': 9, 'speedup': (1.04, 1.49, 2.13), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (61, None)}, 'workloads': 41, 'speedup': (1.03, 2.81, 5.8), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 169), 'total_seq_len': (2973, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (1.14, 2.6, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.26, 2.49, 3.77), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.26, 2.49, 3.77), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (3.68, 8.66, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (9, 37), 'num_seqs': (None, 21)}, 'workloads': 11, 'speedup': (2.24, 4.8, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 90), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (3.2, 4.8, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
@@ -108,25 +104,19 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 245 < mean_seq_len <= 596:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 596:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
-    if num_seqs > 2 and 245 < mean_seq_len <= 419:
+    # region 4: 9 workloads, 1.49x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+    if 245 < mean_seq_len <= 419:
         return 'triton_prefill_chunked.v64'
-    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 2 and 419 < mean_seq_len <= 596:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+    # region 5: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 419:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
     if total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 7 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -140,7 +130,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill
     if total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
     # region 3: 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 9:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -182,10 +172,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.61% mean, 73.88% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.63% mean, 73.88% max;
 #             1.350x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.19% mean, 168.94% max;
-#             2.412x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.07% mean, 168.94% max;
+#             2.397x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
@@ -195,90 +185,89 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   6. total_seq_len <= 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 43 workloads, 2.40x (1.07x .. 5.80x) over vllm_flashinfer_prefill
 #   7. total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   8. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   9. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   10. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   11. num_seqs <= 21 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   13. 1 < num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   14. 1 < num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   15. 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   16. 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   17. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   18. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   20. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-#   21. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   24. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   25. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   26. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   27. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   28. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   30. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   31. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   32. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   35. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   38. 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   43. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
-#   45. total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. num_seqs <= 11 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   12. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   13. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. 1 < num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   15. 1 < num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   16. 5 < num_seqs <= 21 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   18. 11 < num_seqs <= 21 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   19. 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   20. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   21. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   23. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   24. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   29. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   30. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   31. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   32. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   34. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   42. 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   47. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   48. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
+#   49. total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and mean_seq_len <= 13 and max_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 5 workloads, 9.61x (5.65x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and mean_seq_len > 13 and max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.36x (2.22x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and mean_seq_len > 13 and 68 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   6. total_seq_len <= 724 and mean_seq_len <= 13 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 724 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 1 workloads, 5.57x (5.57x .. 5.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 803 and 13 < mean_seq_len <= 181 and max_seq_len > 209: triton_prefill_fused.c16v32, 8 workloads, 3.58x (2.55x .. 4.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   9. total_seq_len <= 803 and mean_seq_len > 181 and max_seq_len > 209: triton_prefill_fused.c16v64, 3 workloads, 2.84x (2.47x .. 3.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   10. num_seqs <= 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256: triton_prefill_fused.c16v64, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   11. 5 < mean_seq_len <= 13 and 120 < max_seq_len <= 256: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   12. num_seqs > 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 0 workloads
-#   13. 45 < total_seq_len <= 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.07x (2.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   14. total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 13 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.74x (6.74x .. 6.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 13 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.70x (2.26x .. 3.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   16. 90 < total_seq_len <= 724 and mean_seq_len > 13 and max_seq_len <= 68: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.59x (4.33x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   17. 181 < total_seq_len <= 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   18. 181 < total_seq_len <= 3465 and mean_seq_len > 13 and 68 < max_seq_len <= 125: triton_prefill_fused.c16v32, 4 workloads, 3.47x (1.66x .. 5.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   19. total_seq_len > 181 and num_seqs <= 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   20. total_seq_len > 181 and num_seqs > 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. 362 < total_seq_len <= 3465 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v64, 3 workloads, 7.12x (5.77x .. 8.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   22. total_seq_len > 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.41x (1.88x .. 3.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   23. 724 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   24. 724 < total_seq_len <= 3465 and mean_seq_len > 13 and 45 < max_seq_len <= 68: triton_prefill_fused.c16v64, 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   25. 724 < total_seq_len <= 3465 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v64, 2 workloads, 11.30x (6.61x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 724 and mean_seq_len <= 13 and max_seq_len > 256: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
-#   28. 803 < total_seq_len <= 3465 and mean_seq_len > 13 and 209 < max_seq_len <= 726: triton_prefill_fused.c16v64, 11 workloads, 3.82x (1.62x .. 7.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   29. 803 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len > 726: triton_prefill_chunked.v64, 13 workloads, 2.79x (1.13x .. 4.66x) over vllm_flashinfer_prefill
-#   30. 3465 < total_seq_len <= 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. 3465 < total_seq_len <= 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   32. 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len <= 2891: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   33. 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len > 2891: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 3465 and num_seqs <= 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 3465 and num_seqs <= 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171: triton_prefill_fused.c16v64, 2 workloads, 1.58x (1.50x .. 1.66x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and 90 < max_seq_len <= 171: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.01x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   41. 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-#   43. total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   44. total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-#   45. total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 126 and num_seqs <= 51 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 3 workloads, 3.74x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 181 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 724 and num_seqs > 192 and 125 < max_seq_len <= 415: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   10. total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 830: triton_prefill_chunked.v64, 3 workloads, 1.78x (1.13x .. 2.69x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452: triton_prefill_chunked.v64, 6 workloads, 2.84x (2.14x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 5792 and num_seqs <= 51 and 3452 < max_seq_len <= 5267: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 11585 and num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. total_seq_len <= 11585 and 51 < num_seqs <= 90 and 415 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   15. total_seq_len <= 11585 and 51 < num_seqs <= 192 and 125 < max_seq_len <= 415: triton_prefill_fused.c16v64, 3 workloads, 1.50x (1.35x .. 1.66x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 11585 and num_seqs > 90 and 415 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 16 and num_seqs <= 51 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   18. total_seq_len > 126 and num_seqs <= 51 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   19. 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   20. 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   21. 181 < total_seq_len <= 374 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   22. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.63x (1.88x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   23. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and 49 < max_seq_len <= 125: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
+#   24. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   25. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and 45 < max_seq_len <= 125: triton_prefill_fused.c16v32, 2 workloads, 2.44x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. 374 < total_seq_len <= 2912 and num_seqs <= 51 and 97 < max_seq_len <= 726: triton_prefill_fused.c16v64, 23 workloads, 4.46x (1.62x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   27. 374 < total_seq_len <= 2912 and num_seqs <= 51 and 726 < max_seq_len <= 1021: triton_prefill_chunked.v64, 5 workloads, 3.56x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 2896 < total_seq_len <= 5792 and num_seqs > 51 and max_seq_len <= 125: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
+#   30. 2896 < total_seq_len <= 11585 and num_seqs > 51 and 830 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. 2896 < total_seq_len <= 11585 and num_seqs > 51 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 2912 and num_seqs <= 51 and 97 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   33. total_seq_len > 2912 and num_seqs <= 51 and 362 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.02x (1.78x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   34. total_seq_len > 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   35. 5792 < total_seq_len <= 11585 and num_seqs <= 51 and 3452 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 11585 and num_seqs <= 51 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   38. total_seq_len > 11585 and 51 < num_seqs <= 181 and 125 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 11585 and 51 < num_seqs <= 181 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   40. total_seq_len > 11585 and num_seqs > 181 and max_seq_len > 125: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
@@ -289,92 +278,91 @@ REGIONS_HINTED = (
     {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1444), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 43, 'speedup': (1.07, 2.4, 5.8), 'fallbacks': ()},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (7.62, 8.66, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (1, 5)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (1, 5), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 2142), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1810), 'num_seqs': (1, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.04, 1.96, 3.51), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 3029), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 5026), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5026, None), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (8.64, 9.24, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (7.62, 7.62, 7.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (1, 5)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (11, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (1, 5), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 2142), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1810), 'num_seqs': (1, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.04, 1.96, 3.51), 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 3029), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 5026), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5026, None), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 45)}, 'workloads': 5, 'speedup': (5.65, 9.61, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 68), 'mean_seq_len': (13, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.22, 3.36, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 125), 'mean_seq_len': (13, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.66, 3.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'mean_seq_len': (None, 13), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (10, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (5.57, 5.57, 5.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (13, 181), 'total_seq_len': (None, 803)}, 'workloads': 8, 'speedup': (2.55, 3.58, 4.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (181, None), 'total_seq_len': (None, 803)}, 'workloads': 3, 'speedup': (2.47, 2.84, 3.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (None, 5), 'num_seqs': (None, 181)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (5, 13)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 256), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (2.58, 5.07, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 13), 'num_seqs': (None, 45), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (6.74, 6.74, 6.74), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 13), 'num_seqs': (45, None), 'total_seq_len': (45, None)}, 'workloads': 8, 'speedup': (2.26, 2.7, 3.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 68), 'mean_seq_len': (13, None), 'total_seq_len': (90, 724)}, 'workloads': 6, 'speedup': (4.33, 6.59, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (5, 13), 'total_seq_len': (181, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (68, 125), 'mean_seq_len': (13, None), 'total_seq_len': (181, 3465)}, 'workloads': 4, 'speedup': (1.66, 3.47, 5.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 5), 'num_seqs': (None, 181), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (None, 5), 'num_seqs': (181, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (None, 10), 'total_seq_len': (362, 3465)}, 'workloads': 3, 'speedup': (5.77, 7.12, 8.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 30), 'mean_seq_len': (None, 13), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.88, 2.41, 3.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (13, None), 'total_seq_len': (724, 3465)}, 'workloads': 2, 'speedup': (1.41, 2.35, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 68), 'mean_seq_len': (13, None), 'total_seq_len': (724, 3465)}, 'workloads': 1, 'speedup': (6.88, 6.88, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (13, None), 'num_seqs': (10, None), 'total_seq_len': (724, 3465)}, 'workloads': 2, 'speedup': (6.61, 11.3, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, None), 'mean_seq_len': (None, 13), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.31, 1.78, 2.44), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 120), 'mean_seq_len': (5, 13), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (3.52, 3.52, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 726), 'mean_seq_len': (13, None), 'total_seq_len': (803, 3465)}, 'workloads': 11, 'speedup': (1.62, 3.82, 7.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'mean_seq_len': (13, None), 'total_seq_len': (803, 3465)}, 'workloads': 13, 'speedup': (1.13, 2.79, 4.66), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (13, 136), 'total_seq_len': (3465, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 171), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (3465, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2891), 'mean_seq_len': (136, None), 'total_seq_len': (3465, 6835)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 33, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2891, None), 'mean_seq_len': (136, None), 'total_seq_len': (3465, 6835)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (171, 571), 'mean_seq_len': (13, 136), 'num_seqs': (None, 181), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 171), 'mean_seq_len': (13, 136), 'num_seqs': (None, 192), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.5, 1.58, 1.66), 'fallbacks': ()},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (171, 571), 'mean_seq_len': (13, 136), 'num_seqs': (181, None), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (13, 136), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 171), 'mean_seq_len': (13, 136), 'num_seqs': (192, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5267), 'mean_seq_len': (136, None), 'total_seq_len': (6835, 9553)}, 'workloads': 5, 'speedup': (1.4, 2.01, 3.5), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (136, None), 'total_seq_len': (6835, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (136, 596), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (136, 596), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2896), 'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 5), 'num_seqs': (None, 51), 'total_seq_len': (None, 16)}, 'workloads': 2, 'speedup': (6.79, 11.67, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (5, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (6.73, 6.73, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 51), 'total_seq_len': (None, 126)}, 'workloads': 3, 'speedup': (2.71, 3.74, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 51), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.61, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 125), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.22, 3.09, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 209), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 1021), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (192, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (51, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.13, 1.78, 2.69), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 3452), 'num_seqs': (None, 51), 'total_seq_len': (None, 3465)}, 'workloads': 6, 'speedup': (2.14, 2.84, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (3452, 5267), 'num_seqs': (None, 51), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, 830), 'num_seqs': (51, 90), 'total_seq_len': (None, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (51, 192), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.35, 1.5, 1.66), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (415, 830), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 51), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 51), 'total_seq_len': (126, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 125), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 51), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 9, 'speedup': (1.88, 2.63, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (49, 125), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (11, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.41, 2.35, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (45, 125), 'mean_seq_len': (11, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.66, 2.44, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 726), 'num_seqs': (None, 51), 'total_seq_len': (374, 2912)}, 'workloads': 23, 'speedup': (1.62, 4.46, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, 1021), 'num_seqs': (None, 51), 'total_seq_len': (374, 2912)}, 'workloads': 5, 'speedup': (2.05, 3.56, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (192, None), 'total_seq_len': (724, 11585)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 125), 'num_seqs': (51, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (830, 5420), 'num_seqs': (51, None), 'total_seq_len': (2896, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (51, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 362), 'num_seqs': (None, 51), 'total_seq_len': (2912, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1021), 'num_seqs': (None, 51), 'total_seq_len': (2912, None)}, 'workloads': 2, 'speedup': (1.78, 2.02, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 3452), 'num_seqs': (None, 51), 'total_seq_len': (3465, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3452, 5267), 'num_seqs': (None, 51), 'total_seq_len': (5792, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 125), 'num_seqs': (51, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 51), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 5792), 'num_seqs': (51, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'num_seqs': (51, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, None), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -407,115 +395,127 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 9: 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and 2 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 3 workloads, 8.66x (7.62x .. 9.88x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
+    # region 13: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
     if 1 < num_seqs <= 5 and 32 < max_seq_len <= 50:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    # region 15: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
     if 1 < num_seqs <= 11 and 29 < max_seq_len <= 32:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 5 < num_seqs <= 21 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 51 and 32 < max_seq_len <= 50:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 21 and 2 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
     if 11 < num_seqs <= 51 and 29 < max_seq_len <= 32:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    # region 20: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
     if 21 < num_seqs <= 51 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 21 < num_seqs <= 51 and 3 < max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 21 < num_seqs <= 51 and 13 < max_seq_len <= 29:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    # region 23: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    # region 26: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 11:
+    # region 27: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
     if 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 29: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
+    # region 33: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
     if num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    # region 37: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+    # region 39: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    # region 40: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
+    # region 43: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
     if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+    # region 45: 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
     if total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call
+    # region 47: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call
     if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -524,160 +524,148 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 9.61x (5.65x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len <= 13 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and mean_seq_len > 13 and max_seq_len <= 68:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 3.36x (2.22x .. 6.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 13 and 30 < max_seq_len <= 120:
+    # region 1: 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len <= 5 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len > 5 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 3 workloads, 3.74x (2.71x .. 6.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 126 and num_seqs <= 51 and 15 < max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len > 13 and 68 < max_seq_len <= 125:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
+    # region 4: 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 2 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and mean_seq_len <= 13 and max_seq_len > 256:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 1 workloads, 5.57x (5.57x .. 5.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 8 workloads, 3.58x (2.55x .. 4.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 13 < mean_seq_len <= 181 and max_seq_len > 209:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 3 workloads, 2.84x (2.47x .. 3.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and mean_seq_len > 181 and max_seq_len > 209:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-    if num_seqs <= 181 and mean_seq_len <= 5 and 120 < max_seq_len <= 256:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < mean_seq_len <= 13 and 120 < max_seq_len <= 256:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 2 workloads, 5.07x (2.58x .. 9.95x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 1 workloads, 6.74x (6.74x .. 6.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 13 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 8 workloads, 2.70x (2.26x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 13 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 6 workloads, 6.59x (4.33x .. 9.41x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 724 and mean_seq_len > 13 and max_seq_len <= 68:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 4 workloads, 3.47x (1.66x .. 5.99x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3465 and mean_seq_len > 13 and 68 < max_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and num_seqs <= 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and num_seqs > 181 and mean_seq_len <= 5 and 30 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 3 workloads, 7.12x (5.77x .. 8.75x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3465 and num_seqs <= 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 3 workloads, 2.41x (1.88x .. 3.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 13 and 8 < max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3465 and mean_seq_len > 13 and 45 < max_seq_len <= 68:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 2 workloads, 11.30x (6.61x .. 19.31x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3465 and num_seqs > 10 and mean_seq_len > 13 and 125 < max_seq_len <= 209:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and mean_seq_len <= 13 and max_seq_len > 256:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 5 < mean_seq_len <= 13 and 30 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 11 workloads, 3.82x (1.62x .. 7.46x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 3465 and mean_seq_len > 13 and 209 < max_seq_len <= 726:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 13 workloads, 2.79x (1.13x .. 4.66x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 3465 and mean_seq_len > 13 and max_seq_len > 726:
+    # region 8: 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 192 and 125 < max_seq_len <= 415:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 3 workloads, 1.78x (1.13x .. 2.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 830:
         return 'triton_prefill_chunked.v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 3465 < total_seq_len <= 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 3465 < total_seq_len <= 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-    if 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len <= 2891:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 3465 < total_seq_len <= 6835 and mean_seq_len > 136 and max_seq_len > 2891:
+    # region 11: 6 workloads, 2.84x (2.14x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 3465 and num_seqs <= 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 2 workloads, 1.58x (1.50x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 171:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs <= 51 and 3452 < max_seq_len <= 5267:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and num_seqs <= 51 and max_seq_len > 5267:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and 51 < num_seqs <= 90 and 415 < max_seq_len <= 830:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 3 workloads, 1.50x (1.35x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and 51 < num_seqs <= 192 and 125 < max_seq_len <= 415:
         return 'triton_prefill_fused.c16v64'
-    # region 36: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:
+    # region 16: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs > 90 and 415 < max_seq_len <= 830:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 16 and num_seqs <= 51 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 126 and num_seqs <= 51 and 15 < max_seq_len <= 97:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 19: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 21: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 374 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 9 workloads, 2.63x (1.88x .. 3.52x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and 49 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 24: 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 2 workloads, 2.44x (1.66x .. 3.57x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and 45 < max_seq_len <= 125:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 26: 23 workloads, 4.46x (1.62x .. 19.31x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 2912 and num_seqs <= 51 and 97 < max_seq_len <= 726:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 5 workloads, 3.56x (2.05x .. 4.66x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 2912 and num_seqs <= 51 and 726 < max_seq_len <= 1021:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 28: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415:
+        return 'triton_prefill_fused.c16v64'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and num_seqs > 51 and max_seq_len <= 125:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 13 < mean_seq_len <= 136 and max_seq_len > 571:
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 11585 and num_seqs > 51 and 830 < max_seq_len <= 5420:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2896 < total_seq_len <= 11585 and num_seqs > 51 and max_seq_len > 5420:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90:
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2912 and num_seqs <= 51 and 97 < max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 2 workloads, 2.02x (1.78x .. 2.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 2912 and num_seqs <= 51 and 362 < max_seq_len <= 1021:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 5792 < total_seq_len <= 11585 and num_seqs <= 51 and 3452 < max_seq_len <= 5267:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125:
         return 'triton_prefill_fused.c16v64'
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 51 and max_seq_len > 3452:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 11585 and 51 < num_seqs <= 181 and 125 < max_seq_len <= 5792:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and 90 < max_seq_len <= 171:
+    if total_seq_len > 11585 and 51 < num_seqs <= 181 and max_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs > 181 and max_seq_len > 125:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 5 workloads, 2.01x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-    if 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len <= 5267:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 6835 < total_seq_len <= 9553 and mean_seq_len > 136 and max_seq_len > 5267:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len <= 5792:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and 136 < mean_seq_len <= 596 and max_seq_len > 5792:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len <= 2896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and mean_seq_len > 596 and max_seq_len > 2896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 33
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 37
         return True
-    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 36
+    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 40
         return True
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:  # region 39
+    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:  # region 43
         return True
-    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:  # region 43
+    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:  # region 47
         return True
-    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:  # region 45
+    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:  # region 49
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 3465 and num_seqs > 181 and 13 < mean_seq_len <= 136 and 171 < max_seq_len <= 571:  # region 36
+    if 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415:  # region 28
         return True
-    if total_seq_len > 5792 and num_seqs > 192 and 13 < mean_seq_len <= 136 and max_seq_len <= 90:  # region 38
+    if total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125:  # region 36
         return True
     return False

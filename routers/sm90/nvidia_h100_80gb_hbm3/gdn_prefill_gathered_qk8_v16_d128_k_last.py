@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 6.42% mean, 90.03% max;
 #             1.101x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.39% mean, 162.46% max;
-#             1.410x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.42% mean, 162.46% max;
+#             1.405x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 238 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   2. total_seq_len <= 238 and mean_seq_len > 4: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
@@ -152,10 +152,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.72% mean, 39.02% max;
-#             1.141x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.94% mean, 432.13% max;
-#             1.488x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.10% mean, 42.60% max;
+#             1.140x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.59% mean, 432.13% max;
+#             1.523x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -199,44 +199,54 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   40. total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   41. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 36 and num_seqs <= 25 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.90x (7.90x .. 7.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 462 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 9 workloads, 1.90x (1.07x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. 36 < total_seq_len <= 181 and num_seqs <= 25 and 3 < max_seq_len <= 44: cuda_prefill_pool_rows.k8c8, 5 workloads, 3.96x (1.94x .. 6.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. 36 < total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 44: cuda_prefill_pool_rows.k16c8, 4 workloads, 3.92x (1.84x .. 5.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   7. 181 < total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.26x (1.67x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
-#   8. 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 90: triton_prefill_fused.c16v32, 8 workloads, 3.42x (1.31x .. 5.09x) over vllm_flashinfer_prefill
-#   9. 462 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279: triton_prefill_fused.c16v32, 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
-#   10. 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   11. 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   12. 462 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 462 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   14. 462 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   15. 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   16. 462 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   17. 462 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 392: triton_prefill_fused.c16v32, 2 workloads, 5.79x (4.53x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   19. total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 5 workloads, 3.16x (2.18x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len > 462 and num_seqs <= 4 and mean_seq_len > 181 and max_seq_len <= 392: triton_prefill_fused.c16v64, 2 workloads, 3.39x (2.47x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   21. total_seq_len > 462 and 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 462 and 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   23. 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   24. 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288: triton_prefill_fused.c16v64, 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.40x (1.19x .. 1.66x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 545 and 4 < num_seqs <= 22 and 8 < mean_seq_len <= 67 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148: triton_prefill_fused.c16v64, 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. total_seq_len > 545 and 4 < num_seqs <= 29 and mean_seq_len > 207 and 148 < max_seq_len <= 288: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 545 and num_seqs > 4 and mean_seq_len > 8 and max_seq_len > 288: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   38. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 31 and num_seqs <= 4 and max_seq_len <= 199: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 36 and num_seqs > 4 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v32, 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+#   6. 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+#   7. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. 31 < total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. 31 < total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 36 < total_seq_len <= 78 and 4 < num_seqs <= 25 and max_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len > 22: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. 36 < total_seq_len <= 78 and num_seqs > 25 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   13. 78 < total_seq_len <= 397 and 4 < num_seqs <= 22 and max_seq_len > 124: triton_prefill_fused.c16v32, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   14. 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   15. 78 < total_seq_len <= 397 and num_seqs > 4 and 79 < max_seq_len <= 124: cuda_prefill_pool_rows.k16c8, 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   16. 78 < total_seq_len <= 397 and num_seqs > 22 and max_seq_len > 124: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   17. 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   18. total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   19. total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: triton_prefill_fused.c16v64, 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   20. 397 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279: triton_prefill_fused.c16v32, 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
+#   21. 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   22. 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   23. 397 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 397 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   25. 397 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. 397 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   27. 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   28. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   29. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   30. 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678: triton_prefill_fused.c16v64, 4 workloads, 1.42x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len > 678: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   34. 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 8 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.42x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 53 and max_seq_len <= 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   40. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   41. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   44. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   46. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   47. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.43, 8.29, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -283,44 +293,54 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'num_seqs': (None, 25), 'total_seq_len': (None, 36)}, 'workloads': 1, 'speedup': (7.9, 7.9, 7.9), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (9.55, 10.42, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, 25), 'total_seq_len': (None, 462)}, 'workloads': 2, 'speedup': (2.51, 3.12, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 462)}, 'workloads': 9, 'speedup': (1.07, 1.9, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 44), 'num_seqs': (None, 25), 'total_seq_len': (36, 181)}, 'workloads': 5, 'speedup': (1.94, 3.96, 6.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (44, None), 'num_seqs': (None, 25), 'total_seq_len': (36, 181)}, 'workloads': 4, 'speedup': (1.84, 3.92, 5.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 90), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 3, 'speedup': (1.67, 2.26, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (None, 25), 'total_seq_len': (181, 462)}, 'workloads': 8, 'speedup': (1.31, 3.42, 5.09), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (4, 22), 'total_seq_len': (462, 545)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.64), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (4, 45), 'total_seq_len': (462, 545)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 181), 'num_seqs': (4, 45), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (4, 90), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (22, None), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (45, None), 'total_seq_len': (462, 545)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (31, 181), 'num_seqs': (45, None), 'total_seq_len': (462, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (90, None), 'total_seq_len': (462, 545)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (462, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (4.53, 5.79, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 5, 'speedup': (2.18, 3.16, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (181, None), 'num_seqs': (None, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (2.47, 3.39, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4), 'total_seq_len': (462, None)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4), 'total_seq_len': (462, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (545, 771)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, None), 'num_seqs': (29, None), 'total_seq_len': (545, 2896)}, 'workloads': 1, 'speedup': (1.76, 1.76, 1.76), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (12, None), 'num_seqs': (22, None), 'total_seq_len': (545, 3277)}, 'workloads': 4, 'speedup': (1.19, 1.4, 1.66), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (8, 67), 'num_seqs': (4, 22), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (67, None), 'num_seqs': (4, 22), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.71, 1.79, 1.86), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, 207), 'num_seqs': (4, 29), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (207, None), 'num_seqs': (4, 29), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (288, None), 'mean_seq_len': (8, None), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 148), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 12), 'num_seqs': (22, None), 'total_seq_len': (771, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 288), 'mean_seq_len': (8, None), 'num_seqs': (29, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (12, None), 'num_seqs': (22, None), 'total_seq_len': (3277, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 199), 'num_seqs': (None, 4), 'total_seq_len': (None, 31)}, 'workloads': 3, 'speedup': (7.9, 9.5, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (2.51, 3.12, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 724)}, 'workloads': 8, 'speedup': (2.67, 3.6, 5.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (None, 4), 'total_seq_len': (31, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 199), 'num_seqs': (None, 4), 'total_seq_len': (31, 90)}, 'workloads': 1, 'speedup': (6.38, 6.38, 6.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (4, 25), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (4.16, 4.16, 4.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (22, None), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (25, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (124, None), 'num_seqs': (4, 22), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 79), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 12, 'speedup': (1.58, 2.08, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (79, 124), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.84, 1.84, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (124, None), 'num_seqs': (22, None), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (3.92, 3.92, 3.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 118), 'num_seqs': (None, 4), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.52, 4.83, 6.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (4.38, 5.29, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (4, 22), 'total_seq_len': (397, 545)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.64), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (4, 45), 'total_seq_len': (397, 545)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 181), 'num_seqs': (4, 45), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (4, 90), 'total_seq_len': (397, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (22, None), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (31, 181), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (90, None), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (8, None), 'num_seqs': (49, 86), 'total_seq_len': (545, 3277)}, 'workloads': 4, 'speedup': (1.19, 1.42, 1.76), 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (8, None), 'num_seqs': (49, 86), 'total_seq_len': (545, 3277)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 11), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 181), 'mean_seq_len': (8, 11), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (8, None), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (11, None), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 53), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 333), 'mean_seq_len': (53, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 3, 'speedup': (1.42, 1.66, 1.86), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (53, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (207, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 44, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (34, 85), 'total_seq_len': (3277, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16320), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (16320, None), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -452,118 +472,148 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.90x (7.90x .. 7.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 25 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and 2 < num_seqs <= 25 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 9 workloads, 1.90x (1.07x .. 3.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs > 25:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 5 workloads, 3.96x (1.94x .. 6.45x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 181 and num_seqs <= 25 and 3 < max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 4 workloads, 3.92x (1.84x .. 5.87x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 181 and num_seqs <= 25 and max_seq_len > 44:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 3 workloads, 2.26x (1.67x .. 3.67x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs <= 25 and 3 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 8 workloads, 3.42x (1.31x .. 5.09x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs <= 25 and max_seq_len > 90:
-        return 'triton_prefill_fused.c16v32'
-    # region 9: 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 462 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279:
-        return ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686:
+    # region 1: 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and num_seqs <= 4 and max_seq_len <= 199:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 36 and num_seqs > 4 and max_seq_len > 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 2 workloads, 5.79x (4.53x .. 7.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len <= 181 and max_seq_len <= 392:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 5 workloads, 3.16x (2.18x .. 4.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and 392 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 2 workloads, 3.39x (2.47x .. 4.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and num_seqs <= 4 and mean_seq_len > 181 and max_seq_len <= 392:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-    if total_seq_len > 462 and 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399:
+    # region 6: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 462 and 2 < num_seqs <= 4 and max_seq_len > 4399:
+    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if 31 < total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 78 and 4 < num_seqs <= 25 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len > 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 36 < total_seq_len <= 78 and num_seqs > 25 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and 4 < num_seqs <= 22 and max_seq_len > 124:
+        return 'triton_prefill_fused.c16v32'
+    # region 14: 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 79:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and num_seqs > 4 and 79 < max_seq_len <= 124:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 16: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and num_seqs > 22 and max_seq_len > 124:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 17: 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 18: 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 19: 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 20: 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279:
+        return 'triton_prefill_fused.c16v32'
+    # region 21: 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:
+    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 397 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 27: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279:
+        return ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 25: 4 workloads, 1.40x (1.19x .. 1.66x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:
+        return 'triton_prefill_fused.c16v32'
+    # region 30: 4 workloads, 1.42x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call
+    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678:
         return 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 22 and 8 < mean_seq_len <= 67 and max_seq_len <= 148:
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len > 678:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181:
+        return 'triton_prefill_fused.c16v64'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 8 and max_seq_len > 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 3 workloads, 1.66x (1.42x .. 1.86x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333:
+        return 'triton_prefill_fused.c16v64'
+    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and max_seq_len > 333:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 53 and max_seq_len <= 97:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 28: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 29 and mean_seq_len > 207 and 148 < max_seq_len <= 288:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+    # region 40: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207 and max_seq_len > 97:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len > 8 and max_seq_len > 288:
+    # region 44: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -586,18 +636,20 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 545 < total_seq_len <= 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:  # region 23
+    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362:  # region 28
         return True
-    if 545 < total_seq_len <= 2896 and num_seqs > 29 and mean_seq_len > 8 and 148 < max_seq_len <= 288:  # region 24
+    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:  # region 29
         return True
-    if 545 < total_seq_len <= 3277 and num_seqs > 22 and mean_seq_len > 12 and max_seq_len <= 148:  # region 25
+    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678:  # region 30
         return True
-    if total_seq_len > 545 and 4 < num_seqs <= 22 and mean_seq_len > 67 and max_seq_len <= 148:  # region 27
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45:  # region 32
         return True
-    if total_seq_len > 545 and 4 < num_seqs <= 29 and 8 < mean_seq_len <= 207 and 148 < max_seq_len <= 288:  # region 28
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181:  # region 33
         return True
-    if total_seq_len > 545 and num_seqs > 22 and 8 < mean_seq_len <= 12 and 45 < max_seq_len <= 148:  # region 34
+    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181:  # region 35
         return True
-    if total_seq_len > 771 and num_seqs > 22 and 8 < mean_seq_len <= 12 and max_seq_len <= 45:  # region 35
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333:  # region 37
+        return True
+    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:  # region 47
         return True
     return False

@@ -33,60 +33,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 15.27% mean, 323.06% max;
-#             1.021x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.38% mean, 148.92% max;
-#             1.212x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 14.46% mean, 323.06% max;
+#             1.024x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.37% mean, 148.92% max;
+#             1.213x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 106 and num_seqs <= 3: triton_prefill_fused.c16v32, 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 1642 and num_seqs > 11 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   4. total_seq_len <= 1642 and num_seqs > 11 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 35 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 106 and num_seqs <= 3: triton_prefill_fused.c16v32, 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   4. 91 < total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   5. 106 < total_seq_len <= 1642 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.11x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-#   6. 181 < total_seq_len <= 1642 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 1642: vllm_flashinfer_prefill (baseline), 47 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 1642: vllm_flashinfer_prefill (baseline), 47 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 58 and mean_seq_len <= 53: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.15x (4.13x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 212 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v32, 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 878 and num_seqs > 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 11 workloads, 1.63x (1.17x .. 2.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   4. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
 #   5. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   6. 58 < total_seq_len <= 75 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.78x (1.89x .. 3.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. 75 < total_seq_len <= 362 and mean_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.24x (1.40x .. 3.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   8. 75 < total_seq_len <= 362 and 11 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 7 workloads, 2.20x (1.80x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   9. 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   10. 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   12. total_seq_len > 878 and 53 < mean_seq_len <= 291: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len > 1020 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   14. total_seq_len > 5404 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. 212 < total_seq_len <= 362 and mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   7. 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   8. 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   9. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   10. total_seq_len > 878 and 53 < mean_seq_len <= 291: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 1020 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. total_seq_len > 5404 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (3.04, 4.61, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (11, None), 'total_seq_len': (None, 1642)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (11, None), 'total_seq_len': (None, 1642)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (None, 91)}, 'workloads': 8, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (3.04, 4.61, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (None, 1642)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (91, 1642)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (106, 1642)}, 'workloads': 12, 'speedup': (1.05, 2.11, 3.46), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 1642)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (1642, None)}, 'workloads': 47, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (1642, None)}, 'workloads': 47, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 58)}, 'workloads': 5, 'speedup': (4.13, 7.15, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 212)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (None, 3), 'total_seq_len': (None, 878)}, 'workloads': 7, 'speedup': (1.6, 3.92, 5.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 878)}, 'workloads': 11, 'speedup': (1.17, 1.63, 2.22), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.49, 2.12, 3.83), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (58, 75)}, 'workloads': 7, 'speedup': (1.89, 2.78, 3.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (75, 362)}, 'workloads': 10, 'speedup': (1.4, 2.24, 3.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, 53), 'total_seq_len': (75, 362)}, 'workloads': 7, 'speedup': (1.8, 2.2, 3.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (None, 34), 'total_seq_len': (362, 1020)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (34, None), 'total_seq_len': (362, 1020)}, 'workloads': 4, 'speedup': (1.12, 1.22, 1.38), 'fallbacks': (), 'hand_back': True},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (878, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'total_seq_len': (1020, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'total_seq_len': (5404, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (212, 362)}, 'workloads': 6, 'speedup': (1.33, 1.79, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (None, 34), 'total_seq_len': (362, 1020)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (34, None), 'total_seq_len': (362, 1020)}, 'workloads': 4, 'speedup': (1.12, 1.22, 1.38), 'fallbacks': (), 'hand_back': True},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (878, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'total_seq_len': (1020, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'total_seq_len': (5404, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -95,25 +89,22 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill
+    # region 1: 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 2: 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 106 and num_seqs <= 3:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 8 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 3 < num_seqs <= 11:
-        return 'vllm_flashinfer_prefill.cp_off'
     # region 3: 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1642 and num_seqs > 11 and mean_seq_len <= 3:
+    if total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 35 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1642 and num_seqs > 11 and mean_seq_len > 3:
+    # region 4: 52 workloads, the baseline; its stand-ins where it cannot run here
+    if 91 < total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 5: 12 workloads, 2.11x (1.05x .. 3.46x) over vllm_flashinfer_prefill
     if 106 < total_seq_len <= 1642 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 17 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 1642 and 3 < num_seqs <= 11:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 47 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 47 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1642:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -122,9 +113,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.15x (4.13x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and mean_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill
     if total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
@@ -137,31 +128,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 2.78x (1.89x .. 3.55x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 75 and mean_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 10 workloads, 2.24x (1.40x .. 3.61x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 362 and mean_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 7 workloads, 2.20x (1.80x .. 3.72x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 362 and 11 < mean_seq_len <= 53:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 362 and mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call
+    # region 8: 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call
     if 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53:
         return 'triton_prefill_fused.c16v64'
-    # region 11: 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
+    # region 9: 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 29 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 29 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 878 and 53 < mean_seq_len <= 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 19 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 19 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1020 and 3 < mean_seq_len <= 53:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 11 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 11 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5404 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -169,7 +154,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53:  # region 10
+    if 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53:  # region 8
         return True
     return False
 
@@ -179,72 +164,84 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.80% mean, 41.54% max;
-#             1.099x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.20% mean, 110.60% max;
-#             1.327x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.68% mean, 41.54% max;
+#             1.099x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.36% mean, 110.60% max;
+#             1.327x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   3. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 5.55x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 724 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 7 and max_seq_len > 43: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and 43 < max_seq_len <= 111: vllm_flashinfer_prefill (baseline), 0 workloads
-#   9. total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-#   17. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   18. num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   19. num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 52: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   20. num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 52: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   21. num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 52: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   23. 28 < total_seq_len <= 45 and num_seqs <= 3: triton_prefill_fused.c16v32, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-#   25. 45 < total_seq_len <= 2314 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len <= 2857: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len > 2857: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   28. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   30. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   31. total_seq_len > 2314 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 92: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   8. total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 92: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   9. total_seq_len <= 724 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 7 and max_seq_len > 43: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   11. total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and 43 < max_seq_len <= 111: vllm_flashinfer_prefill (baseline), 0 workloads
+#   12. total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   13. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   14. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   16. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   17. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   19. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   20. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 52: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   22. num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   23. num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 52: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   24. num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 52: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   26. 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len <= 26: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   27. 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len > 26: triton_prefill_fused.c16v32, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   28. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+#   29. 45 < total_seq_len <= 2314 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len <= 2857: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len > 2857: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   32. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   34. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 120: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 120: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   38. total_seq_len > 2314 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.21x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs <= 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and num_seqs <= 11 and 64 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and num_seqs > 11 and 64 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 878 and max_seq_len > 449: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
-#   8. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
-#   9. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. 58 < total_seq_len <= 362 and num_seqs <= 90 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 17 workloads, 2.60x (1.89x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   11. 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   14. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63: triton_prefill_fused.c16v64, 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
-#   15. 878 < total_seq_len <= 1448 and 63 < max_seq_len <= 317: triton_prefill_fused.c16v64, 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
-#   16. 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 878 < total_seq_len <= 2314 and num_seqs <= 2 and max_seq_len > 669: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
-#   18. 878 < total_seq_len <= 2314 and num_seqs <= 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   19. 878 < total_seq_len <= 2314 and num_seqs > 2 and max_seq_len > 669: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   20. 1448 < total_seq_len <= 2314 and num_seqs <= 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   21. 1448 < total_seq_len <= 2314 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   22. 1448 < total_seq_len <= 2314 and num_seqs > 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-#   23. 2314 < total_seq_len <= 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-#   24. 2314 < total_seq_len <= 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 2314 and num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 63: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   26. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and 63 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   28. total_seq_len > 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 28 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.26x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and num_seqs <= 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and num_seqs <= 11 and 64 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and num_seqs > 11 and 64 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   8. total_seq_len <= 878 and max_seq_len > 449: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
+#   9. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
+#   10. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   11. 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   13. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   14. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   15. 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   16. 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   18. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63: triton_prefill_fused.c16v64, 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
+#   19. 878 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 317: triton_prefill_fused.c16v64, 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
+#   20. 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   21. 878 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   22. 878 < total_seq_len <= 2314 and num_seqs <= 2 and max_seq_len > 669: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
+#   23. 878 < total_seq_len <= 2314 and num_seqs <= 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   24. 878 < total_seq_len <= 2314 and num_seqs > 2 and max_seq_len > 669: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   25. 1448 < total_seq_len <= 2314 and num_seqs <= 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   26. 1448 < total_seq_len <= 2314 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. 1448 < total_seq_len <= 2314 and num_seqs > 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
+#   28. 2314 < total_seq_len <= 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+#   29. 2314 < total_seq_len <= 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 2314 and num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 63: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and 63 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
@@ -252,64 +249,76 @@ REGIONS_HINTED = (
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 28)}, 'workloads': 2, 'speedup': (4.83, 5.55, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (3, 22), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.39, 1.4, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 111), 'mean_seq_len': (2, 7), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 7), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 52), 'mean_seq_len': (7, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 52), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (52, None), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (28, 45)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 5, 'speedup': (1.12, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (45, 2314)}, 'workloads': 5, 'speedup': (1.53, 2.37, 3.36), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2857), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 9, 'speedup': (1.05, 2.18, 3.46), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2857, None), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2314, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (52, 92), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (92, None), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (3, 22), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.39, 1.4, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 111), 'mean_seq_len': (2, 7), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 7), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 52), 'mean_seq_len': (7, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 3, 'speedup': (1.08, 1.09, 1.1), 'fallbacks': (), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 52), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (52, None), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (None, 3), 'total_seq_len': (28, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, None), 'num_seqs': (None, 3), 'total_seq_len': (28, 45)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 5, 'speedup': (1.12, 1.38, 1.6), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (45, 2314)}, 'workloads': 5, 'speedup': (1.53, 2.37, 3.36), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2857), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 9, 'speedup': (1.05, 2.18, 3.46), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2857, None), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (52, 120), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2314, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (None, 58)}, 'workloads': 4, 'speedup': (6.72, 8.21, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (6.95, 6.95, 6.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (None, 11), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.8, 3.1, 4.45), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (11, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.92, 1.94, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, None), 'total_seq_len': (None, 878)}, 'workloads': 4, 'speedup': (1.08, 1.43, 2.83), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.29, 1.59, 1.91), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 17, 'speedup': (1.89, 2.6, 3.61), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 878)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (2, None), 'total_seq_len': (181, 878)}, 'workloads': 21, 'speedup': (1.19, 1.94, 5.66), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.64, 1.66, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.22, 1.39, 1.75), 'fallbacks': ()},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 317), 'total_seq_len': (878, 1448)}, 'workloads': 6, 'speedup': (1.2, 1.35, 1.56), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (878, 1448)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (None, 2), 'total_seq_len': (878, 2314)}, 'workloads': 4, 'speedup': (1.84, 2.03, 2.27), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (None, 5), 'total_seq_len': (878, 2314)}, 'workloads': 3, 'speedup': (1.13, 1.74, 3.83), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (2, None), 'total_seq_len': (878, 2314)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (None, 45), 'total_seq_len': (1448, 2314)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (1448, 2314)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (45, None), 'total_seq_len': (1448, 2314)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 7968)}, 'workloads': 5, 'speedup': (1.13, 1.37, 1.53), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 12659)}, 'workloads': 2, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 181), 'total_seq_len': (2314, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 5420), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (7968, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (12659, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (None, 28)}, 'workloads': 3, 'speedup': (6.72, 8.26, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 63), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (6.95, 6.95, 6.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (None, 11), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.8, 3.1, 4.45), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (11, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.92, 1.94, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, None), 'total_seq_len': (None, 878)}, 'workloads': 4, 'speedup': (1.08, 1.43, 2.83), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.29, 1.59, 1.91), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (28, 58)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 2, 'speedup': (2.26, 2.5, 2.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (2, None), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 15, 'speedup': (1.89, 2.62, 3.61), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 878)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (2, None), 'total_seq_len': (181, 878)}, 'workloads': 21, 'speedup': (1.19, 1.94, 5.66), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.64, 1.66, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.22, 1.39, 1.75), 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (None, 90), 'total_seq_len': (878, 1448)}, 'workloads': 6, 'speedup': (1.2, 1.35, 1.56), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (878, 1448)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (90, None), 'total_seq_len': (878, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (None, 2), 'total_seq_len': (878, 2314)}, 'workloads': 4, 'speedup': (1.84, 2.03, 2.27), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (None, 5), 'total_seq_len': (878, 2314)}, 'workloads': 3, 'speedup': (1.13, 1.74, 3.83), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (2, None), 'total_seq_len': (878, 2314)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (None, 45), 'total_seq_len': (1448, 2314)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (1448, 2314)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (45, None), 'total_seq_len': (1448, 2314)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 7968)}, 'workloads': 5, 'speedup': (1.13, 1.37, 1.53), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 12659)}, 'workloads': 2, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 181), 'total_seq_len': (2314, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 5420), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (7968, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (12659, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -333,79 +342,100 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 5: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 92:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 92:
+        return 'triton_prefill_fused.c16v64'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 724 and 3 < num_seqs <= 22 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill
+    # region 10: 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    # region 12: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and max_seq_len > 111:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    # region 13: 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    # region 14: 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 15: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 14 workloads, the baseline; its stand-ins where it cannot run here
+    # region 16: 14 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 18: 8 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 52:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 52:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 42 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 3 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 52:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 42 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 52:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
+    # region 25: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 45 and num_seqs <= 3:
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
+    if 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len > 26:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+    # region 28: 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
+    # region 29: 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 2314 and num_seqs <= 1:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+    # region 30: 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len <= 2857:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len > 2857:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 120:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2314 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -414,91 +444,106 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.21x (6.72x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63:
+    # region 1: 3 workloads, 8.26x (6.72x .. 9.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28 and num_seqs <= 5 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 63:
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill
+    # region 4: 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 5 and 63 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill
+    # region 5: 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 11 and 64 < max_seq_len <= 449:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 11 and 64 < max_seq_len <= 449:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
+    # region 8: 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 878 and max_seq_len > 449:
         return 'triton_prefill_fused.c16v32'
-    # region 8: 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
+    # region 9: 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
     if num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 17 workloads, 2.60x (1.89x .. 3.61x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 362 and num_seqs <= 90 and max_seq_len <= 63:
+    # region 11: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
+    if 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
+    # region 15: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
+    # region 16: 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449:
         return 'triton_prefill_fused.c16v64'
-    # region 13: 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill
+    # region 17: 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
+    # region 18: 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63:
         return 'triton_prefill_fused.c16v64'
-    # region 15: 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
-    if 878 < total_seq_len <= 1448 and 63 < max_seq_len <= 317:
+    # region 19: 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
+    if 878 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 317:
         return 'triton_prefill_fused.c16v64'
-    # region 16: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
+    # region 20: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
     if 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 878 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 317:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 22: 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
     if 878 < total_seq_len <= 2314 and num_seqs <= 2 and max_seq_len > 669:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill
+    # region 23: 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill
     if 878 < total_seq_len <= 2314 and num_seqs <= 5 and 317 < max_seq_len <= 669:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 13 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 13 workloads, the baseline; its stand-ins where it cannot run here
     if 878 < total_seq_len <= 2314 and num_seqs > 2 and max_seq_len > 669:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2314 and num_seqs <= 45 and 63 < max_seq_len <= 317:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2314 and num_seqs > 5 and 317 < max_seq_len <= 669:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
+    # region 27: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2314 and num_seqs > 45 and 63 < max_seq_len <= 317:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+    # region 28: 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
     if 2314 < total_seq_len <= 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    # region 29: 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
     if 2314 < total_seq_len <= 12659 and mean_seq_len > 90 and max_seq_len > 7177:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2314 and num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 63:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and 63 < max_seq_len <= 5420:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 5420:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 17 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 17 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -506,15 +551,25 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and max_seq_len > 111:  # region 9
+    if total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 92:  # region 7
         return True
-    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 52:  # region 19
+    if total_seq_len <= 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 92:  # region 8
+        return True
+    if total_seq_len <= 724 and num_seqs > 22 and 2 < mean_seq_len <= 7 and max_seq_len > 111:  # region 12
+        return True
+    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 52:  # region 21
+        return True
+    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:  # region 22
+        return True
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 52 < max_seq_len <= 120:  # region 34
+        return True
+    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 120:  # region 35
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669:  # region 16
+    if 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669:  # region 20
         return True
     return False

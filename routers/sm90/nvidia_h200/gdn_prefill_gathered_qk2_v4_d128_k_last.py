@@ -33,20 +33,22 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 22.51% mean, 332.35% max;
-#             1.231x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 30.72% mean, 211.90% max;
-#             1.737x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.74% mean, 332.35% max;
+#             1.208x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 32.25% mean, 211.90% max;
+#             1.728x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 72 and mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.50x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 72 and mean_seq_len > 8: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. 72 < total_seq_len <= 1448 and num_seqs > 36 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 20 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-#   4. 72 < total_seq_len <= 1874 and 90 < mean_seq_len <= 596: vllm_flashinfer_prefill.cp_off, 22 workloads, 1.98x (1.06x .. 3.63x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   5. total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 23 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 72 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. total_seq_len > 72 and 31 < num_seqs <= 36 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len > 1448 and num_seqs > 36 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len > 1874 and 90 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 21 and 8 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 803 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
+#   5. 21 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   6. 21 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len > 90 and num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   8. 803 < total_seq_len <= 2464 and 90 < mean_seq_len <= 245: triton_prefill_chunked.v64, 8 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+#   9. 803 < total_seq_len <= 2464 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len > 2464 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 54 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 1448 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
@@ -62,15 +64,17 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (1.62, 5.5, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, None), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (36, None), 'total_seq_len': (72, 1448)}, 'workloads': 20, 'speedup': (1.04, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 596), 'total_seq_len': (72, 1874)}, 'workloads': 22, 'speedup': (1.06, 1.98, 3.63), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (72, None)}, 'workloads': 23, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (31, 36), 'total_seq_len': (72, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (36, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, 596), 'total_seq_len': (1874, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.23, 6.71, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 803)}, 'workloads': 11, 'speedup': (1.45, 2.12, 3.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, 169)}, 'workloads': 19, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (21, 169)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (90, None)}, 'workloads': 22, 'speedup': (1.53, 3.57, 5.83), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, 245), 'total_seq_len': (803, 2464)}, 'workloads': 8, 'speedup': (1.22, 1.88, 2.81), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'total_seq_len': (803, 2464)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (2464, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -93,32 +97,38 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.50x (1.62x .. 8.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and mean_seq_len > 8:
+    if total_seq_len <= 90 and num_seqs <= 21 and 8 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 20 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and num_seqs > 36 and mean_seq_len <= 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 22 workloads, 1.98x (1.06x .. 3.63x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1874 and 90 < mean_seq_len <= 596:
+    # region 3: 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 23 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90:
+    # region 4: 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and mean_seq_len > 596:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 72 and 31 < num_seqs <= 36 and mean_seq_len <= 90:
+    # region 5: 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 169 and mean_seq_len <= 30:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if 21 < num_seqs <= 169 and 30 < mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 36 and mean_seq_len <= 90:
+    # region 7: 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 21 and mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 8 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 2464 and 90 < mean_seq_len <= 245:
+        return 'triton_prefill_chunked.v64'
+    # region 9: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if 803 < total_seq_len <= 2464 and mean_seq_len > 245:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 23 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and 90 < mean_seq_len <= 596:
+    # region 11: 23 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2464 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -167,183 +177,207 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.52% mean, 69.70% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.51% mean, 69.70% max;
 #             1.349x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.17% mean, 46.13% max;
-#             2.093x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.00% mean, 46.13% max;
+#             2.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 72 and num_seqs <= 11 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.55x (7.79x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 7: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 72 and 11 < num_seqs <= 35 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.87x (1.67x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27: triton_prefill_fused.c16v64, 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091: triton_prefill_chunked.v64, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
-#   11. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   12. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   13. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
-#   14. num_seqs > 79 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   15. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
-#   17. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   18. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   19. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   20. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-#   21. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   23. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
-#   24. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   25. total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   26. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   34. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   37. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   38. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   41. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   43. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091: triton_prefill_chunked.v64, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   18. 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
+#   19. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   20. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   21. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+#   22. num_seqs > 79 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   23. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
+#   25. 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   26. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   28. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   29. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   30. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   31. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   36. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   38. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   43. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   44. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   51. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   52. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   53. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   54. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 158 and num_seqs <= 11 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.67x (9.54x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 4 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 45 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 158 and num_seqs <= 21 and 22 < mean_seq_len <= 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len > 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 158 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. total_seq_len <= 1448 and num_seqs > 21 and 126 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 1448 and num_seqs > 21 and 449 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   11. total_seq_len <= 2896 and 21 < num_seqs <= 90 and 930 < max_seq_len <= 1356: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   12. total_seq_len <= 2896 and 21 < num_seqs <= 90 and max_seq_len > 1356: triton_prefill_chunked.v64, 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   14. total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   15. num_seqs <= 21 and 862 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
-#   16. num_seqs <= 21 and 1091 < max_seq_len <= 1810: triton_prefill_chunked.v64, 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
-#   17. num_seqs <= 21 and 1810 < max_seq_len <= 4084: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 21 and max_seq_len > 4084: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   19. num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   20. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   21. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and 79 < max_seq_len <= 862: triton_prefill_fused.c16v32, 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   22. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 862: triton_prefill_fused.c16v32, 9 workloads, 3.81x (2.43x .. 5.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   23. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 567 < total_seq_len <= 2896 and num_seqs <= 21 and 328 < max_seq_len <= 862: triton_prefill_fused.c16v32, 8 workloads, 2.53x (1.96x .. 3.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   25. total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 328: triton_prefill_fused.c16v32, 5 workloads, 4.00x (3.22x .. 4.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 328: triton_prefill_fused.c16v64, 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   27. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
-#   28. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 126 < max_seq_len <= 294: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   29. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 294 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   30. 2896 < total_seq_len <= 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. 2896 < total_seq_len <= 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 2896 and num_seqs <= 21 and 328 < max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   33. total_seq_len > 2896 and 21 < num_seqs <= 79 and 126 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 2896 and 21 < num_seqs <= 79 and 362 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 2896 and num_seqs > 79 and 221 < max_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 2896 and num_seqs > 79 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   38. total_seq_len > 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   39. total_seq_len > 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.75x (9.75x .. 9.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.80x (9.80x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 4 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 45 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 158 and num_seqs <= 21 and 22 < mean_seq_len <= 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len > 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 158 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   10. total_seq_len <= 1448 and num_seqs > 21 and 126 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 1448 and num_seqs > 21 and 449 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   12. total_seq_len <= 2896 and 21 < num_seqs <= 90 and 930 < max_seq_len <= 1356: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 2896 and 21 < num_seqs <= 90 and max_seq_len > 1356: triton_prefill_chunked.v64, 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   15. total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. num_seqs <= 21 and 862 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
+#   17. num_seqs <= 21 and 1091 < max_seq_len <= 1810: triton_prefill_chunked.v64, 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 21 and 1810 < max_seq_len <= 4084: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
+#   19. num_seqs <= 21 and max_seq_len > 4084: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   21. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and 79 < max_seq_len <= 862: triton_prefill_fused.c16v32, 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   23. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 158: triton_prefill_fused.c16v64, 2 workloads, 5.28x (4.63x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   24. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and 158 < max_seq_len <= 862: triton_prefill_fused.c16v32, 7 workloads, 3.54x (2.43x .. 4.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   25. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 567 < total_seq_len <= 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862: triton_prefill_fused.c16v32, 9 workloads, 2.62x (1.96x .. 3.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   27. total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 283: triton_prefill_fused.c16v32, 4 workloads, 4.15x (3.22x .. 4.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   28. total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 283: triton_prefill_fused.c16v64, 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   29. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
+#   30. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 126 < max_seq_len <= 294: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   31. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 294 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   32. 2896 < total_seq_len <= 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   33. 2896 < total_seq_len <= 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 2896 and 21 < num_seqs <= 79 and 126 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 2896 and 21 < num_seqs <= 79 and 362 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 2896 and num_seqs > 79 and 221 < max_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 2896 and num_seqs > 79 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   40. total_seq_len > 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   41. total_seq_len > 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.79, 8.55, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (1.67, 3.87, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.21, 7.21, 7.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 8, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 8, 'speedup': (1.27, 1.56, 1.8), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 4, 'speedup': (1.45, 2.02, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 11), 'total_seq_len': (72, None)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 44, 'speedup': (1.06, 2.53, 5.83), 'fallbacks': ()},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (5.86, 6.52, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (8.91, 8.96, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.13, 3.31, 3.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 8, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ()},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': (), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 8, 'speedup': (1.27, 1.56, 1.8), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 4, 'speedup': (1.45, 2.02, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 7, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 11), 'total_seq_len': (72, None)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 44, 'speedup': (1.06, 2.53, 5.83), 'fallbacks': ()},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (5.86, 6.52, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': (), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 158)}, 'workloads': 2, 'speedup': (9.54, 9.67, 9.8), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 45), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 8, 'speedup': (5.94, 8.18, 10.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 862), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 3, 'speedup': (4.29, 5.21, 5.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (22, 45), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 4, 'speedup': (5.33, 7.03, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (45, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 2, 'speedup': (4.95, 5.33, 5.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.16, 2.37, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 449), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.26, 1.42, 1.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, 930), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (930, 1356), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1356, None), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.22, 1.26, 1.3), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.74, 2.16, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (90, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (862, 1091), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.87, 1.95, 2.21), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, 1810), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.18, 1.55, 2.0), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 4084), 'num_seqs': (None, 21)}, 'workloads': 5, 'speedup': (1.3, 1.58, 2.01), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4084, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None)}, 'workloads': 15, 'speedup': (1.85, 3.12, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 79), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 5, 'speedup': (5.03, 5.76, 6.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (79, 862), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 8, 'speedup': (2.18, 3.52, 5.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (90, None), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 9, 'speedup': (2.43, 3.81, 5.25), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (328, 862), 'num_seqs': (None, 21), 'total_seq_len': (567, 2896)}, 'workloads': 8, 'speedup': (1.96, 2.53, 3.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 328), 'num_seqs': (None, 10), 'total_seq_len': (567, None)}, 'workloads': 5, 'speedup': (3.22, 4.0, 4.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 328), 'num_seqs': (10, 21), 'total_seq_len': (567, None)}, 'workloads': 4, 'speedup': (3.22, 4.07, 4.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.66, 1.87, 2.25), 'fallbacks': ()},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 294), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (294, 930), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.48, 1.9), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (328, 862), 'num_seqs': (None, 21), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 362), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.18, 1.33, 1.5), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 564), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 362), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (4833, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'num_seqs': (None, 11), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (9.75, 9.75, 9.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (9.8, 9.8, 9.8), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 45), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 8, 'speedup': (5.94, 8.18, 10.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 862), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 3, 'speedup': (4.29, 5.21, 5.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (22, 45), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 4, 'speedup': (5.33, 7.03, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (45, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 2, 'speedup': (4.95, 5.33, 5.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.16, 2.37, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 449), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.26, 1.42, 1.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, 930), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (930, 1356), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1356, None), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.22, 1.26, 1.3), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.74, 2.16, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (90, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (862, 1091), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.87, 1.95, 2.21), 'fallbacks': ()},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, 1810), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.18, 1.55, 2.0), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 4084), 'num_seqs': (None, 21)}, 'workloads': 5, 'speedup': (1.3, 1.58, 2.01), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4084, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None)}, 'workloads': 15, 'speedup': (1.85, 3.12, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 79), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 5, 'speedup': (5.03, 5.76, 6.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (79, 862), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 8, 'speedup': (2.18, 3.52, 5.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 158), 'mean_seq_len': (90, None), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 2, 'speedup': (4.63, 5.28, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (158, 862), 'mean_seq_len': (90, None), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 7, 'speedup': (2.43, 3.54, 4.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (283, 862), 'num_seqs': (None, 21), 'total_seq_len': (567, 2896)}, 'workloads': 9, 'speedup': (1.96, 2.62, 3.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 283), 'num_seqs': (None, 10), 'total_seq_len': (567, None)}, 'workloads': 4, 'speedup': (3.22, 4.15, 4.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 283), 'num_seqs': (10, 21), 'total_seq_len': (567, None)}, 'workloads': 4, 'speedup': (3.22, 4.07, 4.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.66, 1.87, 2.25), 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 294), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (294, 930), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.48, 1.9), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (283, 862), 'num_seqs': (None, 21), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 362), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.18, 1.33, 1.5), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 564), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 362), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (4833, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -352,127 +386,157 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.55x (7.79x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 2 workloads, 3.87x (1.67x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and max_seq_len <= 7:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    # region 15: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call
+    # region 17: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:
         return 'triton_prefill_chunked.v64'
-    # region 10: 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
+    # region 18: 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
     if 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+    # region 21: 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
     if num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 10 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 79 and mean_seq_len > 5:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 26: 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898:
         return 'triton_prefill_chunked.v64'
-    # region 20: 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 762:
+    # region 29: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    # region 32: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
     if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
+    # region 35: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+    # region 36: 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill
+    # region 37: 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    # region 41: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 43: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    # region 48: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    # region 51: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862:
         return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -481,121 +545,127 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.67x (9.54x .. 9.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 11 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill
+    # region 1: 1 workloads, 9.75x (9.75x .. 9.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len <= 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 9.80x (9.80x .. 9.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 4 < max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill
+    # region 4: 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill
     if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 45 < max_seq_len <= 862:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill
+    # region 5: 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill
     if total_seq_len <= 158 and num_seqs <= 21 and 22 < mean_seq_len <= 45 and 4 < max_seq_len <= 862:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill
     if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len > 45 and 4 < max_seq_len <= 862:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
+    # region 7: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
     if total_seq_len <= 158 and 11 < num_seqs <= 21 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill
+    # region 8: 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
+    # region 9: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill
+    # region 10: 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 21 and 126 < max_seq_len <= 449:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1448 and num_seqs > 21 and 449 < max_seq_len <= 930:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2896 and 21 < num_seqs <= 90 and 930 < max_seq_len <= 1356:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
+    # region 13: 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 21 < num_seqs <= 90 and max_seq_len > 1356:
         return 'triton_prefill_chunked.v64'
-    # region 13: 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill
+    # region 14: 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
+    # region 16: 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and 862 < max_seq_len <= 1091:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
+    # region 17: 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and 1091 < max_seq_len <= 1810:
         return 'triton_prefill_chunked.v64'
-    # region 17: 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
+    # region 18: 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and 1810 < max_seq_len <= 4084:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 21 and max_seq_len > 4084:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill
+    # region 20: 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill
     if num_seqs > 21 and max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill
+    # region 21: 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill
     if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and max_seq_len <= 79:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 21: 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill
+    # region 22: 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill
     if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and 79 < max_seq_len <= 862:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 9 workloads, 3.81x (2.43x .. 5.25x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 862:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 2 workloads, 5.28x (4.63x .. 6.02x) over vllm_flashinfer_prefill
+    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 158:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 7 workloads, 3.54x (2.43x .. 4.87x) over vllm_flashinfer_prefill
+    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and 158 < max_seq_len <= 862:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 8 workloads, 2.53x (1.96x .. 3.37x) over vllm_flashinfer_prefill
-    if 567 < total_seq_len <= 2896 and num_seqs <= 21 and 328 < max_seq_len <= 862:
+    # region 26: 9 workloads, 2.62x (1.96x .. 3.42x) over vllm_flashinfer_prefill
+    if 567 < total_seq_len <= 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 5 workloads, 4.00x (3.22x .. 4.89x) over vllm_flashinfer_prefill
-    if total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 328:
+    # region 27: 4 workloads, 4.15x (3.22x .. 4.89x) over vllm_flashinfer_prefill
+    if total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 283:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 328:
+    # region 28: 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 283:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
+    # region 29: 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126:
         return 'triton_prefill_fused.c16v64'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 2896 and num_seqs > 21 and 126 < max_seq_len <= 294:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2896 and num_seqs > 21 and 294 < max_seq_len <= 930:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 4833 and 21 < num_seqs <= 79 and max_seq_len > 564:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
+    # region 33: 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
     if 2896 < total_seq_len <= 11585 and num_seqs > 79 and 126 < max_seq_len <= 221:
         return 'triton_prefill_fused.c16v64'
-    # region 32: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 21 and 328 < max_seq_len <= 862:
+    # region 34: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
+    # region 35: 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 21 < num_seqs <= 79 and 126 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 21 < num_seqs <= 79 and 362 < max_seq_len <= 564:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    # region 37: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs > 79 and 221 < max_seq_len <= 362:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 79 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4833 and 21 < num_seqs <= 79 and max_seq_len > 564:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    # region 41: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
     if total_seq_len > 11585 and num_seqs > 79 and 126 < max_seq_len <= 221:
         return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -603,18 +673,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:  # region 9
+    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:  # region 17
         return True
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:  # region 22
+    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:  # region 32
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:  # region 24
+    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:  # region 34
         return True
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 29
+    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 39
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 36
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 38
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 48
         return True
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 41
+    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 51
         return True
     return False

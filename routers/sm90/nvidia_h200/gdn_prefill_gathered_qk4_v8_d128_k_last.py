@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 15.73% mean, 328.75% max;
 #             1.131x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.72% mean, 142.28% max;
-#             1.509x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.24% mean, 142.28% max;
+#             1.501x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 51 and num_seqs <= 13 and mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.38x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 724 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.10x (1.04x .. 1.14x) over vllm_flashinfer_prefill
@@ -50,14 +50,16 @@
 #   10. total_seq_len > 1448 and 17 < num_seqs <= 147: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   11. total_seq_len > 2232 and 5 < num_seqs <= 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 107 and num_seqs <= 1 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 107 and 1 < num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.59x (4.64x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 15 workloads, 2.13x (1.16x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 90 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 107 and num_seqs <= 1 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 107 and 1 < num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.59x (4.64x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   4. total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.08x (1.33x .. 2.90x) over vllm_flashinfer_prefill
 #   5. num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.27x (1.04x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. total_seq_len > 107 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 27 workloads, 3.33x (1.54x .. 10.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 90 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 107 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.54x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 23 workloads, 3.08x (1.54x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -75,14 +77,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 1), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (5.31, 6.4, 8.07), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (1, 8), 'total_seq_len': (None, 107)}, 'workloads': 4, 'speedup': (4.64, 7.59, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 399)}, 'workloads': 15, 'speedup': (1.16, 2.13, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 90)}, 'workloads': 4, 'speedup': (2.22, 2.57, 3.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 1), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (5.31, 6.4, 8.07), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (1, 8), 'total_seq_len': (None, 107)}, 'workloads': 4, 'speedup': (4.64, 7.59, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.33, 2.08, 2.9), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.04, 2.27, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (107, None)}, 'workloads': 27, 'speedup': (1.54, 3.33, 10.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (90, 399)}, 'workloads': 11, 'speedup': (1.16, 2.01, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (107, 181)}, 'workloads': 4, 'speedup': (3.34, 5.54, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 23, 'speedup': (1.54, 3.08, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -130,28 +134,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs > 8 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 107 and num_seqs <= 1 and mean_seq_len <= 362:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 7.59x (4.64x .. 11.37x) over vllm_flashinfer_prefill
+    # region 3: 4 workloads, 7.59x (4.64x .. 11.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 107 and 1 < num_seqs <= 8 and mean_seq_len <= 362:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 15 workloads, 2.13x (1.16x .. 3.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 4: 11 workloads, 2.08x (1.33x .. 2.90x) over vllm_flashinfer_prefill
     if total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 5: 8 workloads, 2.27x (1.04x .. 3.87x) over vllm_flashinfer_prefill
     if num_seqs > 8 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 27 workloads, 3.33x (1.54x .. 10.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 107 and num_seqs <= 8 and mean_seq_len <= 362:
+    # region 6: 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 4 workloads, 5.54x (3.34x .. 10.91x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 362:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 23 workloads, 3.08x (1.54x .. 4.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 362:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 51 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 51 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -162,211 +172,219 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.06% mean, 198.05% max;
-#             1.203x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.36% mean, 245.65% max;
-#             1.649x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.86% mean, 198.05% max;
+#             1.206x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.23% mean, 245.65% max;
+#             1.674x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   5. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   6. total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 59: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
 #   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   10. total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 0 workloads
-#   11. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   13. total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   17. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. num_seqs <= 2 and 41 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
-#   20. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   14. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   15. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. num_seqs <= 2 and 11 < max_seq_len <= 26: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. num_seqs <= 2 and 41 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. num_seqs <= 5 and 26 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
+#   21. 5 < num_seqs <= 9 and 26 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   22. 9 < num_seqs <= 19 and 639 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   23. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   24. 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
 #   25. 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   26. num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 9 workloads, 1.61x (1.28x .. 2.20x) over vllm_flashinfer_prefill
-#   27. num_seqs > 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   28. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   29. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   31. total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   32. total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   34. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   35. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   26. 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+#   27. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   28. num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   30. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   31. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: triton_prefill_fused.c16v32, 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   32. total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   35. total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
 #   36. total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
-#   39. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   46. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
-#   47. total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   48. total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   49. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   50. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   51. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   52. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   53. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   54. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   56. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   41. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   42. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   46. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   49. total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   50. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   51. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   52. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   53. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 107 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.13x (3.11x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 181 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 11 workloads, 4.83x (1.87x .. 11.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 724 and num_seqs <= 45 and mean_seq_len <= 107 and 132 < max_seq_len <= 450: triton_prefill_fused.c16v32, 6 workloads, 2.19x (1.25x .. 3.81x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 724 and 107 < mean_seq_len <= 237 and max_seq_len <= 315: triton_prefill_fused.c16v32, 6 workloads, 3.69x (2.86x .. 4.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 724 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v32, 1 workloads, 3.50x (3.50x .. 3.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 315: triton_prefill_fused.c16v32, 4 workloads, 2.29x (1.74x .. 2.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 1448 and num_seqs > 22 and 5 < mean_seq_len <= 107 and 17 < max_seq_len <= 132: triton_prefill_fused.c16v64, 4 workloads, 1.71x (1.57x .. 1.80x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 4048 and mean_seq_len > 237 and 511 < max_seq_len <= 832: triton_prefill_fused.c16v32, 5 workloads, 2.60x (2.05x .. 3.78x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   10. total_seq_len <= 4048 and mean_seq_len > 237 and max_seq_len > 832: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.98x (1.33x .. 2.90x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 5 and mean_seq_len <= 107 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.54x (5.31x .. 8.05x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. num_seqs <= 45 and mean_seq_len <= 45 and 450 < max_seq_len <= 947: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   13. num_seqs <= 45 and mean_seq_len <= 107 and max_seq_len > 947: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-#   14. num_seqs <= 45 and 45 < mean_seq_len <= 107 and 450 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
-#   15. num_seqs > 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.22x (2.22x .. 2.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   16. num_seqs > 22 and mean_seq_len <= 5 and 111 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 0 workloads
-#   17. 45 < num_seqs <= 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 313: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   18. 45 < num_seqs <= 133 and mean_seq_len <= 11 and max_seq_len > 313: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   19. num_seqs > 45 and 11 < mean_seq_len <= 107 and 132 < max_seq_len <= 162: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   20. num_seqs > 45 and 11 < mean_seq_len <= 107 and max_seq_len > 162: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   21. num_seqs > 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 490: triton_prefill_fused.c16v64, 2 workloads, 1.11x (1.07x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. num_seqs > 133 and mean_seq_len <= 11 and max_seq_len > 490: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 22 and num_seqs <= 5 and mean_seq_len <= 107 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   24. total_seq_len > 51 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 19 workloads, 2.33x (1.74x .. 3.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   25. 181 < total_seq_len <= 362 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132: triton_prefill_fused.c16v32, 3 workloads, 3.49x (1.99x .. 4.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8
-#   26. total_seq_len > 362 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132: triton_prefill_fused.c16v64, 3 workloads, 2.44x (1.77x .. 4.38x) over vllm_flashinfer_prefill
-#   27. 724 < total_seq_len <= 4048 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v64, 3 workloads, 3.43x (3.18x .. 3.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   28. 724 < total_seq_len <= 5792 and 107 < mean_seq_len <= 237 and max_seq_len <= 315: triton_prefill_fused.c16v64, 3 workloads, 2.02x (1.38x .. 4.00x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 724 and num_seqs <= 45 and mean_seq_len <= 107 and 132 < max_seq_len <= 450: triton_prefill_fused.c16v64, 3 workloads, 1.49x (1.34x .. 1.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   30. 1448 < total_seq_len <= 2896 and 107 < mean_seq_len <= 237 and max_seq_len > 315: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. 1448 < total_seq_len <= 4333 and num_seqs > 22 and 5 < mean_seq_len <= 11 and 17 < max_seq_len <= 132: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 1448 < total_seq_len <= 4333 and num_seqs > 22 and 11 < mean_seq_len <= 107 and 17 < max_seq_len <= 132: triton_prefill_fused.c16v64, 2 workloads, 1.28x (1.25x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 2896 < total_seq_len <= 5792 and 107 < mean_seq_len <= 237 and max_seq_len > 315: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   34. 4048 < total_seq_len <= 5792 and 237 < mean_seq_len <= 724 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   35. 4048 < total_seq_len <= 11585 and mean_seq_len > 724 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.34x (1.18x .. 1.52x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 4048 and mean_seq_len > 237 and 2304 < max_seq_len <= 4095: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.63x (1.53x .. 1.73x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 4048 and mean_seq_len > 237 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   38. total_seq_len > 4333 and num_seqs > 22 and 5 < mean_seq_len <= 107 and 17 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   39. total_seq_len > 5792 and 107 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 5792 and 237 < mean_seq_len <= 724 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 11585 and mean_seq_len > 724 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 2 and num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.05x (8.05x .. 8.05x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 45 and num_seqs <= 8 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 90 and num_seqs <= 8 and 26 < max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs <= 8 and 42 < max_seq_len <= 832: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.92x (3.34x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.96x (2.30x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and 16 < max_seq_len <= 59: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.84x (2.60x .. 3.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   8. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and 10 < max_seq_len <= 59: cuda_prefill_pool_rows.k8c8, 3 workloads, 2.40x (2.19x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340: triton_prefill_fused.c16v32, 2 workloads, 1.62x (1.46x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   10. total_seq_len <= 1448 and num_seqs > 21 and mean_seq_len > 5 and 59 < max_seq_len <= 184: triton_prefill_fused.c16v64, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 2896 and num_seqs > 21 and max_seq_len > 1797: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 3399: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 9101 and num_seqs <= 8 and 832 < max_seq_len <= 3399: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.81x (1.18x .. 2.90x) over vllm_flashinfer_prefill
+#   14. num_seqs <= 2 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 5.31x (5.31x .. 5.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. 2 < num_seqs <= 8 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. 8 < num_seqs <= 21 and 340 < max_seq_len <= 820: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   17. 8 < num_seqs <= 21 and 820 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.29x (1.23x .. 1.34x) over vllm_flashinfer_prefill
+#   18. 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. 21 < num_seqs <= 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.30x (2.30x .. 2.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   20. num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. num_seqs > 21 and mean_seq_len <= 11 and 314 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. num_seqs > 21 and 184 < max_seq_len <= 250: triton_prefill_fused.c16v64, 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   23. num_seqs > 21 and mean_seq_len > 11 and 250 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   24. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.84x (1.30x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   25. num_seqs > 90 and 11 < mean_seq_len <= 21 and max_seq_len <= 59: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   26. num_seqs > 90 and mean_seq_len > 21 and max_seq_len <= 59: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. num_seqs > 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 0 workloads
+#   28. total_seq_len > 2 and num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   29. total_seq_len > 45 and num_seqs <= 8 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.30x (7.61x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   30. total_seq_len > 90 and num_seqs <= 8 and 26 < max_seq_len <= 42: cuda_prefill_pool_rows.k8c8, 1 workloads, 11.16x (11.16x .. 11.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   31. 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.20x (1.94x .. 2.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   32. 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and 14 < max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.81x (2.41x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   33. 181 < total_seq_len <= 657 and num_seqs <= 8 and 42 < max_seq_len <= 832: triton_prefill_fused.c16v32, 14 workloads, 3.68x (2.50x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.02x (1.33x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   35. total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len > 22 and max_seq_len <= 59: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.47x .. 1.77x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340: triton_prefill_fused.c16v64, 5 workloads, 1.47x (1.30x .. 1.86x) over vllm_flashinfer_prefill
+#   37. 657 < total_seq_len <= 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832: triton_prefill_fused.c16v32, 5 workloads, 2.82x (2.07x .. 3.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 657 and num_seqs <= 8 and 42 < max_seq_len <= 315: triton_prefill_fused.c16v64, 3 workloads, 3.62x (3.18x .. 4.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   39. 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.17x (1.83x .. 2.56x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   42. total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   44. total_seq_len > 2896 and num_seqs > 21 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   45. 4840 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   47. total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 832: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 9), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 378)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 32), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.22), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.38, 2.83, 5.79), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.22), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (4.55, 4.97, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.38, 2.83, 5.79), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (5, 9)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (639, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None)}, 'workloads': 9, 'speedup': (1.28, 1.61, 2.2), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (5.37, 5.39, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.16, 1.26, 1.31), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (5.37, 6.09, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 21), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.16, 1.27, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 26), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (93, None)}, 'workloads': 7, 'speedup': (1.28, 1.53, 1.64), 'fallbacks': ()},
     {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (5, 2), 'num_seqs': (32, None), 'total_seq_len': (378, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (5, 5), 'num_seqs': (32, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 962), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 962), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 962), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 962), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 17), 'mean_seq_len': (None, 107), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (8.07, 8.21, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 107), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (3.11, 3.13, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (None, 107), 'num_seqs': (None, 22), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (1.87, 4.83, 11.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 450), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.25, 2.19, 3.81), 'fallbacks': ()},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 315), 'mean_seq_len': (107, 237), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (2.86, 3.69, 4.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (3.5, 3.5, 3.5), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, None), 'mean_seq_len': (107, 237), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.74, 2.29, 2.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (5, 107), 'num_seqs': (22, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.57, 1.71, 1.8), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 832), 'mean_seq_len': (237, None), 'total_seq_len': (None, 4048)}, 'workloads': 5, 'speedup': (2.05, 2.6, 3.78), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (832, None), 'mean_seq_len': (237, None), 'total_seq_len': (None, 4048)}, 'workloads': 8, 'speedup': (1.33, 1.98, 2.9), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 107), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (5.31, 6.54, 8.05), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, 947), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, None), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, 947), 'mean_seq_len': (45, 107), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (17, 111), 'mean_seq_len': (None, 5), 'num_seqs': (22, None)}, 'workloads': 1, 'speedup': (2.22, 2.22, 2.22), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, 132), 'mean_seq_len': (None, 5), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 313), 'mean_seq_len': (None, 11), 'num_seqs': (45, 133)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (313, None), 'mean_seq_len': (None, 11), 'num_seqs': (45, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 162), 'mean_seq_len': (11, 107), 'num_seqs': (45, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': (), 'hand_back': True},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (162, None), 'mean_seq_len': (11, 107), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 490), 'mean_seq_len': (None, 11), 'num_seqs': (133, None)}, 'workloads': 2, 'speedup': (1.07, 1.11, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (490, None), 'mean_seq_len': (None, 11), 'num_seqs': (133, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 17), 'mean_seq_len': (None, 107), 'num_seqs': (None, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 107), 'num_seqs': (5, None), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.74, 2.33, 3.48), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (None, 107), 'num_seqs': (None, 22), 'total_seq_len': (181, 362)}, 'workloads': 3, 'speedup': (1.99, 3.49, 4.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (None, 107), 'num_seqs': (None, 22), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.77, 2.44, 4.38), 'fallbacks': ()},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'total_seq_len': (724, 4048)}, 'workloads': 3, 'speedup': (3.18, 3.43, 3.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 315), 'mean_seq_len': (107, 237), 'total_seq_len': (724, 5792)}, 'workloads': 3, 'speedup': (1.38, 2.02, 4.0), 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 450), 'mean_seq_len': (None, 107), 'num_seqs': (None, 45), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.34, 1.49, 1.74), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (315, None), 'mean_seq_len': (107, 237), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (5, 11), 'num_seqs': (22, None), 'total_seq_len': (1448, 4333)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (11, 107), 'num_seqs': (22, None), 'total_seq_len': (1448, 4333)}, 'workloads': 2, 'speedup': (1.25, 1.28, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (315, None), 'mean_seq_len': (107, 237), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 724), 'total_seq_len': (4048, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (724, None), 'total_seq_len': (4048, 11585)}, 'workloads': 2, 'speedup': (1.18, 1.34, 1.52), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2304, 4095), 'mean_seq_len': (237, None), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.53, 1.63, 1.73), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'mean_seq_len': (237, None), 'total_seq_len': (4048, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, 132), 'mean_seq_len': (5, 107), 'num_seqs': (22, None), 'total_seq_len': (4333, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, 237), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 724), 'total_seq_len': (5792, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (724, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 8), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.05, 8.05, 8.05), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (None, 8), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (8.07, 8.21, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (26, 42), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.26, 6.26, 6.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (42, 832), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (3.34, 4.92, 5.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.3, 2.96, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 59), 'mean_seq_len': (None, 2), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (2, None), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.6, 2.84, 3.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 59), 'mean_seq_len': (2, None), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.19, 2.4, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (59, 340), 'num_seqs': (8, 21), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.46, 1.62, 1.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (832, 3399), 'num_seqs': (None, 8), 'total_seq_len': (None, 9101)}, 'workloads': 13, 'speedup': (1.18, 1.81, 2.9), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (5.31, 5.31, 5.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (2, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, 820), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (820, 1455), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.23, 1.29, 1.34), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (None, 5), 'num_seqs': (21, 181)}, 'workloads': 1, 'speedup': (2.3, 2.3, 2.3), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (250, 314), 'mean_seq_len': (None, 11), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 1797), 'mean_seq_len': (None, 11), 'num_seqs': (21, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (184, 250), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.28, 1.31, 1.34), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, 1797), 'mean_seq_len': (11, None), 'num_seqs': (21, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 6, 'speedup': (1.3, 1.84, 2.14), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (11, 21), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (21, None), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 8), 'total_seq_len': (2, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (None, 8), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (7.61, 9.3, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (26, 42), 'num_seqs': (None, 8), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (11.16, 11.16, 11.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'num_seqs': (8, 90), 'total_seq_len': (181, 295)}, 'workloads': 3, 'speedup': (1.94, 2.2, 2.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 59), 'num_seqs': (8, 90), 'total_seq_len': (181, 295)}, 'workloads': 2, 'speedup': (2.41, 2.81, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, 832), 'num_seqs': (None, 8), 'total_seq_len': (181, 657)}, 'workloads': 14, 'speedup': (2.5, 3.68, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (None, 22), 'num_seqs': (8, 90), 'total_seq_len': (295, None)}, 'workloads': 7, 'speedup': (1.33, 2.02, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (22, None), 'num_seqs': (8, 90), 'total_seq_len': (295, None)}, 'workloads': 3, 'speedup': (1.47, 1.66, 1.77), 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 340), 'num_seqs': (8, 21), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.3, 1.47, 1.86), 'fallbacks': ()},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 832), 'num_seqs': (None, 8), 'total_seq_len': (657, 1448)}, 'workloads': 5, 'speedup': (2.07, 2.82, 3.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (42, 315), 'num_seqs': (None, 8), 'total_seq_len': (657, None)}, 'workloads': 3, 'speedup': (3.18, 3.62, 4.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (315, 832), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.83, 2.17, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 90), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (832, None), 'num_seqs': (None, 8), 'total_seq_len': (9101, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -376,62 +394,68 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
+    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:
-        return 'cuda_prefill_pool_rows.k4c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32:
         return 'cuda_prefill_pool_rows.k2c8'
     # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 12: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
+    # region 14: 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
+    # region 15: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and 11 < max_seq_len <= 21:
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 11 < max_seq_len <= 26:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
+    # region 17: 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 41 < max_seq_len <= 1211:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 2 and max_seq_len > 1211:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 26 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 5 < num_seqs <= 9 and 26 < max_seq_len <= 41:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 9 < num_seqs <= 19 and 639 < max_seq_len <= 741:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -444,85 +468,85 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 9 workloads, 1.61x (1.28x .. 2.20x) over vllm_flashinfer_prefill
-    if num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 32 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    # region 26: 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    if 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 30: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 31: 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8:
+    # region 31: 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21:
+    # region 33: 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14:
+        return 'cuda_prefill_pool_rows.k2c8'
     # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 39: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    # region 37: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+    # region 45: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+    # region 47: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5:
+    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 0 workloads, by estimated times (no measured workload in it)
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
         return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -531,157 +555,168 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 107 and 4 < max_seq_len <= 17:
+    # region 1: 1 workloads, 8.05x (8.05x .. 8.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and num_seqs <= 8 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 3.13x (3.11x .. 3.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 11 workloads, 4.83x (1.87x .. 11.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 6 workloads, 2.19x (1.25x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 45 and mean_seq_len <= 107 and 132 < max_seq_len <= 450:
-        return 'triton_prefill_fused.c16v32'
-    # region 5: 6 workloads, 3.69x (2.86x .. 4.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 107 < mean_seq_len <= 237 and max_seq_len <= 315:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 1 workloads, 3.50x (3.50x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and mean_seq_len > 237 and max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 4 workloads, 2.29x (1.74x .. 2.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 107 < mean_seq_len <= 237 and max_seq_len > 315:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 4 workloads, 1.71x (1.57x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 22 and 5 < mean_seq_len <= 107 and 17 < max_seq_len <= 132:
+    # region 2: 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 8 and 4 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 8 and 26 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 6 workloads, 4.92x (3.34x .. 5.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and 42 < max_seq_len <= 832:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 4 workloads, 2.96x (2.30x .. 3.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and 16 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 3 workloads, 2.84x (2.60x .. 3.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 3 workloads, 2.40x (2.19x .. 2.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and 10 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 2 workloads, 1.62x (1.46x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 21 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
         return 'triton_prefill_fused.c16v64'
-    # region 9: 5 workloads, 2.60x (2.05x .. 3.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and mean_seq_len > 237 and 511 < max_seq_len <= 832:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 8 workloads, 1.98x (1.33x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and mean_seq_len > 237 and max_seq_len > 832:
+    # region 11: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 21 and max_seq_len > 1797:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 6.54x (5.31x .. 8.05x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len <= 107 and max_seq_len <= 4:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 3399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 13 workloads, 1.81x (1.18x .. 2.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9101 and num_seqs <= 8 and 832 < max_seq_len <= 3399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 1 workloads, 5.31x (5.31x .. 5.31x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 2 < max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 45 and mean_seq_len <= 45 and 450 < max_seq_len <= 947:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-    if num_seqs <= 45 and mean_seq_len <= 107 and max_seq_len > 947:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < num_seqs <= 8 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 21 and 340 < max_seq_len <= 820:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 2 workloads, 1.29x (1.23x .. 1.34x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 21 and 820 < max_seq_len <= 1455:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
-    if num_seqs <= 45 and 45 < mean_seq_len <= 107 and 450 < max_seq_len <= 947:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, 2.22x (2.22x .. 2.22x) over vllm_flashinfer_prefill
-    if num_seqs > 22 and mean_seq_len <= 5 and 17 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if 45 < num_seqs <= 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 313:
+    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 21 and max_seq_len > 1455:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 1 workloads, 2.30x (2.30x .. 2.30x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 20: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314:
         return 'triton_prefill_fused.c16v64'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 45 < num_seqs <= 133 and mean_seq_len <= 11 and max_seq_len > 313:
+    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len <= 11 and 314 < max_seq_len <= 1797:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 45 and 11 < mean_seq_len <= 107 and 132 < max_seq_len <= 162:
-        return 'triton_prefill_fused.c16v64'
-    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 45 and 11 < mean_seq_len <= 107 and max_seq_len > 162:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 2 workloads, 1.11x (1.07x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 490:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 133 and mean_seq_len <= 11 and max_seq_len > 490:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and num_seqs <= 5 and mean_seq_len <= 107 and 4 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 24: 19 workloads, 2.33x (1.74x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and num_seqs > 5 and mean_seq_len <= 107 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 3 workloads, 3.49x (1.99x .. 4.79x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 3 workloads, 2.44x (1.77x .. 4.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 22 and mean_seq_len <= 107 and 17 < max_seq_len <= 132:
-        return 'triton_prefill_fused.c16v64'
-    # region 27: 3 workloads, 3.43x (3.18x .. 3.73x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 4048 and mean_seq_len > 237 and max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 3 workloads, 2.02x (1.38x .. 4.00x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 5792 and 107 < mean_seq_len <= 237 and max_seq_len <= 315:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 3 workloads, 1.49x (1.34x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 45 and mean_seq_len <= 107 and 132 < max_seq_len <= 450:
+    # region 22: 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 184 < max_seq_len <= 250:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and 107 < mean_seq_len <= 237 and max_seq_len > 315:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 4333 and num_seqs > 22 and 5 < mean_seq_len <= 11 and 17 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 2 workloads, 1.28x (1.25x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 4333 and num_seqs > 22 and 11 < mean_seq_len <= 107 and 17 < max_seq_len <= 132:
-        return 'triton_prefill_fused.c16v64'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 107 < mean_seq_len <= 237 and max_seq_len > 315:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 4048 < total_seq_len <= 5792 and 237 < mean_seq_len <= 724 and max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 2 workloads, 1.34x (1.18x .. 1.52x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 11585 and mean_seq_len > 724 and max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 2 workloads, 1.63x (1.53x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and mean_seq_len > 237 and 2304 < max_seq_len <= 4095:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and mean_seq_len > 237 and max_seq_len > 4095:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4333 and num_seqs > 22 and 5 < mean_seq_len <= 107 and 17 < max_seq_len <= 132:
+    # region 23: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 11 and 250 < max_seq_len <= 1797:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 6 workloads, 1.84x (1.30x .. 2.14x) over vllm_flashinfer_prefill
+    if num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 90 and 11 < mean_seq_len <= 21 and max_seq_len <= 59:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 21 and max_seq_len <= 59:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 107 < mean_seq_len <= 237:
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2 and num_seqs <= 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 29: 2 workloads, 9.30x (7.61x .. 11.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs <= 8 and 4 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 30: 1 workloads, 11.16x (11.16x .. 11.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 8 and 26 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 31: 3 workloads, 2.20x (1.94x .. 2.66x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 32: 2 workloads, 2.81x (2.41x .. 3.28x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and 14 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 33: 14 workloads, 3.68x (2.50x .. 4.79x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 657 and num_seqs <= 8 and 42 < max_seq_len <= 832:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 34: 7 workloads, 2.02x (1.33x .. 2.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 3 workloads, 1.66x (1.47x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len > 22 and max_seq_len <= 59:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 5 workloads, 1.47x (1.30x .. 1.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340:
+        return 'triton_prefill_fused.c16v64'
+    # region 37: 5 workloads, 2.82x (2.07x .. 3.78x) over vllm_flashinfer_prefill
+    if 657 < total_seq_len <= 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 38: 3 workloads, 3.62x (3.18x .. 4.00x) over vllm_flashinfer_prefill
+    if total_seq_len > 657 and num_seqs <= 8 and 42 < max_seq_len <= 315:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 39: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:
+        return 'triton_prefill_fused.c16v64'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
+        return 'triton_prefill_fused.c16v64'
+    # region 41: 2 workloads, 2.17x (1.83x .. 2.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90:
+        return 'triton_prefill_fused.c16v64'
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 21 and max_seq_len > 1797:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 4840 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 3399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 237 < mean_seq_len <= 724 and max_seq_len <= 2304:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 832:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 59:  # region 5
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 39
         return True
-    if total_seq_len <= 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 21:  # region 9
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 45
         return True
-    if total_seq_len > 378 and num_seqs > 32 and 5 < mean_seq_len <= 2 and max_seq_len <= 90:  # region 37
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 47
         return True
-    if total_seq_len > 724 and num_seqs > 32 and 5 < mean_seq_len <= 5 and max_seq_len <= 44:  # region 41
-        return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 43
-        return True
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 49
-        return True
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 51
-        return True
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 55
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 53
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 45 < num_seqs <= 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 313:  # region 17
+    if num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314:  # region 20
         return True
-    if num_seqs > 45 and 11 < mean_seq_len <= 107 and 132 < max_seq_len <= 162:  # region 19
+    if 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:  # region 39
         return True
-    if num_seqs > 133 and mean_seq_len <= 11 and 132 < max_seq_len <= 490:  # region 21
+    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:  # region 40
         return True
-    if 1448 < total_seq_len <= 4333 and num_seqs > 22 and 5 < mean_seq_len <= 11 and 17 < max_seq_len <= 132:  # region 31
-        return True
-    if 1448 < total_seq_len <= 4333 and num_seqs > 22 and 11 < mean_seq_len <= 107 and 17 < max_seq_len <= 132:  # region 32
+    if total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90:  # region 42
         return True
     return False

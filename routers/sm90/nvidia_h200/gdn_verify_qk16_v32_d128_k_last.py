@@ -27,7 +27,7 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.38% mean, 14.15% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.71% mean, 48.72% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.78% mean, 63.52% max;
 #             1.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.41x (1.27x .. 1.53x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
@@ -35,7 +35,7 @@
 #   3. 10 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 25: sglang_verify (baseline), 9 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r8
+#   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2
 #   2. num_seqs > 1: cuda_verify_rows.r8, 18 workloads, 1.84x (1.10x .. 3.76x) over sglang_verify
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
@@ -47,7 +47,7 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (2.52, 3.46, 4.44), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (2.52, 3.46, 4.44), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
     {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 18, 'speedup': (1.1, 1.84, 3.76), 'fallbacks': ()},
 )
 
@@ -75,7 +75,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify
     if num_seqs <= 1:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r1'
     # region 2: 18 workloads, 1.84x (1.10x .. 3.76x) over sglang_verify
     if num_seqs > 1:
         return 'cuda_verify_rows.r8'

@@ -27,14 +27,15 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.80% mean, 25.54% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.08% mean, 9.04% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.62% mean, 13.56% max;
 #             1.646x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.11x (1.04x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r4, 20 workloads, 2.18x (1.09x .. 5.13x) over sglang_verify; then cuda_verify_rows.r8
+#   1. num_seqs <= 71: cuda_verify_rows.r4, 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   2. num_seqs > 71: cuda_verify_rows.r8, 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -44,7 +45,8 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 20, 'speedup': (1.09, 2.18, 5.13), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 71)}, 'workloads': 14, 'speedup': (1.61, 2.62, 5.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, None)}, 'workloads': 6, 'speedup': (1.1, 1.44, 2.16), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -66,8 +68,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 20 workloads, 2.18x (1.09x .. 5.13x) over sglang_verify
-    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 1: 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify
+    if num_seqs <= 71:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 2: 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify
+    if num_seqs > 71:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):

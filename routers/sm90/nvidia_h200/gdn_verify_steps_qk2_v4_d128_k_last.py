@@ -27,8 +27,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.72% mean, 8.83% max;
 #             119.811x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.72% mean, 40.02% max;
-#             64.435x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.56% mean, 40.02% max;
+#             64.568x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 4 workloads, 676.87x (509.04x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
 #   2. num_seqs > 3: cuda_verify_steps_rows.r8, 8 workloads, 123.57x (40.36x .. 641.47x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1

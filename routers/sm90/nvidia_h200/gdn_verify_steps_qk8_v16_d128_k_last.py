@@ -25,16 +25,17 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.12% mean, 24.40% max;
-#             43.779x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.06% mean, 39.23% max;
-#             33.968x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.08% mean, 10.15% max;
+#             43.848x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.41% mean, 39.23% max;
+#             33.843x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 462.51x (440.71x .. 509.25x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
 #   2. num_seqs > 1: cuda_verify_steps_rows.r8, 9 workloads, 67.90x (28.75x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1: cuda_verify_steps_rows.r2, 3 workloads, 87.78x (67.69x .. 137.53x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   2. num_seqs > 1: cuda_verify_steps_rows.r4, 9 workloads, 39.17x (20.95x .. 69.61x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. 1 < num_seqs <= 18: cuda_verify_steps_rows.r8, 3 workloads, 67.18x (61.18x .. 71.45x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. num_seqs > 18: cuda_verify_steps_rows.r4, 6 workloads, 30.23x (20.95x .. 55.55x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
@@ -44,7 +45,8 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (67.69, 87.78, 137.53), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (20.95, 39.17, 69.61), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 18)}, 'workloads': 3, 'speedup': (61.18, 67.18, 71.45), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (18, None)}, 'workloads': 6, 'speedup': (20.95, 30.23, 55.55), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -66,7 +68,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     # region 1: 3 workloads, 87.78x (67.69x .. 137.53x) over reference
     if num_seqs <= 1:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r2'
-    # region 2: 9 workloads, 39.17x (20.95x .. 69.61x) over reference
-    if num_seqs > 1:
+    # region 2: 3 workloads, 67.18x (61.18x .. 71.45x) over reference
+    if 1 < num_seqs <= 18:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 3: 6 workloads, 30.23x (20.95x .. 55.55x) over reference
+    if num_seqs > 18:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
