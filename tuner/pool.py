@@ -21,6 +21,7 @@ from kdispatch.checks import PASSED, RUNTIME_ERROR, TIMEOUT
 
 from .job import Job, now
 from .plan import JOB_IDS
+from .store import screened_of
 
 
 # ----------------------------------------------------------------------------------------------
@@ -28,9 +29,8 @@ from .plan import JOB_IDS
 # ----------------------------------------------------------------------------------------------
 
 def _outcome(row: dict) -> tuple[bool, bool]:
-    """(passed, screened out) of a worker's result row (a screened row: TIMEOUT with the screen's
-    rough times in its metrics, tuner/job.py)."""
-    return row["status"] == PASSED, row["status"] == TIMEOUT and "screen" in (row.get("metrics") or {})
+    """(passed, screened out) of a worker's result row."""
+    return row["status"] == PASSED, screened_of(row["status"], row.get("metrics")) is not None
 
 
 class Progress:

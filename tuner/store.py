@@ -96,6 +96,12 @@ CREATE INDEX IF NOT EXISTS result_by_definition ON result (definition, env);
 """
 
 
+def screened_of(status: str, metrics: dict | None) -> dict | None:
+    """Of a row the tuner's screen left ungated and untimed (tuner/job.py), its rough times
+    {"graph_us" (None: not capturable), "eager_us", "best_graph_us", "best_eager_us", "factor"}; else None."""
+    return (metrics or {}).get("screen") if status == TIMEOUT else None
+
+
 @dataclass
 class Result:
     env: str
@@ -132,9 +138,7 @@ class Result:
 
     @property
     def screened(self) -> dict | None:
-        """A row the tuner's screen left ungated and untimed (tuner/job.py): its rough times
-        {"graph_us" (None: not capturable), "eager_us", "best_graph_us", "best_eager_us", "factor"}."""
-        return (self.metrics or {}).get("screen") if self.status == TIMEOUT else None
+        return screened_of(self.status, self.metrics)
 
     @property
     def routable(self) -> bool:
