@@ -3,59 +3,62 @@
 #
 # definition  dsa_topk_indexer_fp8_h64_d128_topk2048_ps64
 # arch        sm90
+# serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
+# device      NVIDIA H200 (sm90), driver 580.159.04
+# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-27T23:06:43Z
-# workloads   158 (workload-set digest 12c4c0c9ed3d172c)
+# measured    up to 2026-11-28T18:08:47Z
+# workloads   158 on each of 2 devices (workload-set digest c0356300729f28f9)
 # baseline    deepgemm_flashinfer_topk
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   deepgemm_flashinfer_topk    c032d2b7665180dc  158/158  1.00x
-#   cuda_radix_select           4babe710db292558  146/146  5.42x
-#   cuda_wgmma_radix            606e82ccedfa9861  146/146  5.59x
-#   deepgemm_torch_topk         31592bc8953039b9  158/158  0.29x
+#   deepgemm_flashinfer_topk    c032d2b7665180dc  316/316  1.00x
+#   cuda_radix_select           4babe710db292558  292/292  5.43x
+#   cuda_wgmma_radix            606e82ccedfa9861  292/292  5.56x
+#   deepgemm_torch_topk         31592bc8953039b9  316/316  0.29x
 #   reference                   1fccd3d055194bde  158/158  0.14x
-#   torch_passthrough           e9c76d260eb89f58  82/82  0.56x
-#   triton_fp8_flashinfer_topk  470851c88758494c  158/158  2.03x
-#   triton_fp8_radix            b3874199a7809899  146/146  3.34x
-#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  158/158  0.34x
-#   triton_passthrough          4bebdb903ac789de  82/82  14.48x
+#   torch_passthrough           e9c76d260eb89f58  164/164  0.57x
+#   triton_fp8_flashinfer_topk  470851c88758494c  316/316  2.01x
+#   triton_fp8_radix            b3874199a7809899  292/292  3.32x
+#   triton_fp8_torch_topk       bb6d58b1ad5de3d7  316/316  0.34x
+#   triton_passthrough          4bebdb903ac789de  164/164  14.43x
 # fit         threshold splits over kv_fits_topk, batch_size, max_num_pages, kv_pages; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.09% mean, 10.38% max;
-#             2.949x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.81% mean, 35.37% max;
-#             7.399x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.05% mean, 10.38% max;
+#             3.034x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.84% mean, 113.90% max;
+#             6.465x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 3.85x (2.77x .. 4.83x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
-#   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 9 workloads, 1.44x (1.19x .. 1.69x) over deepgemm_flashinfer_topk
-#   3. max_num_pages > 124 and kv_pages > 26974: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
-#   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 14.48x (11.86x .. 16.09x) over deepgemm_flashinfer_topk; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 128 workloads, 3.84x (2.70x .. 4.83x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
+#   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 18 workloads, 1.42x (1.11x .. 1.69x) over deepgemm_flashinfer_topk
+#   3. max_num_pages > 124 and kv_pages > 26974: deepgemm_flashinfer_topk (baseline), 6 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
+#   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 164 workloads, 14.43x (11.86x .. 16.09x) over deepgemm_flashinfer_topk; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: cuda_wgmma_radix, 62 workloads, 9.03x (4.91x .. 17.37x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
-#   2. max_num_pages <= 19 and 14 < kv_pages <= 109: triton_passthrough, 15 workloads, 14.21x (6.62x .. 25.98x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
-#   3. max_num_pages <= 124 and kv_pages <= 14: triton_passthrough, 20 workloads, 12.33x (5.96x .. 24.56x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   4. 19 < max_num_pages <= 124 and 14 < kv_pages <= 109: cuda_wgmma_radix, 3 workloads, 7.20x (4.14x .. 9.78x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   5. max_num_pages > 124: triton_fp8_flashinfer_topk, 12 workloads, 1.76x (1.16x .. 3.05x) over deepgemm_flashinfer_topk
-#   6. kv_fits_topk and max_num_pages <= 124 and kv_pages > 109: triton_passthrough, 46 workloads, 10.73x (5.99x .. 26.04x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 128 workloads, 8.73x (2.97x .. 17.37x) over deepgemm_flashinfer_topk; then cuda_radix_select
+#   2. batch_size <= 12 and 124 < max_num_pages <= 367: deepgemm_flashinfer_topk (baseline), 4 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
+#   3. 367 < max_num_pages <= 2005: triton_fp8_flashinfer_topk, 12 workloads, 1.68x (1.29x .. 1.89x) over deepgemm_flashinfer_topk
+#   4. max_num_pages > 2005: deepgemm_flashinfer_topk (baseline), 4 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
+#   5. batch_size > 12 and 124 < max_num_pages <= 367: triton_fp8_flashinfer_topk, 4 workloads, 1.88x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
+#   6. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 164 workloads, 12.08x (5.96x .. 28.35x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (2.77, 3.85, 4.83), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
-    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_pages': (None, 26974), 'max_num_pages': (124, None)}, 'workloads': 9, 'speedup': (1.19, 1.44, 1.69), 'fallbacks': ()},
-    {'region': 3, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'kv_pages': (26974, None), 'max_num_pages': (124, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
-    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 82, 'speedup': (11.86, 14.48, 16.09), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 128, 'speedup': (2.7, 3.84, 4.83), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'kv_pages': (None, 26974), 'max_num_pages': (124, None)}, 'workloads': 18, 'speedup': (1.11, 1.42, 1.69), 'fallbacks': ()},
+    {'region': 3, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'kv_pages': (26974, None), 'max_num_pages': (124, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk')},
+    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 164, 'speedup': (11.86, 14.43, 16.09), 'fallbacks': ('cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 62, 'speedup': (4.91, 9.03, 17.37), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
-    {'region': 2, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (None, 19)}, 'workloads': 15, 'speedup': (6.62, 14.21, 25.98), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 3, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 14), 'max_num_pages': (None, 124)}, 'workloads': 20, 'speedup': (5.96, 12.33, 24.56), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 4, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (14, 109), 'max_num_pages': (19, 124)}, 'workloads': 3, 'speedup': (4.14, 7.2, 9.78), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, None)}, 'workloads': 12, 'speedup': (1.16, 1.76, 3.05), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'kv_pages': (109, None), 'max_num_pages': (None, 124)}, 'workloads': 46, 'speedup': (5.99, 10.73, 26.04), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 128, 'speedup': (2.97, 8.73, 17.37), 'fallbacks': ('cuda_radix_select',)},
+    {'region': 2, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (None, 12), 'max_num_pages': (124, 367)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 3, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (367, 2005)}, 'workloads': 12, 'speedup': (1.29, 1.68, 1.89), 'fallbacks': ()},
+    {'region': 4, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'max_num_pages': (2005, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk')},
+    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (12, None), 'max_num_pages': (124, 367)}, 'workloads': 4, 'speedup': (1.72, 1.88, 2.14), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 164, 'speedup': (5.96, 12.08, 28.35), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -66,16 +69,16 @@ def route(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 64 workloads, 3.85x (2.77x .. 4.83x) over deepgemm_flashinfer_topk
+    # region 1: 128 workloads, 3.84x (2.70x .. 4.83x) over deepgemm_flashinfer_topk
     if not kv_fits_topk and max_num_pages <= 124:
         return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 9 workloads, 1.44x (1.19x .. 1.69x) over deepgemm_flashinfer_topk
+    # region 2: 18 workloads, 1.42x (1.11x .. 1.69x) over deepgemm_flashinfer_topk
     if max_num_pages > 124 and kv_pages <= 26974:
         return 'triton_fp8_flashinfer_topk'
-    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 3: 6 workloads, the baseline; its stand-ins where it cannot run here
     if max_num_pages > 124 and kv_pages > 26974:
-        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
-    # region 4: 82 workloads, 14.48x (11.86x .. 16.09x) over deepgemm_flashinfer_topk
+        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk') if inside else 'deepgemm_flashinfer_topk'
+    # region 4: 164 workloads, 14.43x (11.86x .. 16.09x) over deepgemm_flashinfer_topk
     if kv_fits_topk and max_num_pages <= 124:
         return ('triton_passthrough', 'cuda_radix_select', 'cuda_wgmma_radix', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
     return 'deepgemm_flashinfer_topk'
@@ -86,22 +89,22 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 62 workloads, 9.03x (4.91x .. 17.37x) over deepgemm_flashinfer_topk
-    if not kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 2: 15 workloads, 14.21x (6.62x .. 25.98x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 19 and 14 < kv_pages <= 109:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
-    # region 3: 20 workloads, 12.33x (5.96x .. 24.56x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 124 and kv_pages <= 14:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
-    # region 4: 3 workloads, 7.20x (4.14x .. 9.78x) over deepgemm_flashinfer_topk
-    if 19 < max_num_pages <= 124 and 14 < kv_pages <= 109:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 5: 12 workloads, 1.76x (1.16x .. 3.05x) over deepgemm_flashinfer_topk
-    if max_num_pages > 124:
+    # region 1: 128 workloads, 8.73x (2.97x .. 17.37x) over deepgemm_flashinfer_topk
+    if not kv_fits_topk and max_num_pages <= 124:
+        return ('cuda_wgmma_radix', 'cuda_radix_select') if inside else 'cuda_wgmma_radix'
+    # region 2: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size <= 12 and 124 < max_num_pages <= 367:
+        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
+    # region 3: 12 workloads, 1.68x (1.29x .. 1.89x) over deepgemm_flashinfer_topk
+    if 367 < max_num_pages <= 2005:
         return 'triton_fp8_flashinfer_topk'
-    # region 6: 46 workloads, 10.73x (5.99x .. 26.04x) over deepgemm_flashinfer_topk
-    if kv_fits_topk and max_num_pages <= 124 and kv_pages > 109:
+    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if max_num_pages > 2005:
+        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk') if inside else 'deepgemm_flashinfer_topk'
+    # region 5: 4 workloads, 1.88x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
+    if batch_size > 12 and 124 < max_num_pages <= 367:
+        return 'triton_fp8_flashinfer_topk'
+    # region 6: 164 workloads, 12.08x (5.96x .. 28.35x) over deepgemm_flashinfer_topk
+    if kv_fits_topk and max_num_pages <= 124:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
     return 'deepgemm_flashinfer_topk'
