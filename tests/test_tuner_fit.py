@@ -421,6 +421,30 @@ def test_the_hinted_fit_places_bounds_by_estimated_times(tmp_path):
     assert "# estimates   the regions are also fitted on" in codegen.render(plain)
 
 
+def test_a_refitted_region_takes_estimates_only_inside_itself():
+    """A region the guarded baseline keeps is refitted on its own workloads (`_ops_regions`); the grid
+    over its features' measured ranges also yields shapes whose mean length lies outside the region,
+    and splits placed on them gave regions no shape can reach ("7 < mean_seq_len <= 2" in the H200
+    gathered qk16 router, 2026-11-28). Estimates stay inside the box; no fitted region is empty."""
+    store, hints = pool_prefill_store(
+        [(total, n, longest) for total in (256, 1024, 4096) for n in (2, 8, 32)
+         for longest in sorted({total // n, total // 2, total - n + 1})],
+        lambda name, total, n, longest: 100.0 if name == "flashinfer" else 60.0 if longest <= 64 else 150.0)
+    table = fitting.load_table(store, POOL, "sm90").with_hints(hints)
+    est = kdispatch.definitions.get(POOL).spec.estimate
+    box = {"mean_seq_len": (16, 128)}
+    everywhere = fitting._Matrix(table, fitting.FitParams(), "graph")
+    inside = fitting._Matrix(table, fitting.FitParams(), "graph")
+    n = len(table.uuids)
+    assert everywhere.add_estimates(est, fitting.FitParams()) > inside.add_estimates(est, fitting.FitParams(), box) > 0
+    mean = inside.fit.index("mean_seq_len")
+    assert ((inside.X[n:, mean] > 16) & (inside.X[n:, mean] <= 128)).all()
+    assert not ((everywhere.X[n:, mean] > 16) & (everywhere.X[n:, mean] <= 128)).all(), "the test needs shapes outside"
+    assert not fitting._empty({"mean_seq_len": (2, 7)}) and fitting._empty({"num_seqs": (None, 4), "mean_seq_len": (7, 2)})
+    policy = fitting.fit(table, with_heldout=False)
+    assert not any(fitting._empty(r.bounds) for r in policy.regions + policy.eager.regions)
+
+
 def test_determinism_byte_identical(tmp_path):
     a = codegen.render(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), decode_latency), DECODE, "sm90")))
     b = codegen.render(fitting.fit(fitting.load_table(

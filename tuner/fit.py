@@ -415,9 +415,10 @@ class _Matrix:
         ratio = self.lat / best[None, :]
         self.cost = np.where(np.isnan(self.lat), 0.0, ratio ** params.miss_exponent) * self.w[None, :]
 
-    def add_estimates(self, est, params: FitParams) -> int:
+    def add_estimates(self, est, params: FitParams, within: dict | None = None) -> int:
         """Appends the shapes of `est.grid` (a spec's `Estimate`) inside the measured ranges of its
-        features (for a graph fit, also at their measured values), with every variant's estimated
+        features (for a graph fit, also at their measured values) and inside the box `within` (feature
+        -> (lo exclusive or None, hi inclusive or None)), with every variant's estimated
         time there (tuner/estimate.py), admissible where that beats the baseline's estimate by the variant's required gain (and the variant is
         admissible on some measured workload: one never captured stays out of graphs); returns how
         many shapes were added."""
@@ -435,6 +436,11 @@ class _Matrix:
         if not shapes:
             return 0
         rows = [{**feats.compute(self.t.definition, shape), **shape} for shape in shapes]
+        # a grid of the features' ranges also makes derived features (the mean length) fall outside
+        # a sub-fit's region: such shapes would place its splits where it never routes
+        rows = [r for r in rows if _inside(r, within or {})]
+        if not rows:
+            return 0
         X = np.array([[r[f] for f in self.fit] for r in rows], dtype=np.int64)
         logs = lambda a: np.log(np.maximum(a, 1).astype(np.float64))  # noqa: E731
         lat = np.exp(estimates.log_times(logs(self.X[:, cols]), self.lat, logs(X[:, cols]), est.bandwidth))
@@ -565,15 +571,16 @@ def _leaf_params(params: FitParams, table: Table, mode: str = "graph") -> FitPar
     return params if mixes < 2 or params.min_leaf >= floor else replace(params, min_leaf=float(floor))
 
 
-def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False) -> tuple[list[Region], _Matrix]:
+def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False,
+             within: dict | None = None) -> tuple[list[Region], _Matrix]:
     """The fitted regions (tree, merge, tighten) against the baseline's row times, or its guarded
-    times (`guarded`)."""
+    times (`guarded`); estimated shapes only inside the box `within` (a region being refitted)."""
     m = _Matrix(table, params, mode, guarded)
     n = len(table.uuids)
     if not n:
         return [Region({}, table.baseline, [])], m
     est = defs.get(table.definition).spec.estimate
-    if est is not None and set(est.features) <= set(m.fit) and m.add_estimates(est, params):
+    if est is not None and set(est.features) <= set(m.fit) and m.add_estimates(est, params, within):
         tree = _grow(m, np.arange(len(m.X)), 0, replace(params, max_depth=est.max_depth))
         boxes = _merge_boxes(_leaves(tree, {}), m.fit)  # the estimates place the bounds between workloads
     else:
@@ -595,9 +602,11 @@ def _ops_regions(table: Table, params: FitParams, mode: str, regions: list[Regio
         if r.variant != table.baseline or not r.uuids:
             out.append(r)
             continue
-        sub, _ = _regions(table.subset(r.uuids), params, mode, guarded=True)
+        sub, _ = _regions(table.subset(r.uuids), params, mode, guarded=True, within=r.bounds)
         for s in sub:
             bounds = _intersect(r.bounds, s.bounds)
+            if _empty(bounds):
+                continue
             out.append(Region(bounds, s.variant, s.uuids, fallbacks=s.fallbacks,
                               hand_back=s.variant != table.baseline))
     return out
@@ -611,6 +620,16 @@ def _intersect(a: dict, b: dict) -> dict:
         out[f] = (lo if alo is None else alo if lo is None else max(alo, lo),
                   hi if ahi is None else ahi if hi is None else min(ahi, hi))
     return out
+
+
+def _inside(values: dict, bounds: dict) -> bool:
+    """Whether feature values lie in the box `bounds` (feature -> (lo exclusive, hi inclusive))."""
+    return all((lo is None or values[f] > lo) and (hi is None or values[f] <= hi) for f, (lo, hi) in bounds.items())
+
+
+def _empty(bounds: dict) -> bool:
+    """Whether no integer feature values lie in the box."""
+    return any(lo is not None and hi is not None and lo >= hi for lo, hi in bounds.values())
 
 
 def _grow(m: _Matrix, idx: np.ndarray, depth: int, p: FitParams):

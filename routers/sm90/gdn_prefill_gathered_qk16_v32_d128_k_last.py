@@ -189,40 +189,31 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 41: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   8. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   10. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   11. total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   12. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
-#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   16. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   17. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   18. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   19. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   20. num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   21. num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 41: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   22. num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   23. num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.12x (1.08x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 41: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   25. num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 76 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   26. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   27. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   29. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-#   30. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 21 < max_seq_len <= 41: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   37. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   38. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   8. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   9. total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+#   17. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   18. num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   19. num_seqs > 8 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 100 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   20. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   21. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   23. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+#   24. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   28. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   29. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   30. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 41 and 2 < num_seqs <= 5 and mean_seq_len > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 41 and 2 < num_seqs <= 11 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
@@ -239,34 +230,38 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   13. total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   14. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
 #   15. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   16. 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 181 < total_seq_len <= 379 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   18. 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   19. 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333: triton_prefill_fused.c16v32, 4 workloads, 1.53x (1.12x .. 2.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   20. 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   22. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   23. 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 55 < max_seq_len <= 71: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   25. 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 333 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   28. 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   31. total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   32. 724 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 789 and 2 < num_seqs <= 90 and 20 < mean_seq_len <= 28 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   35. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43: triton_prefill_fused.c16v64, 3 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   39. 1448 < total_seq_len <= 2896 and 3 < num_seqs <= 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   40. 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   41. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   42. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   43. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   17. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   18. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   19. 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   20. 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   21. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   22. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   23. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   25. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   27. 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: triton_prefill_fused.c16v32, 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   30. 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   31. 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   32. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   34. total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213: triton_prefill_fused.c16v64, 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 213 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
+#   40. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   43. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   44. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   45. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   46. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   47. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -274,40 +269,31 @@ REGIONS_HINTED = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, 41), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 53), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (7, 2), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (7, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 6, 'speedup': (1.08, 1.12, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 41), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 76, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 11, 'speedup': (1.32, 1.43, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 10, 'speedup': (1.12, 1.35, 1.6), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (21, 41), 'mean_seq_len': (7, 2), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 41), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 53), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 100, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 11, 'speedup': (1.32, 1.43, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 10, 'speedup': (1.12, 1.35, 1.6), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -326,34 +312,38 @@ REGIONS_HINTED_EAGER = (
     {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 4, 'speedup': (3.11, 3.5, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 19, 'speedup': (1.39, 1.84, 2.75), 'fallbacks': ()},
     {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, None), 'num_seqs': (2, 3), 'total_seq_len': (181, 379)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (181, 620)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (71, 333), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.12, 1.53, 2.33), 'fallbacks': (), 'hand_back': True},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 2), 'num_seqs': (3, None), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (3, None), 'total_seq_len': (181, 1448)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (55, 71), 'mean_seq_len': (2, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (55, 71), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, 450), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 2896)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, 457), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (905, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (2, 11), 'num_seqs': (2, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 55), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, None), 'num_seqs': (2, 3), 'total_seq_len': (379, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 333), 'mean_seq_len': (71, None), 'num_seqs': (3, None), 'total_seq_len': (724, 2896)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, 28), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (28, None), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 3, 'speedup': (1.11, 1.14, 1.17), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (3, 90), 'total_seq_len': (1448, 2896)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (71, 457), 'mean_seq_len': (2, 71), 'num_seqs': (90, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 335)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 70), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (181, 620)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (2, 11), 'num_seqs': (2, 45), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, 457), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 90), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 457), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (905, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (335, 724)}, 'workloads': 2, 'speedup': (1.12, 1.38, 1.7), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (2, 5), 'total_seq_len': (335, 2896)}, 'workloads': 2, 'speedup': (1.49, 2.07, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (45, 147), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (147, None), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (335, 2896)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 339), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.2, 1.29, 1.42), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 213), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 3, 'speedup': (1.1, 1.35, 1.51), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (213, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 161), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (161, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -377,106 +367,79 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 5: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
+    # region 8: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    # region 9: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    # region 11: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+    # region 12: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 28 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 28 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 16 workloads, the baseline; its stand-ins where it cannot run here
+    # region 15: 16 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    # region 16: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 41:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 6 workloads, 1.12x (1.08x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 7 and 10 < max_seq_len <= 41:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 76 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len > 41:
+    # region 19: 100 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 7:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
+    # region 20: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
     if 2 < total_seq_len <= 45 and num_seqs <= 1:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 28: 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill
+    # region 22: 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+    # region 23: 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    # region 24: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 2314 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
+    # region 25: 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 21 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
     if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -530,88 +493,94 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 15: 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill
     if 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 379 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 16: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 4 workloads, 1.53x (1.12x .. 2.33x) over vllm_flashinfer_prefill's guarded call
-    if 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:
-        return 'triton_prefill_fused.c16v32'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:
+        return 'triton_prefill_fused.c16v64'
+    # region 21: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill's guarded call
-    if 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71:
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:
         return 'triton_prefill_fused.c16v64'
-    # region 24: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 55 < max_seq_len <= 71:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 333 < max_seq_len <= 450:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 39 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 39 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55:
-        return 'triton_prefill_fused.c16v64'
+    # region 27: 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call
+    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
+        return 'triton_prefill_fused.c16v32'
+    # region 28: 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 29 workloads, the baseline; its stand-ins where it cannot run here
+    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:
+        return 'triton_prefill_fused.c16v64'
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 29 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+    # region 35: 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:
+        return 'triton_prefill_fused.c16v64'
+    # region 37: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43:
         return 'triton_prefill_fused.c16v64'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and 2 < num_seqs <= 90 and 20 < mean_seq_len <= 28 and max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 3 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43:
-        return 'triton_prefill_fused.c16v64'
-    # region 36: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+    # region 39: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and 3 < num_seqs <= 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -619,47 +588,31 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 41:  # region 6
-        return True
-    if total_seq_len <= 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:  # region 7
-        return True
-    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:  # region 11
-        return True
-    if num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len > 41:  # region 21
-        return True
-    if num_seqs > 8 and 7 < mean_seq_len <= 5 and max_seq_len <= 11:  # region 22
-        return True
-    if num_seqs > 8 and mean_seq_len > 7 and max_seq_len <= 10:  # region 23
-        return True
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and max_seq_len <= 21:  # region 32
-        return True
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 2 and 21 < max_seq_len <= 41:  # region 33
-        return True
-    if total_seq_len > 181 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 11 < max_seq_len <= 41:  # region 34
+    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:  # region 9
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and mean_seq_len > 2 and 43 < max_seq_len <= 55:  # region 16
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:  # region 17
         return True
-    if 181 < total_seq_len <= 724 and num_seqs > 3 and mean_seq_len > 71 and 71 < max_seq_len <= 333:  # region 19
+    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:  # region 20
         return True
-    if 181 < total_seq_len <= 1448 and num_seqs > 3 and 2 < mean_seq_len <= 2 and 71 < max_seq_len <= 457:  # region 20
+    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:  # region 22
         return True
-    if 181 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 45 and 55 < max_seq_len <= 71:  # region 23
+    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:  # region 24
         return True
-    if 181 < total_seq_len <= 2896 and num_seqs > 3 and mean_seq_len > 71 and 450 < max_seq_len <= 457:  # region 26
+    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:  # region 27
         return True
-    if 362 < total_seq_len <= 2896 and num_seqs > 2 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 55:  # region 28
+    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:  # region 28
         return True
-    if 362 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 11 and 43 < max_seq_len <= 55:  # region 29
+    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:  # region 30
         return True
-    if 379 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 2 and 71 < max_seq_len <= 457:  # region 30
+    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:  # region 32
         return True
-    if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 28 and max_seq_len <= 43:  # region 35
+    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:  # region 35
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 71 and 71 < max_seq_len <= 457:  # region 40
+    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:  # region 43
         return True
     return False

@@ -284,24 +284,24 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   23. 326 < total_seq_len <= 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v32, 4 workloads, 2.83x (2.33x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
 #   24. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392: triton_prefill_fused.c16v64, 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   25. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   27. 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   30. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   32. 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8; engine plugins keep the engine's kernel (`hand_back`)
-#   35. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   37. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   38. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   39. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   40. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   43. total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   26. 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   27. 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 362 < total_seq_len <= 2317 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   30. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   34. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   37. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   38. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   40. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 2317 and num_seqs > 14 and mean_seq_len > 5 and 98 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   44. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
@@ -380,24 +380,24 @@ REGIONS_HINTED_EAGER = (
     {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (326, 724)}, 'workloads': 4, 'speedup': (2.33, 2.83, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (2.47, 3.98, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.62, 2.64, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (362, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 103), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (724, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (103, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (724, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8',), 'hand_back': True},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 86), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (86, None), 'total_seq_len': (2317, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, 22), 'num_seqs': (14, None), 'total_seq_len': (362, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (22, None), 'num_seqs': (14, None), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 22), 'total_seq_len': (362, 2317)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (362, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, None), 'num_seqs': (14, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
@@ -629,59 +629,56 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 724 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    # region 27: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    if 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 362 < total_seq_len <= 2317 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
+        return 'triton_prefill_fused.c16v64'
+    # region 30: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    # region 32: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:
         return 'triton_prefill_fused.c16v64'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
-        return 'triton_prefill_fused.c16v64'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
+    # region 34: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
+    # region 35: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
+    # region 37: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 37 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 37 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 14 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 14 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
+    # region 40: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73:
         return 'triton_prefill_fused.c16v64'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2317 and num_seqs > 14 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
@@ -700,18 +697,18 @@ def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len)
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:  # region 16
         return True
-    if 362 < total_seq_len <= 724 and num_seqs > 22 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 27
+    if 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98:  # region 26
         return True
-    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 28
+    if 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98:  # region 27
         return True
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 30
+    if 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:  # region 29
         return True
-    if 724 < total_seq_len <= 1448 and 14 < num_seqs <= 86 and mean_seq_len > 5 and 73 < max_seq_len <= 141:  # region 32
+    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 30
         return True
-    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 73 < max_seq_len <= 103:  # region 33
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 32
         return True
-    if 724 < total_seq_len <= 2317 and num_seqs > 86 and mean_seq_len > 5 and 103 < max_seq_len <= 141:  # region 34
+    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 34
         return True
-    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 35
+    if total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98:  # region 41
         return True
     return False

@@ -167,27 +167,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   8. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   9. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   10. num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   11. num_seqs > 8 and 2 < mean_seq_len <= 5 and 56 < max_seq_len <= 170: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   12. num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 170: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 170: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   14. 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   15. 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   16. 58 < total_seq_len <= 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   17. 58 < total_seq_len <= 5792 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   20. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   21. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   22. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   23. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and 14 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   24. total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   31. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 34 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
+#   13. 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+#   14. 58 < total_seq_len <= 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   15. 58 < total_seq_len <= 5792 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   18. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   19. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   20. 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   22. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and 14 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   25. total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   27. total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and 32 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   28. total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 10 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.85x (7.43x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   2. total_seq_len <= 41 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -206,33 +204,32 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   15. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   16. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 #   17. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
-#   18. 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   20. 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   21. 268 < total_seq_len <= 1448 and num_seqs > 4 and 11 < mean_seq_len <= 47 and 40 < max_seq_len <= 70: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. 268 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 47 and 40 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   23. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   24. 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   25. 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   26. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   27. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   29. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 70 < max_seq_len <= 236: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 236: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. 268 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 38 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   18. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 0 workloads
+#   20. 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   21. 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   22. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   23. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   25. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   26. 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   27. 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   28. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   31. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 38 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   34. 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   36. 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
 #   37. total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
 #   38. total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. 1448 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   42. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   43. total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   44. total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   41. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -245,27 +242,25 @@ REGIONS_HINTED = (
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 26), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 2, 'speedup': (1.3, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, 170), 'mean_seq_len': (2, 5), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (170, None), 'mean_seq_len': (2, None), 'num_seqs': (8, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, 170), 'mean_seq_len': (5, None), 'num_seqs': (8, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (22, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (58, 724)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.08), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (58, 878)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.31, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 56), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (3, 7), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.15, 1.24, 1.33), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, 5), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.13, 1.15, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (878, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, None), 'num_seqs': (8, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (22, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (58, 724)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.08), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (58, 878)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.04, 1.1, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.31, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 56), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (3, 7), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.15, 1.24, 1.33), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (878, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -286,33 +281,32 @@ REGIONS_HINTED_EAGER = (
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 9, 'speedup': (1.46, 2.18, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.24, 1.36, 1.49), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 70), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.21, 1.54, 1.98), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'num_seqs': (2, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 70), 'mean_seq_len': (11, 47), 'num_seqs': (4, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 70), 'mean_seq_len': (47, None), 'num_seqs': (4, None), 'total_seq_len': (268, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 2896)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 2), 'num_seqs': (4, None), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64'), 'hand_back': True},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, 236), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (236, None), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (268, 17695)}, 'workloads': 38, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 70), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (379, 17695)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 181), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.21, 1.54, 1.98), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (90, 234), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (234, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'num_seqs': (2, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 2896)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (335, 17695)}, 'workloads': 38, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (379, 17695)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (724, 17695)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': ()},
     {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, 70), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (1448, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (2896, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (2, 113), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (113, None), 'total_seq_len': (17695, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (2896, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (2, 113), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (113, None), 'total_seq_len': (17695, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -351,67 +345,61 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 10: 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill
     if num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 8 and 2 < mean_seq_len <= 5 and 56 < max_seq_len <= 170:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 25 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 170:
+    # region 11: 34 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 56:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 5 and 56 < max_seq_len <= 170:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    # region 13: 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 878 and 2 < num_seqs <= 8 and max_seq_len > 450:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    # region 15: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 5792 and num_seqs <= 2:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    # region 16: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill
+    # region 20: 2 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and 14 < max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
+    # region 23: 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, 1.15x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 7 and 32 < max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 32:
+    # region 24: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 56:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 14 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and 32 < max_seq_len <= 56:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 14 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -472,81 +460,78 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70:
         return 'cuda_prefill_pool_rows.k2c8'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70:
+    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill
+    # region 21: 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and num_seqs > 4 and 11 < mean_seq_len <= 47 and 40 < max_seq_len <= 70:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 47 and 40 < max_seq_len <= 70:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 5 workloads, the baseline; its stand-ins where it cannot run here
     if 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    # region 29: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
+    # region 31: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:
         return 'triton_prefill_fused.c16v64'
-    # region 30: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 2 and max_seq_len > 40:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 70 < max_seq_len <= 236:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 236:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 38 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 70:
+    # region 33: 38 workloads, the baseline; its stand-ins where it cannot run here
+    if 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70:
+    # region 34: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 37: 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25:
         return 'cuda_prefill_pool_rows.k2c8'
     # region 38: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:
         return 'triton_prefill_fused.c16v64'
-    # region 40: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    # region 39: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+    # region 43: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40:
         return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -554,37 +539,33 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 8 and 2 < mean_seq_len <= 5 and 56 < max_seq_len <= 170:  # region 11
+    if 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56:  # region 20
         return True
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 5 and 32 < max_seq_len <= 56:  # region 25
-        return True
-    if total_seq_len > 362 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:  # region 26
+    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:  # region 26
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70:  # region 18
+    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:  # region 18
         return True
-    if 268 < total_seq_len <= 1448 and num_seqs > 4 and 11 < mean_seq_len <= 47 and 40 < max_seq_len <= 70:  # region 21
+    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 20
         return True
-    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:  # region 24
+    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:  # region 22
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:  # region 26
+    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:  # region 26
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:  # region 27
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:  # region 28
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:  # region 29
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:  # region 29
         return True
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 2 and max_seq_len > 40:  # region 31
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:  # region 31
         return True
-    if 268 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 70 < max_seq_len <= 236:  # region 32
-        return True
-    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 70:  # region 35
+    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 34
         return True
     if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:  # region 38
         return True
-    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:  # region 40
+    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:  # region 39
         return True
     return False

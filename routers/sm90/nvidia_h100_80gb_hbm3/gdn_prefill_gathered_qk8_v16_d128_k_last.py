@@ -168,36 +168,32 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   9. 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 0 workloads
 #   10. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.39x (1.28x .. 1.51x) over vllm_flashinfer_prefill
 #   11. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   13. num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8; engine plugins keep the engine's kernel (`hand_back`)
-#   14. num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   15. num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len > 156: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. num_seqs > 34 and mean_seq_len > 4: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   17. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   18. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   19. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   20. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   21. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   25. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   29. 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-#   30. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   31. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   32. total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   34. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   36. total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   39. total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   40. total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   12. num_seqs > 34 and mean_seq_len > 4: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   13. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   14. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   16. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   17. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+#   18. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   21. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   25. 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+#   26. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   27. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   28. total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   30. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   31. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   32. total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   34. total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   35. total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 31 and num_seqs <= 4 and max_seq_len <= 199: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -226,27 +222,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   25. 397 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   26. 397 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
 #   27. 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   28. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   29. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678: triton_prefill_fused.c16v64, 4 workloads, 1.42x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len > 678: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   34. 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 8 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.42x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 53 and max_seq_len <= 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   40. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   44. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   45. total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   46. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   47. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   28. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   29. 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362: triton_prefill_fused.c16v64, 5 workloads, 1.46x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 545 < total_seq_len <= 3277 and num_seqs > 49 and mean_seq_len > 8 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   31. total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 68: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   33. total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333: triton_prefill_fused.c16v64, 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   36. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   40. total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   41. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   42. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.43, 8.29, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -260,36 +251,32 @@ REGIONS_HINTED = (
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (3, None), 'num_seqs': (23, 34)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 8, 'speedup': (1.28, 1.39, 1.51), 'fallbacks': ()},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 20), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (20, 90), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8'), 'hand_back': True},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (90, 156), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (156, None), 'mean_seq_len': (3, 2), 'num_seqs': (34, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, None), 'num_seqs': (34, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1667), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 28, 'speedup': (1.13, 2.47, 4.92), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.56, 1.67, 1.79), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 900), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (90, 1448)}, 'workloads': 9, 'speedup': (1.08, 1.1, 1.12), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.28, 1.3, 1.33), 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 2655), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1253), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1253, None), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, None), 'num_seqs': (34, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1667), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 28, 'speedup': (1.13, 2.47, 4.92), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.56, 1.67, 1.79), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 900), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (90, 1448)}, 'workloads': 9, 'speedup': (1.08, 1.1, 1.12), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.28, 1.3, 1.33), 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 2655), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1253), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1253, None), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -320,27 +307,22 @@ REGIONS_HINTED_EAGER = (
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (31, 181), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
     {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (90, None), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 678), 'mean_seq_len': (8, None), 'num_seqs': (49, 86), 'total_seq_len': (545, 3277)}, 'workloads': 4, 'speedup': (1.19, 1.42, 1.76), 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (8, None), 'num_seqs': (49, 86), 'total_seq_len': (545, 3277)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (8, 11), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 181), 'mean_seq_len': (8, 11), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (8, None), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (11, None), 'num_seqs': (86, None), 'total_seq_len': (545, 3277)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 53), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 333), 'mean_seq_len': (53, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 3, 'speedup': (1.42, 1.66, 1.86), 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (53, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (207, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 44, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (34, 85), 'total_seq_len': (3277, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16320), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (16320, None), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (8, None), 'num_seqs': (34, None), 'total_seq_len': (545, 3277)}, 'workloads': 5, 'speedup': (1.19, 1.46, 1.76), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (49, None), 'total_seq_len': (545, 3277)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 53), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, 68), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 333), 'mean_seq_len': (68, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.71, 1.79, 1.86), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (68, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (207, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (34, 85), 'total_seq_len': (3277, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16320), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (16320, None), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -379,91 +361,82 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156:
-        return 'cuda_prefill_pool_rows.k8c8'
-    # region 16: 23 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 23 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 34 and mean_seq_len > 4:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
     if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+    # region 17: 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    # region 21: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
+    # region 25: 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 26: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+    # region 30: 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -554,66 +527,51 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279:
         return ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
     if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:
         return 'triton_prefill_fused.c16v32'
-    # region 30: 4 workloads, 1.42x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678:
+    # region 29: 5 workloads, 1.46x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call
+    if 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len > 678:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181:
-        return 'triton_prefill_fused.c16v64'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 8 and max_seq_len > 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181:
-        return 'triton_prefill_fused.c16v64'
-    # region 36: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 545 < total_seq_len <= 3277 and num_seqs > 49 and mean_seq_len > 8 and max_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
     if total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 3 workloads, 1.66x (1.42x .. 1.86x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333:
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 68:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333:
         return 'triton_prefill_fused.c16v64'
-    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and max_seq_len > 333:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 53 and max_seq_len <= 97:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207 and max_seq_len > 97:
+    # region 34: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len > 333:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+    # region 36: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
+    # region 39: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -623,33 +581,19 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39:  # region 6
         return True
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and max_seq_len <= 20:  # region 12
-        return True
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 20 < max_seq_len <= 90:  # region 13
-        return True
-    if num_seqs > 34 and 3 < mean_seq_len <= 2 and 90 < max_seq_len <= 156:  # region 14
-        return True
-    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:  # region 34
+    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:  # region 30
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len <= 362:  # region 28
+    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:  # region 28
         return True
-    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:  # region 29
+    if 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362:  # region 29
         return True
-    if 545 < total_seq_len <= 3277 and 49 < num_seqs <= 86 and mean_seq_len > 8 and max_seq_len <= 678:  # region 30
+    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333:  # region 33
         return True
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and max_seq_len <= 45:  # region 32
-        return True
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and 8 < mean_seq_len <= 11 and 45 < max_seq_len <= 181:  # region 33
-        return True
-    if 545 < total_seq_len <= 3277 and num_seqs > 86 and mean_seq_len > 11 and max_seq_len <= 181:  # region 35
-        return True
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 207 and 97 < max_seq_len <= 333:  # region 37
-        return True
-    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:  # region 47
+    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:  # region 42
         return True
     return False
