@@ -317,11 +317,7 @@ class Region:
     hand_back: bool = False
 
     def contains(self, f: dict) -> bool:
-        for name, (lo, hi) in self.bounds.items():
-            x = f[name]
-            if (lo is not None and x <= lo) or (hi is not None and x > hi):
-                return False
-        return True
+        return _inside(f, self.bounds)
 
 
 @dataclass
