@@ -20,11 +20,12 @@ which the screen's first call pays as well.
 Rows keep the timing seconds of the protocol they were measured under (the replay target fell from
 0.2 to 0.05 s on 2026-11-27, after most H100 rows). The timing is also projected for today's
 protocol (tuner/timing.py `measure` with `Budget()`) from each timed row's own times: its first
-call, probe and eager calls, the capture's host pass (eager less graph time a call) and the replays, at the row's recorded sets
-cut to the budget's `capture_s` (`--capture-s S` projects another cut); not the input sets' creation.
+call, probe and eager calls, the capture's host pass (eager less graph time a call) and the replays, at
+the row's recorded sets cut as `graph_sets` cuts them today (`--replay-call-s S` projects another
+device-time cut); not the input sets' creation.
 
     python benchmarks/tune_time.py [--store tuner/results/<device>.sqlite] [--workloads traces traces/coverage]
-                                   [--screen 2] [--capture-s 0.05]
+                                   [--screen 2] [--replay-call-s 0.05]
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from kdispatch import registry
 from kdispatch.tuner.flows import open_stores
 from kdispatch.tuner.cli import TUNE_SETS
 from kdispatch.tuner.plan import workload_dicts
-from kdispatch.tuner.timing import SLOW_US, Budget
+from kdispatch.tuner.timing import SLOW_US, Budget, graph_sets
 
 
 def current_rows(store, name: str, roots) -> list:
@@ -65,9 +66,9 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="*", default=list(TUNE_SETS), help="trace sets (default: what tune measures)")
     ap.add_argument("--top", type=int, default=12, help="slowest (definition, variant) pairs to list")
     ap.add_argument("--screen", type=float, help="estimate what screening at this factor saves (module docstring)")
-    ap.add_argument("--capture-s", type=float, help="project the timing with this capture budget (module docstring)")
+    ap.add_argument("--replay-call-s", type=float, help="project the timing with this replay cut (module docstring)")
     opts = ap.parse_args()
-    budget = Budget() if opts.capture_s is None else dataclasses.replace(Budget(), capture_s=opts.capture_s)
+    budget = Budget() if opts.replay_call_s is None else dataclasses.replace(Budget(), replay_call_s=opts.replay_call_s)
     projected = 0.0  # seconds of timing today's protocol would take on the timed rows
     store = open_stores(opts.store)
     registry.discover()
@@ -113,7 +114,7 @@ def main() -> None:
     print(f"{'all':<30}{sum(v[5] for v in per_def.values()):>7}{sum(v[4] for v in per_def.values()):>7}"
           f"{total:>44.0f} s = {total / 60:.1f} min (summed over workers)")
     timed_s = sum(v[3] for v in per_def.values())
-    print(f"timing as recorded {timed_s:.0f} s; projected under today's protocol (capture_s {budget.capture_s:g}) "
+    print(f"timing as recorded {timed_s:.0f} s; projected under today's protocol (replay_call_s {budget.replay_call_s:g}) "
           f"{projected:.0f} s = {projected / 60:.1f} min")
     if any(screen_split):
         print(f"the screen's first calls (compiles the gates would pay otherwise) {screen_split[0]:.0f} s, "
@@ -129,18 +130,19 @@ def main() -> None:
 
 
 def _projected_timing_s(r, budget: Budget) -> float:
-    """Seconds `measure` would take on row r today (its first call and probe, its eager calls, then the
-    capture's host pass, the checked and warm replays and `reps` replays; or event-timed calls)."""
+    """Seconds `measure` would take on row r today (its first call and probe, its eager calls, then one
+    event-timed call, the two warm-ups, the capture's host pass, the checked and warm replays and
+    `reps` replays; or event-timed calls)."""
     eager = max(r.eager_us or r.median_us, 1.0)
     calls = 3 + int(min(budget.eager_max, max(budget.eager_min, budget.eager_target_s * 1e6 // eager)))
     if not r.method.startswith("graph"):
         calls += int(min(20, max(3, math.ceil(2 * budget.target_s * 1e6 / eager))))
         return calls * eager / 1e6
-    sets = min(r.sets, max(2, int(budget.capture_s * 1e6 / eager))) if eager < SLOW_US else r.sets
+    sets = graph_sets(r.sets, eager, r.median_us, budget) if eager < SLOW_US else r.sets
     replay_s = r.median_us * sets / 1e6
     reps = int(min(budget.max_reps, max(budget.min_reps, math.ceil(budget.target_s / max(replay_s, 1e-6)))))
     host = max(eager - r.median_us, 5.0)  # a captured call costs its host part only
-    return (calls + 2) * eager / 1e6 + sets * host / 1e6 + (2 + reps) * replay_s
+    return (calls + 3) * eager / 1e6 + sets * host / 1e6 + (2 + reps) * replay_s
 
 
 def _gates(rows) -> dict[str, list[float]]:

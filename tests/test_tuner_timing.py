@@ -68,6 +68,17 @@ def test_a_long_baseline_tail_does_not_hide_a_clear_win():
     assert not stats.beats(apart_by_little, stats.Timed(102.0, 101.0, 103.0), 0.03)
 
 
+def test_a_replay_calls_the_sets_of_its_host_and_device_budgets():
+    """`graph_sets`: all the sets where they fit both budgets; a long device call keeps fewer (each set
+    then too small for a warm cache to matter), a host-heavy one too; never fewer than 2 or more than n."""
+    b = timing.Budget()
+    assert timing.graph_sets(200, eager_us=60.0, device_us=50.0, budget=b) == 200  # 10 ms of device time
+    assert timing.graph_sets(200, eager_us=1100.0, device_us=1000.0, budget=b) == 50  # 0.05 s of 1 ms calls
+    assert timing.graph_sets(200, eager_us=5000.0, device_us=30.0, budget=b) == 50  # 0.25 s of host-heavy calls
+    assert timing.graph_sets(200, eager_us=19000.0, device_us=18000.0, budget=b) == 2
+    assert timing.graph_sets(1, eager_us=19000.0, device_us=18000.0, budget=b) == 1
+
+
 def test_percentile():
     assert stats.percentile([1, 2, 3, 4, 5], 0.5) == 3
     assert abs(stats.percentile([0, 10], 0.1) - 1.0) < 1e-12

@@ -14,7 +14,8 @@ Timing protocol, `measure`:
 3. Device time, the number routing uses:
    - eager median >= SLOW_US: CUDA events around single calls (launch gaps are noise at that size):
      method "events"; likewise a reference the spec marks as not graph-safe (it syncs with the host);
-   - else one CUDA graph calls the variant once per input set; the outputs of the last call are
+   - else one CUDA graph calls the variant once per input set (as many sets as `graph_sets` keeps:
+     about 0.05 s of device time and 0.25 s of host time at most); the outputs of the last call are
      poisoned (NaN / a sentinel) and one replay must overwrite them (an input updated in place must
      change instead): kernels launched outside the capture (side streams, some JIT runtimes) would
      otherwise "time" nothing. Then `reps` replays, each timed with CUDA events, per call =
@@ -80,7 +81,8 @@ class Budget:
     eager_min: int = 5
     eager_max: int = 50
     max_sets: int = MAX_SETS
-    capture_s: float = 0.25
+    capture_s: float = 0.25  # of eager calls in one capture (its host cost: host-heavy variants)
+    replay_call_s: float = 0.05  # of device time in one replay's calls (`graph_sets`)
 
     @classmethod
     def quick(cls) -> "Budget":
@@ -290,6 +292,20 @@ def screen_us(fn: Callable, args, graph: bool = True) -> tuple[float | None, flo
     return min(times), eager
 
 
+def graph_sets(n: int, eager_us: float, device_us: float, budget: Budget) -> int:
+    """How many of a workload's n input sets one captured replay calls: at most about `capture_s` of
+    eager calls (the capture pays each call's host time: a safety net for host-heavy variants) and
+    `replay_call_s` of device time, at least 2. The device cut binds only where the n sets (those
+    that make 4 x L2, `num_sets`) would take longer: then one set's bytes are under
+    4 x L2 x device_us / replay_call_s, so a set still cache-resident when its turn comes saves a
+    call at most 4 x L2 / (HBM bandwidth x replay_call_s) of its time, 0.12% on an H100 (50 MB,
+    3.35 TB/s), while the sets of long calls made replays of 0.1-1 s, each paid at least
+    `min_reps` + 2 times (H100 rows of 2026-11-27: 1,448 such rows, a quarter of the prefills' replay
+    seconds)."""
+    keep = min(n, int(budget.capture_s * 1e6 / max(eager_us, 1.0)), int(budget.replay_call_s * 1e6 / max(device_us, 1.0)))
+    return min(n, max(2, keep))
+
+
 def measure(definition: str, fn: Callable, args, budget: Budget | None = None, l2_bytes: int | None = None,
             graph: bool = True) -> Timing:
     """Times one variant on one workload's inputs (see the module docstring)."""
@@ -315,9 +331,8 @@ def measure(definition: str, fn: Callable, args, budget: Budget | None = None, l
         if not graph:
             method, note = "events", "host-synchronising variant: timed with events, not captured"
         elif eager_med < SLOW_US:
-            # A safety net for host-heavy variants (many kernels per call): capture at most about
-            # `capture_s` of eager calls.
-            sets = sets[:max(2, min(len(sets), int(budget.capture_s * 1e6 / max(eager_med, 1.0))))]
+            device_us = min(event_times_us(fn, sets, 1))
+            sets = sets[:graph_sets(len(sets), eager_med, device_us, budget)]
             try:
                 times, reps = graph_times_us(fn, sets, None, budget.target_s, budget.min_reps, budget.max_reps)
             except WorkEscaped as exc:

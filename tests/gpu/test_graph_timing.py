@@ -85,3 +85,23 @@ def test_the_tuners_screen_on_the_gpu_leaves_out_only_the_far_slower(monkeypatch
     out = job.screen("gdn_decode", "base", list(calls), args, 2.0)
     assert set(out) == {"slow", "syncs"}
     assert out["syncs"]["graph_us"] is None and out["slow"]["graph_us"] > 20 * out["slow"]["best_graph_us"] / 2
+
+
+def test_a_long_call_replays_only_the_sets_of_its_device_budget():
+    """tuner/timing.py `graph_sets`: a one-sequence decode rotates 256 state copies (0.5 MB each, for 4x
+    the L2); at about 1 ms of device time a call, one replay calls only 0.05 s of them."""
+    from kdispatch import definitions
+    from kdispatch.tuner.timing import Budget, measure
+    from kdispatch.workloads import materialize
+
+    name = definitions.resolve_name("gdn_decode")
+    args = list(materialize(name, {"uuid": "sets", "axes": {"batch_size": 1}, "inputs": {}}, device="cuda", seed=0))
+
+    def slow(*a):
+        torch.cuda._sleep(2_000_000)  # about 1 ms at ~2 GHz
+        return a[0] * 2.0
+
+    t = measure(name, slow, args, Budget(target_s=0.01))
+    assert t.method == "graph", t
+    assert 2 <= t.sets <= int(0.05e6 / (0.5 * t.median_us)), t  # within the budget even at half the measured time
+    assert t.sets < 256
