@@ -24,6 +24,10 @@
 #   bash benchmarks/stage_flashinfer_jit.sh --prebuilt PATH/flashinfer-topk-sm90a.so.xz [...-fa3-...]   # here
 #   run: carry [".kd-wheels/fi-aot"], command bash .kd-wheels/fi-aot/gpu-setup.sh      (after the b bundles)
 #
+# Both modules, built on an H200 host on 2026-11-28 (torch 2.11, CUDA 13), are kept on the branches
+# artifacts/flashinfer-topk-sm90a and artifacts/flashinfer-fa3-sm90a, one file each, named as --prebuilt
+# wants them (`git show artifacts/flashinfer-fa3-sm90a:flashinfer-fa3-sm90a.so.xz > /tmp/flashinfer-fa3-sm90a.so.xz`).
+#
 # FlashInfer renders the FA3 MLA module's sources whenever it loads it, prebuilt or not: with that
 # module, fi-aot also takes those csrc files from .kd-wheels/fi-jit (stage it first). Both setups end
 # with each module's check.
