@@ -314,3 +314,81 @@ def test_the_screen_compares_both_call_modes_and_spares_the_baseline(monkeypatch
 
     rough["base"] = "raises"  # no yardstick: nothing is left out
     assert job.screen("gdn_decode", "base", list(rough), [torch.zeros(1)], 2.0) == {}
+
+
+def test_the_warm_up_calls_each_pending_variant_once_and_stores_nothing(tmp_path, toy):
+    """tuner/job.py `warm_job`: one call per (variant, workload) on that workload's inputs, the
+    reference and the bench's routed op left out; a variant that raises gets a RUNTIME_ERROR row (for
+    the progress line only) and the rest still run."""
+    from kdispatch.tuner import job
+
+    calls = []
+
+    def toy_counted(x, alpha):
+        calls.append(tuple(x.shape))
+        return x * alpha
+
+    def toy_raising(x, alpha):
+        raise RuntimeError("this shape is refused")
+
+    registry.variant("toy_scale", "toy_counted", backend="torch", archs=("*",))(toy_counted)
+    registry.variant("toy_scale", "toy_raising", backend="torch", archs=("*",))(toy_raising)
+    try:
+        workloads = [{"uuid": f"toy-{n}", "axes": {"num_rows": n}, "inputs": {}} for n in (3, 7)]
+        names = ["reference", "toy_counted", "toy_raising", "routed"]
+        emitted = []
+        job.warm_job(job.Job(NAME, workloads, {w["uuid"]: names for w in workloads}, device="cpu"),
+                     lambda kind, *payload: emitted.append((kind, payload)))
+        assert calls == [(3, 4), (7, 4)]
+        rows = [p[0] for k, p in emitted if k == "result"]
+        assert {(r["variant"], r["uuid"], r["status"]) for r in rows} == {
+            ("toy_counted", "toy-3", "PASSED"), ("toy_counted", "toy-7", "PASSED"),
+            ("toy_raising", "toy-3", "RUNTIME_ERROR"), ("toy_raising", "toy-7", "RUNTIME_ERROR")}
+        assert "refused" in next(r["reason"] for r in rows if r["variant"] == "toy_raising")
+        # each call is announced first, so that a crash is blamed on its variant
+        starts = [p for k, p in emitted if k == "start"]
+        assert starts.index(("toy_raising", "toy-3")) < starts.index(("toy_counted", "toy-7"))
+    finally:
+        registry.unregister(NAME, "toy_counted")
+        registry.unregister(NAME, "toy_raising")
+
+
+def test_tune_warms_up_on_several_workers_a_gpu_before_measuring(tmp_path, toy, monkeypatch):
+    """`tune(warm=N)` on GPUs: first the warm-up jobs on N workers per GPU, then the measuring jobs on one
+    worker per GPU; a deadline reached while warming leaves the measuring to the next run; no warm-up on
+    the CPU."""
+    write_traces(tmp_path, (1, 3, 8, 32))
+    runs = []
+
+    def fake_execute(jobs, devices, on_row, progress=None, in_process=None, timeout=300.0, deadline=None):
+        runs.append(({j.executor for j in jobs}, list(devices), sum(j.items() for j in jobs)))
+        return not (warming_stops and len(runs) == 1)
+
+    monkeypatch.setattr(flows, "execute", fake_execute)
+    monkeypatch.setattr(flows, "parse_devices", lambda device: ["cuda:0", "cuda:1"] if device == "cuda" else ["cpu"])
+    warming_stops = False
+    kw = dict(definitions=["toy_scale"], env=ENV, store=tmp_path / "s.sqlite", compile_routers=False,
+              stream=io.StringIO())
+    r = flows.tune(tmp_path / "traces", device="cuda", warm=3, **kw)
+    warm_run, measure_run = runs
+    assert warm_run == ({"kdispatch.tuner.job:warm_job"}, ["cuda:0"] * 3 + ["cuda:1"] * 3, 4)  # toy_fast x 4
+    assert measure_run == ({"kdispatch.tuner.job:run_job"}, ["cuda:0", "cuda:1"], 8)  # and the reference
+    assert r.complete
+
+    runs.clear()
+    warming_stops = True
+    assert not flows.tune(tmp_path / "traces", device="cuda", warm=3, **kw).complete
+    assert len(runs) == 1
+
+    runs.clear()
+    flows.tune(tmp_path / "traces", device="cuda", warm=0, **kw)
+    flows.tune(tmp_path / "traces", device="cpu", warm=3, **kw)
+    assert [executors for executors, _, _ in runs] == [{"kdispatch.tuner.job:run_job"}] * 2
+
+
+def test_the_default_warm_up_takes_half_the_cores_a_gpu():
+    assert flows.warm_workers(["cuda:0"], cpus=16) == 8
+    assert flows.warm_workers(["cuda:0"], cpus=64) == 8
+    assert flows.warm_workers([f"cuda:{i}" for i in range(4)], cpus=16) == 2
+    assert flows.warm_workers(["cuda:0", "cuda:1"], cpus=2) == 0
+    assert flows.warm_workers(["cpu"], cpus=16) == 0

@@ -2,7 +2,7 @@
 
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
                    [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
-                   [--timeout S] [--screen FACTOR]
+                   [--timeout S] [--screen FACTOR] [--warm N]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -60,6 +60,9 @@ def add_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a worker is "
                                                                 "killed as hung (default 300)")
     p.add_argument("--no-route", action="store_true", help="measure only; do not compile routers")
+    p.add_argument("--warm", type=int, metavar="N",
+                   help="warm-up workers per GPU that first call every pending variant once, so that the compiles "
+                        "run in parallel before the measuring (default: half the cores a GPU, at most 8; 0: none)")
     p.add_argument("--screen", type=float, default=SCREEN_FACTOR, metavar="FACTOR",
                    help="neither gate nor time a variant on a workload where a rough first time is over FACTOR times "
                         f"the fastest's in both call modes (default {SCREEN_FACTOR:g}; 0: measure every pair fully)")
@@ -152,7 +155,8 @@ def _check_workloads(args) -> None:
 
 
 def cmd_tune(args) -> int:
-    from .flows import tune
+    from .flows import tune, warm_workers
+    from .plan import parse_devices
 
     _check_workloads(args)
     if args.pending:
@@ -165,7 +169,7 @@ def cmd_tune(args) -> int:
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
-             screen=args.screen or None)
+             screen=args.screen or None, warm=args.warm if args.warm is not None else warm_workers(parse_devices(args.device)))
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import sys
 import time
@@ -23,7 +25,7 @@ from kdispatch import provenance, registry
 
 from . import codegen, features
 from . import fit as fitting
-from .job import ROUTED_HINTED
+from .job import ROUTED_HINTED, WARM_SKIPS
 from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
@@ -48,8 +50,13 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          store: Store | str | None = None, out=None, quick: bool = False, force: bool = False,
          trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
-         compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None) -> TuneResult:
+         compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None,
+         warm: int = 0) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
+
+    `warm`: worker processes per GPU that first call every pending variant once on its workload
+    (tuner/job.py `warm_job`), so that the compiles run in parallel ahead of the measuring worker;
+    0 (and on the CPU, or with another executor): none.
 
     `screen`: a factor; a variant whose rough time on a workload is over it times the fastest's, in
     both call modes, is neither gated nor timed there (tuner/job.py; `kdispatch tune` screens at
@@ -96,8 +103,12 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
         deadline = t0 + 60 * max_minutes if max_minutes else None
         previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
         try:
-            result.complete = execute(jobs, devices, on_row, progress, in_process=in_process, timeout=timeout,
-                                      deadline=deadline)
+            if warm > 0 and devices != ["cpu"] and not in_process and executor is None:
+                result.complete = _warm_up(plans, devices, warm, quick, trials, timeout, deadline, stream)
+                progress.t0 = time.monotonic()  # the measuring's rate, for its ETA
+            if result.complete:
+                result.complete = execute(jobs, devices, on_row, progress, in_process=in_process, timeout=timeout,
+                                          deadline=deadline)
         except KeyboardInterrupt:
             result.complete = False
             stream.write("\n[tune] interrupted: what was measured is stored; re-run to continue\n")
@@ -120,6 +131,33 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     stream.write(f"[tune] measured {len(result.measured)} (variant, workload) pairs in {clock(result.seconds)}"
                  + (f"; {left} left: re-run the same command to measure them\n" if left > 0 else "\n"))
     return result
+
+
+def _warm_up(plans, devices: list[str], per_device: int, quick: bool, trials, timeout: float,
+             deadline: float | None, stream) -> bool:
+    """`tune(warm=N)`'s first step: N warm-up workers on each GPU (tuner/job.py `warm_job`) call the
+    pending variants once; nothing is stored. False when the deadline stopped it."""
+    plans = [dataclasses.replace(p, pending=[(n, u) for n, u in p.pending if n not in WARM_SKIPS]) for p in plans]
+    total = sum(len(p.pending) for p in plans)
+    if not total:
+        return True
+    t0 = time.monotonic()
+    workers = [d for d in devices for _ in range(per_device)]
+    stream.write(f"[warm] {total} first calls on {len(workers)} workers ({per_device} a GPU), compiles to the "
+                 f"disk caches before the measuring\n")
+    jobs = make_jobs(plans, len(workers), "cuda:0", quick, trials, "kdispatch.tuner.job:warm_job")
+    done = execute(jobs, workers, lambda definition, row: None, Progress(total, stream, "warm"), timeout=timeout,
+                   deadline=deadline)
+    stream.write(f"[warm] {clock(time.monotonic() - t0)}\n")
+    return done
+
+
+def warm_workers(devices: list[str], cpus: int | None = None) -> int:
+    """`kdispatch tune`'s default warm-up workers per GPU: half the host's cores a GPU, at most 8
+    (each holds a CUDA context and one workload's inputs), none on the CPU."""
+    if devices == ["cpu"]:
+        return 0
+    return max(0, min(8, (cpus or os.cpu_count() or 2) // len(devices) // 2))
 
 
 def _sigterm(signum, frame):

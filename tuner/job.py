@@ -26,7 +26,7 @@ import torch
 
 from kdispatch import definitions as defs
 from kdispatch import provenance, registry
-from kdispatch.checks import RUNTIME_ERROR, TIMEOUT, Verdict
+from kdispatch.checks import PASSED, RUNTIME_ERROR, TIMEOUT, Verdict
 
 from . import gate
 from .timing import Budget, Timing, measure, screen_us
@@ -191,6 +191,56 @@ def run_job(job: Job, emit: Callable) -> None:
         del trials
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def warm_job(job: Job, emit: Callable) -> None:
+    """The warm-up before the measuring (`kdispatch tune --warm N`): calls each pending variant once on
+    its workload's inputs (the guarded call and the engine's, where they differ), checking, timing and
+    storing nothing. Several such workers share a GPU, so the first calls' compiles (Triton, NVRTC and
+    the libraries' JITs, each cached on disk) run on several CPU cores at once, ahead of the one
+    worker per GPU that measures and then finds them compiled. Emits a row per pair for the progress
+    line only (PASSED: it ran; RUNTIME_ERROR: it raised, which its gate will record)."""
+    from kdispatch.workloads import materialize
+
+    device = torch.device(job.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    definition = defs.get(job.definition).name
+    registry.discover()
+    for w in job.workloads:
+        names = [n for n in job.pending.get(w["uuid"], []) if n not in WARM_SKIPS]
+        if not names:
+            continue
+        emit("start", None, w["uuid"])
+        try:
+            args = list(materialize(definition, w, device=device, seed=0, trace_root=w.get("root")))
+        except Exception as exc:
+            for name in names:
+                emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"warm-up inputs: {type(exc).__name__}: {exc}"[:500])))
+            if not gate.healthy(device):
+                raise gate.ContextLost(f"warm-up inputs: {exc}"[:500]) from exc
+            continue
+        for name in names:
+            emit("start", name, w["uuid"])
+            verdict = Verdict(PASSED, "", 0.0, 0.0, {})
+            try:
+                fn = resolve_fn(definition, name, w)
+                for call in dict.fromkeys((fn, timed_fn(definition, name, fn))):
+                    call(*gate.private_copy(definition, args))
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            except Exception as exc:
+                verdict = Verdict(RUNTIME_ERROR, f"warm-up: {type(exc).__name__}: {exc}"[:500])
+                if not gate.healthy(device):
+                    emit("result", _row(name, w, verdict))
+                    raise gate.ContextLost(verdict.reason) from exc
+            emit("result", _row(name, w, verdict))
+        del args
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+WARM_SKIPS = ("routed", ROUTED_HINTED, registry.REFERENCE)  # the bench's routed op; the reference runs torch ops
 
 
 def _us(x: float | None) -> str:
