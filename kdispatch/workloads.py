@@ -11,7 +11,9 @@ that satisfy every structural invariant of the operator and have the magnitudes 
 
 - values are generated on the CPU from a `torch.Generator` seeded by a stable hash of
   (uuid, seed, input name) (`Context.rng`), then moved to the device: CPU and CUDA get identical
-  bytes, and one input's values do not depend on which other inputs a workload stores;
+  bytes, and one input's values do not depend on which other inputs a workload stores; large
+  normal draws (`randn`) are split into chunks drawn on the host's threads at once, their bytes
+  independent of the thread count;
 - `{"type": "safetensors", "path", "tensor_key"}` inputs are loaded (path relative to `trace_root`),
   shape- and dtype-checked, and the builder builds the inputs that depend on them around them
   (a stored `seq_lens` gets a matching `block_table`, a stored `cu_seqlens` fixes the sequences);
@@ -32,6 +34,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -46,6 +50,37 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # (definition, input, device) -> ((pool size, seed), tensor), one pool per slot.
 _POOLS: dict[tuple[str, str, str], tuple[tuple, torch.Tensor]] = {}
 _CLEARERS: list[Callable[[], None]] = [_POOLS.clear]
+
+
+RANDN_CHUNK = 1 << 20  # values one chunk generator of `randn` draws: with the seed, this fixes the bytes
+
+
+def randn(*shape: int, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`torch.randn(*shape, generator=generator)` on the CPU (float32 draws, stored as `dtype`), in
+    parallel where large: a tensor of more than RANDN_CHUNK values is filled one chunk at a time, each
+    from its own generator seeded by a draw of `generator`, on torch's intra-op threads at once (a draw
+    releases the GIL). The bytes depend on the generator's state and the shape only, never on the
+    thread count; a tensor of RANDN_CHUNK values or fewer gets torch.randn's own. Building a tune's
+    inputs was mostly such draws: a 1,024-sequence GDN state (134M values) took ~0.5 s on one core."""
+    n = math.prod(shape)
+    if n <= RANDN_CHUNK:
+        return torch.randn(*shape, generator=generator).to(dtype)
+    out = torch.empty(shape, dtype=dtype)
+    flat = out.view(-1)
+    chunks = -(-n // RANDN_CHUNK)
+    seeds = torch.randint(0, 1 << 62, (chunks,), generator=generator).tolist()
+
+    def draw(i: int) -> None:
+        lo, hi = i * RANDN_CHUNK, min((i + 1) * RANDN_CHUNK, n)
+        g = torch.Generator().manual_seed(seeds[i])
+        if dtype == torch.float32:
+            flat[lo:hi].normal_(generator=g)
+        else:
+            flat[lo:hi] = torch.randn(hi - lo, generator=g)
+
+    with ThreadPoolExecutor(max(1, min(torch.get_num_threads(), chunks))) as pool:
+        list(pool.map(draw, range(chunks)))
+    return out
 
 
 def clear_cache() -> None:

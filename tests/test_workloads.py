@@ -428,6 +428,27 @@ def test_determinism_per_uuid_and_seed():
                 assert not torch.equal(bytes_of(x), bytes_of(z)), f"{short}.{name}: uuid ignored"
 
 
+def test_large_normal_draws_are_parallel_and_independent_of_the_thread_count(monkeypatch):
+    """workloads.randn: a large tensor is drawn in chunks on several threads, its bytes the same
+    whatever the thread count; a small one is torch.randn's own; each chunk holds N(0, 1) values."""
+    monkeypatch.setattr(W, "RANDN_CHUNK", 1000)
+
+    def draw(threads, *shape, dtype=torch.float32):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        return W.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=dtype)
+
+    one, four = draw(1, 10, 1_234), draw(4, 10, 1_234)
+    assert one.shape == (10, 1_234) and torch.equal(one, four)
+    assert not torch.equal(one.view(-1)[:1000], one.view(-1)[1000:2000])  # chunks from distinct seeds
+    for chunk in one.view(-1).split(1000):
+        assert abs(chunk.mean()) < 0.15 and 0.85 < chunk.std() < 1.15
+    assert torch.equal(draw(3, 10, 1_234, dtype=torch.bfloat16), one.to(torch.bfloat16))
+    assert torch.equal(draw(2, 999), torch.randn(999, generator=torch.Generator().manual_seed(7)))
+    g = torch.Generator().manual_seed(7)
+    W.randn(5_000, generator=g)  # the parent generator moves on: the next draw differs
+    assert not torch.equal(W.randn(5_000, generator=g), draw(1, 5_000))
+
+
 def test_workload_forms_and_names_agree():
     from flashinfer_bench.data import Trace
 

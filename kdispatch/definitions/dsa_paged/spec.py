@@ -125,16 +125,16 @@ def build_indexer(axes, given, ctx) -> dict:
     if "q_index_fp8" not in given or "weights" not in given:
         # SGLang: q quantised per (token, head); weights = weights_proj(x) * H^-0.5 * q_scale * D^-0.5.
         g = ctx.rng("q_index")
-        q, q_scale = workloads.quantize_rows_blocked(torch.randn(b * heads, dim, generator=g), block=dim)
+        q, q_scale = workloads.quantize_rows_blocked(workloads.randn(b * heads, dim, generator=g), block=dim)
         out["q_index_fp8"] = q.view(b, heads, dim)
-        proj = torch.randn(b, heads, generator=g)
+        proj = workloads.randn(b, heads, generator=g)
         out["weights"] = proj * heads ** -0.5 * q_scale.view(b, heads) * dim ** -0.5
     if "k_index_cache_fp8" not in given:
         def build(g):  # N(0, 1) keys (LayerNorm'd + rope in the model), 1024 pages at a time
             cache = torch.empty(n, page, 1, dim + 4, dtype=torch.int8)
             for lo in range(0, n, 1024):
                 hi = min(lo + 1024, n)
-                cache[lo:hi] = _pack_index_keys(torch.randn(hi - lo, page, dim, generator=g))
+                cache[lo:hi] = _pack_index_keys(workloads.randn(hi - lo, page, dim, generator=g))
             return cache
         out["k_index_cache_fp8"] = ctx.pooled("k_index_cache_fp8", (n,), build)
     return out
@@ -314,17 +314,6 @@ def random_sparse_indices(num_tokens: int, num_pages: int, page: int, topk: int,
     return out
 
 
-def _randn_bf16(shape: tuple, g: torch.Generator, chunk: int = 1 << 24) -> torch.Tensor:
-    """N(0, 1) bfloat16, drawn as float32 `chunk` values at a time (torch's bfloat16 randn is several
-    times slower on some builds)."""
-    out = torch.empty(shape, dtype=torch.bfloat16)
-    flat = out.view(-1)
-    for lo in range(0, flat.numel(), chunk):
-        hi = min(lo + chunk, flat.numel())
-        flat[lo:hi] = torch.randn(hi - lo, generator=g)
-    return out
-
-
 def build_sparse_attention(axes, given, ctx) -> dict:
     t, n, h = axes["num_tokens"], axes["num_pages"], axes["num_qo_heads"]
     ckv, kpe, ps = axes["head_dim_ckv"], axes["head_dim_kpe"], axes["page_size"]
@@ -332,13 +321,13 @@ def build_sparse_attention(axes, given, ctx) -> dict:
     out = {}
     # q . k has 576 terms of N(0,1) x N(0,1): logits ~ N(0, 576/192 = 3), a moderately peaked softmax.
     if "q_nope" not in given:
-        out["q_nope"] = torch.randn(t, h, ckv, generator=ctx.rng("q_nope"), dtype=bf16)
+        out["q_nope"] = workloads.randn(t, h, ckv, generator=ctx.rng("q_nope"), dtype=bf16)
     if "q_pe" not in given:
-        out["q_pe"] = torch.randn(t, h, kpe, generator=ctx.rng("q_pe"), dtype=bf16)
+        out["q_pe"] = workloads.randn(t, h, kpe, generator=ctx.rng("q_pe"), dtype=bf16)
     if "ckv_cache" not in given:
-        out["ckv_cache"] = ctx.pooled("ckv_cache", (n,), lambda g: _randn_bf16((n, ps, ckv), g))
+        out["ckv_cache"] = ctx.pooled("ckv_cache", (n,), lambda g: workloads.randn(n, ps, ckv, generator=g, dtype=bf16))
     if "kpe_cache" not in given:
-        out["kpe_cache"] = ctx.pooled("kpe_cache", (n,), lambda g: _randn_bf16((n, ps, kpe), g))
+        out["kpe_cache"] = ctx.pooled("kpe_cache", (n,), lambda g: workloads.randn(n, ps, kpe, generator=g, dtype=bf16))
     if "sparse_indices" not in given:
         out["sparse_indices"] = random_sparse_indices(t, n, ps, axes["topk"], ctx.rng("sparse_indices"))
     return out

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from kdispatch import workloads
 from kdispatch.checks import Tol, first_bad
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
 from kdispatch.definitions.gdn.names import PACKED_HEADS, packed_name, pool_prefill_name, verify_name, verify_steps_name
@@ -27,8 +28,8 @@ def _state(n: int, heads: int, dim: int, g: torch.Generator) -> torch.Tensor:
     """[n, H, V, K] float32: sum_i 0.95^i v_i k_i^T over 64 past writes (unit k, N(0,1) v):
     entries ~0.3, S @ k recalls O(1) values, like a state in the middle of a sequence."""
     writes = 64
-    k = _unit(torch.randn(n, heads, writes, dim, generator=g))  # [n, H, r, K]
-    v = torch.randn(n, heads, dim, writes, generator=g)  # [n, H, V, r]
+    k = _unit(workloads.randn(n, heads, writes, dim, generator=g))  # [n, H, r, K]
+    v = workloads.randn(n, heads, dim, writes, generator=g)  # [n, H, V, r]
     w = 0.95 ** torch.arange(writes, dtype=torch.float32)
     return torch.matmul(v * w, k).contiguous()
 
@@ -46,17 +47,17 @@ def _build_common(lead: list[int], n_state: int, axes: dict, given: dict, ctx) -
     bf16 = torch.bfloat16
     out = {}
     if "q" not in given:
-        out["q"] = _unit(torch.randn(*lead, hq, d, generator=ctx.rng("q"))).to(bf16)
+        out["q"] = _unit(workloads.randn(*lead, hq, d, generator=ctx.rng("q"))).to(bf16)
     if "k" not in given:
-        out["k"] = _unit(torch.randn(*lead, hk, d, generator=ctx.rng("k"))).to(bf16)
+        out["k"] = _unit(workloads.randn(*lead, hk, d, generator=ctx.rng("k"))).to(bf16)
     if "v" not in given:
-        out["v"] = torch.randn(*lead, hv, d, generator=ctx.rng("v")).to(bf16)
+        out["v"] = workloads.randn(*lead, hv, d, generator=ctx.rng("v")).to(bf16)
     if "state" not in given:
         out["state"] = _state(n_state, hv, d, ctx.rng("state"))
     if "a" not in given:
-        out["a"] = torch.randn(*lead, hv, generator=ctx.rng("a")).to(bf16)
+        out["a"] = workloads.randn(*lead, hv, generator=ctx.rng("a")).to(bf16)
     if "b" not in given:
-        out["b"] = torch.randn(*lead, hv, generator=ctx.rng("b")).to(bf16)
+        out["b"] = workloads.randn(*lead, hv, generator=ctx.rng("b")).to(bf16)
     out.update(_gate_params(hv, ctx))
     return out
 
@@ -183,10 +184,10 @@ def build_decode_packed(axes, given, ctx) -> dict:
         raise ValueError(f"num_slots {slots} < batch_size + 1 = {batch + 1} (slot 0 is reserved)")
     out = {}
     if "mixed_qkv" not in given:
-        out["mixed_qkv"] = torch.randn(batch, axes["qkv_dim"], generator=ctx.rng("mixed_qkv")).to(torch.bfloat16)
+        out["mixed_qkv"] = workloads.randn(batch, axes["qkv_dim"], generator=ctx.rng("mixed_qkv")).to(torch.bfloat16)
     for name in ("a", "b"):
         if name not in given:
-            out[name] = torch.randn(batch, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+            out[name] = workloads.randn(batch, hv, generator=ctx.rng(name)).to(torch.bfloat16)
     if "state_pool" not in given:
         out["state_pool"] = _state(slots, hv, d, ctx.rng("state"))
     if "state_indices" not in given:
@@ -257,13 +258,13 @@ def _live_slots(n: int, slots: int, g: torch.Generator) -> torch.Tensor:
 def _raw_qkv(total: int, axes: dict, given: dict, ctx) -> dict:
     """q, k [T, HQ, D] and v [T, HV, D] bf16 as the engines pass them: raw (not normalised)."""
     hq, hv, d = axes["num_q_heads"], axes["num_v_heads"], axes["head_size"]
-    return {name: torch.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
+    return {name: workloads.randn(total, heads, d, generator=ctx.rng(name)).to(torch.bfloat16)
             for name, heads in (("q", hq), ("k", hq), ("v", hv)) if name not in given}
 
 
 def _raw_gates(total: int, hv: int, given: dict, ctx) -> dict:
     """Raw gate inputs a, b [T, HV] bf16 and the model's A_log, dt_bias."""
-    out = {name: torch.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
+    out = {name: workloads.randn(total, hv, generator=ctx.rng(name)).to(torch.bfloat16)
            for name in ("a", "b") if name not in given}
     return {**out, **_gate_params(hv, ctx)}
 
@@ -274,10 +275,10 @@ def _activated_gates(total: int, hv: int, given: dict, ctx) -> dict:
     out = {}
     params = _gate_params(hv, ctx)
     if "g" not in given:
-        a = torch.randn(total, hv, generator=ctx.rng("a"))
+        a = workloads.randn(total, hv, generator=ctx.rng("a"))
         out["g"] = -torch.exp(params["A_log"]) * torch.nn.functional.softplus(a + params["dt_bias"])
     if "beta" not in given:
-        out["beta"] = torch.sigmoid(torch.randn(total, hv, generator=ctx.rng("b")))
+        out["beta"] = torch.sigmoid(workloads.randn(total, hv, generator=ctx.rng("b")))
     return out
 
 

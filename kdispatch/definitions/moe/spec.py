@@ -25,10 +25,10 @@ def _block_quantized_matrix(rows: int, cols: int, fan_in: int, g: torch.Generato
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One expert's [rows, cols] weight, N(0, 1/fan_in) with a lognormal(0, 0.25) spread of block
     magnitudes, quantised per 128 x 128 block (amax -> 448): ([rows, cols] e4m3, [rows/128, cols/128])."""
-    z = torch.randn(rows, cols, generator=g)
+    z = workloads.randn(rows, cols, generator=g)
     zb = z.view(rows // block, block, cols // block, block)
     amax = zb.abs().amax(dim=(1, 3)).clamp_min(1e-12)  # [R/128, C/128]
-    sigma = fan_in ** -0.5 * torch.exp(0.25 * torch.randn(amax.shape, generator=g))
+    sigma = fan_in ** -0.5 * torch.exp(0.25 * workloads.randn(*amax.shape, generator=g))
     q = workloads.to_fp8(zb, (workloads.FP8_MAX / amax)[:, None, :, None]).view(rows, cols)
     return q, (sigma * amax / workloads.FP8_MAX).to(torch.float32)
 
@@ -79,13 +79,13 @@ def build(axes, given, ctx) -> dict:
     out = {}
     if "routing_bias" not in given:
         # Small: with N(0, 0.02) the 8 ranks' loads spread by about +-20%, a realistic imbalance.
-        out["routing_bias"] = (0.02 * torch.randn(ne, generator=ctx.rng("routing_bias"))).to(torch.bfloat16)
+        out["routing_bias"] = (0.02 * workloads.randn(ne, generator=ctx.rng("routing_bias"))).to(torch.bfloat16)
     if "routing_logits" not in given:
         # Symmetric N(0, 1) logits: every EP rank gets on average 8 * 32 / 256 = 1 expert per token,
         # half the tokens touch this rank. If no token picks a local expert (likely only for tiny
         # batches), one token is steered to two local experts, so the rank always has work.
         g = ctx.rng("routing_logits")
-        logits = torch.randn(t, ne, generator=g)
+        logits = workloads.randn(t, ne, generator=g)
         bias = given.get("routing_bias", out.get("routing_bias"))
         off, scaling = given["local_expert_offset"], given["routed_scaling_factor"]
         lo, hi = max(0, off), min(ne, off + nl)
@@ -99,13 +99,13 @@ def build(axes, given, ctx) -> dict:
         # Activations N(0, 1) with a lognormal(0, 0.5) gain per channel (some channels run hot, as
         # real ones do), quantised per token and 128 channels (amax -> 448).
         g = ctx.rng("hidden_states")
-        gain = torch.exp(0.5 * torch.randn(h, generator=g))
+        gain = torch.exp(0.5 * workloads.randn(h, generator=g))
         hs = torch.empty(t, h, dtype=torch.float8_e4m3fn)
         scale = torch.empty(h // 128, t, dtype=torch.float32)
         chunk = 2048
         for lo in range(0, t, chunk):
             hi = min(lo + chunk, t)
-            q, s = workloads.quantize_rows_blocked(torch.randn(hi - lo, h, generator=g).mul_(gain))
+            q, s = workloads.quantize_rows_blocked(workloads.randn(hi - lo, h, generator=g).mul_(gain))
             hs[lo:hi], scale[:, lo:hi] = q, s.t()
         out["hidden_states"], out["hidden_states_scale"] = hs, scale
     if any(n not in given for n in WEIGHTS):
