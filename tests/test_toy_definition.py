@@ -384,11 +384,3 @@ def test_tune_warms_up_on_several_workers_a_gpu_before_measuring(tmp_path, toy, 
     flows.tune(tmp_path / "traces", device="cuda", warm=0, **kw)
     flows.tune(tmp_path / "traces", device="cpu", warm=3, **kw)
     assert [executors for executors, _, _ in runs] == [{"kdispatch.tuner.job:run_job"}] * 2
-
-
-def test_the_default_warm_up_takes_half_the_cores_a_gpu():
-    assert flows.warm_workers(["cuda:0"], cpus=16) == 8
-    assert flows.warm_workers(["cuda:0"], cpus=64) == 8
-    assert flows.warm_workers([f"cuda:{i}" for i in range(4)], cpus=16) == 2
-    assert flows.warm_workers(["cuda:0", "cuda:1"], cpus=2) == 0
-    assert flows.warm_workers(["cpu"], cpus=16) == 0

@@ -60,9 +60,10 @@ def add_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a worker is "
                                                                 "killed as hung (default 300)")
     p.add_argument("--no-route", action="store_true", help="measure only; do not compile routers")
-    p.add_argument("--warm", type=int, metavar="N",
+    p.add_argument("--warm", type=int, default=0, metavar="N",
                    help="warm-up workers per GPU that first call every pending variant once, so that the compiles "
-                        "run in parallel before the measuring (default: half the cores a GPU, at most 8; 0: none)")
+                        "run in parallel before the measuring (default 0: none; it pays on compile-heavy sets, "
+                        "benchmarks/results/warm-ab-H200.txt)")
     p.add_argument("--screen", type=float, default=SCREEN_FACTOR, metavar="FACTOR",
                    help="neither gate nor time a variant on a workload where a rough first time is over FACTOR times "
                         f"the fastest's in both call modes (default {SCREEN_FACTOR:g}; 0: measure every pair fully)")
@@ -155,8 +156,7 @@ def _check_workloads(args) -> None:
 
 
 def cmd_tune(args) -> int:
-    from .flows import tune, warm_workers
-    from .plan import parse_devices
+    from .flows import tune
 
     _check_workloads(args)
     if args.pending:
@@ -169,7 +169,7 @@ def cmd_tune(args) -> int:
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
-             screen=args.screen or None, warm=args.warm if args.warm is not None else warm_workers(parse_devices(args.device)))
+             screen=args.screen or None, warm=args.warm)
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

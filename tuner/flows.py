@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -56,7 +55,10 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
 
     `warm`: worker processes per GPU that first call every pending variant once on its workload
     (tuner/job.py `warm_job`), so that the compiles run in parallel ahead of the measuring worker;
-    0 (and on the CPU, or with another executor): none.
+    0 (and on the CPU, or with another executor): none. Measured on an H200 host (2026-11-28,
+    benchmarks/results/warm-ab-H200.txt): the measuring of the pool prefill ran 31% faster after
+    a 41-52 s warm-up (about 11% off that definition's tune), the decode family's not enough to pay
+    for its 36 s; a warm-up also repeats with every resumed run, so it is off unless asked for.
 
     `screen`: a factor; a variant whose rough time on a workload is over it times the fastest's, in
     both call modes, is neither gated nor timed there (tuner/job.py; `kdispatch tune` screens at
@@ -150,14 +152,6 @@ def _warm_up(plans, devices: list[str], per_device: int, quick: bool, trials, ti
                    deadline=deadline)
     stream.write(f"[warm] {clock(time.monotonic() - t0)}\n")
     return done
-
-
-def warm_workers(devices: list[str], cpus: int | None = None) -> int:
-    """`kdispatch tune`'s default warm-up workers per GPU: half the host's cores a GPU, at most 8
-    (each holds a CUDA context and one workload's inputs), none on the CPU."""
-    if devices == ["cpu"]:
-        return 0
-    return max(0, min(8, (cpus or os.cpu_count() or 2) // len(devices) // 2))
 
 
 def _sigterm(signum, frame):
