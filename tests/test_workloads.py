@@ -449,6 +449,15 @@ def test_large_normal_draws_are_parallel_and_independent_of_the_thread_count(mon
     assert not torch.equal(W.randn(5_000, generator=g), draw(1, 5_000))
 
 
+def test_sparse_indices_rows_do_not_depend_on_the_thread_count(monkeypatch):
+    rows = []
+    for threads in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        rows.append(dsa_spec.random_sparse_indices(40, 300, 64, 2048, torch.Generator().manual_seed(5)))
+    assert torch.equal(*rows)
+    assert not torch.equal(rows[0][0], rows[0][1])
+
+
 def test_workload_forms_and_names_agree():
     from flashinfer_bench.data import Trace
 
