@@ -279,6 +279,30 @@ def test_a_region_ends_where_its_time_ratio_crosses_the_baseline():
     assert midway.route({"batch_size": 65}) == "flashinfer"
 
 
+def test_two_variants_regions_meet_where_their_times_cross():
+    """Both variants beat the baseline everywhere; A takes 0.85x B's time up to batch 32 and 1.7x from
+    128. Their regions share the face the split put at 64 (the geometric midpoint); it moves, in both,
+    to where A's time over B's crosses 1 in log-log, near 44: batch 44 to A, 45 and 60 to B. Where B
+    was not measured at A's batches, nothing says where they cross: the face stays midway."""
+    wl = [(f"d{b}-{k}", {"batch_size": b}) for b in (1, 2, 4, 8, 16, 32, 128, 256, 512, 1024) for k in range(2)]
+
+    def policy(b_measured_low: bool):
+        def lat(name, axes):
+            b = axes["batch_size"]
+            if name == "flashinfer":
+                return 3.0 * (10.0 + b)
+            if name == "B":
+                return None if b <= 32 and not b_measured_low else 10.0 + b
+            return (10.0 + b) * (0.85 if b <= 32 else 1.7)
+        return fitting.fit(fitting.load_table(build_store(DECODE, wl, lat), DECODE, "sm90"), with_heldout=False)
+
+    crossing, midway = policy(True), policy(False)
+    assert [crossing.route({"batch_size": b}) for b in (1, 32, 40, 44)] == ["A"] * 4
+    assert [crossing.route({"batch_size": b}) for b in (45, 60, 128, 2048)] == ["B"] * 4
+    assert [midway.route({"batch_size": b}) for b in (32, 60, 64)] == ["A"] * 3
+    assert [midway.route({"batch_size": b}) for b in (65, 128)] == ["B"] * 2
+
+
 def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
     """Prefill coverage measures a shape in three length mixes: A winning one shape's three workloads
     gets no region of its own (they could be one shape's luck), for graph calls (two shapes in every

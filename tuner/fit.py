@@ -79,7 +79,10 @@ feature space does not hand the variant shapes far from any it won on, nearer to
 won; they go to the baseline (`_tighten`). That bound sits where the variant's time over the
 baseline's, interpolated in log-log between the two, crosses 1 (`_crossing`; midway where the
 variant was not measured beyond its region): a kernel that wins by 15% on one side and loses by 70%
-on the other stops winning much nearer the first.
+on the other stops winning much nearer the first. Where two variants' regions meet on a split, each
+the other's only neighbour across it, the shared bound moves in both to where their times cross the
+same way (`_settle`; its effect on the held-out scores: benchmarks/results/README.md, the
+heldout-check entries).
 
 Estimated times (`Spec.estimate`, tuner/estimate.py). Where the spec asks for it and the fit's
 features include the spec's estimate features (pool prefill with the longest sequence: the hinted
@@ -580,7 +583,7 @@ def _regions(table: Table, params: FitParams, mode: str, guarded: bool = False,
         tree = _grow(m, np.arange(len(m.X)), 0, replace(params, max_depth=est.max_depth))
         boxes = _merge_boxes(_leaves(tree, {}), m.fit)  # the estimates place the bounds between workloads
     else:
-        boxes = _tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m)
+        boxes = _settle(_tighten(_merge_boxes(_leaves(_grow(m, np.arange(n), 0, params), {}), m.fit), m), m)
     return [Region(bounds, m.names[vj], [table.uuids[i] for i in sorted(idx) if i < n],
                    fallbacks=m.runners_up(np.array(sorted(idx)), vj) if vj
                    else m.stand_ins(np.array(sorted(i for i in idx if i < n), dtype=np.int64)))
@@ -704,7 +707,7 @@ def _tighten(boxes, m: _Matrix):
     few-sequence shapes measured up to 74 tokens kept a bound of 570 set between many-sequence
     workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the baseline, which was
     chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
-    Bounds towards another variant's box stay where the split put them."""
+    Bounds towards another variant's box are `_settle`'s."""
     rivals = np.zeros(len(m.X), dtype=bool)
     for _bounds, vj, idx in boxes:
         if vj == 0:
@@ -738,19 +741,68 @@ def _tighten(boxes, m: _Matrix):
     return out
 
 
-def _crossing(m: _Matrix, vj: int, fi: int, inner, outer, a: int, b: int) -> int:
+def _settle(boxes, m: _Matrix):
+    """The faces `_tighten` leaves: where a box of one variant and a box of another (neither the
+    baseline) meet on a feature's split, and each is the other's only neighbour across it, the shared
+    bound moves, in both boxes, from the split to where the two variants' times cross between their
+    nearest workloads (`_crossing` against the neighbour). A split sits midway between the node's
+    neighbouring values; when the two are far apart, the shapes between went to whichever side the
+    midpoint gave them (pool prefill, 2 value heads, eager: the fused kernel's box reached 5,116
+    tokens, its workloads stopping at 2,048, and a 66 x 4,391 call took 569 us against its
+    neighbour's 399; H200, 2026-11-28)."""
+    out = [(dict(b), vj, idx) for b, vj, idx in boxes]
+    for i in range(len(out)):
+        bi, vi, ii = out[i]
+        if vi == 0 or not ii:
+            continue
+        for name in list(bi):
+            lo, hi = bi[name]
+            if hi is None or feats.is_bool(m.t.definition, name):
+                continue
+            ahead = [j for j, (bj, _, _) in enumerate(out) if j != i and bj.get(name, (None, None))[0] == hi
+                     and _touch(bi, bj, name)]
+            if len(ahead) != 1:
+                continue
+            j = ahead[0]
+            bj, vk, ij = out[j]
+            behind = [k for k, (bk, _, _) in enumerate(out) if k != j and bk.get(name, (None, None))[1] == hi
+                      and _touch(bk, bj, name)]
+            if vk in (0, vi) or not ij or behind != [i]:
+                continue
+            fi = m.fit.index(name)
+            a, b = int(m.X[ii, fi].max()), int(m.X[ij, fi].min())
+            if not a <= hi < b:
+                continue
+            t = _crossing(m, vi, fi, np.asarray(ii), np.asarray(ij), a, b, against=vk)
+            bi[name], bj[name] = (lo, t), (t, bj[name][1])
+    return out
+
+
+def _touch(a: dict, b: dict, along: str) -> bool:
+    """Whether two boxes overlap in every feature but `along` (bounds: lo exclusive, hi inclusive)."""
+    for f in (set(a) | set(b)) - {along}:
+        (alo, ahi), (blo, bhi) = a.get(f, (None, None)), b.get(f, (None, None))
+        lo = max((v for v in (alo, blo) if v is not None), default=-math.inf)
+        hi = min((v for v in (ahi, bhi) if v is not None), default=math.inf)
+        if lo >= hi:
+            return False
+    return True
+
+
+def _crossing(m: _Matrix, vj: int, fi: int, inner, outer, a: int, b: int, against: int = 0) -> int:
     """The threshold on feature `fi` between a box's own edge value `a` (variant vj chosen) and the
-    nearest value `b` where the baseline was chosen: where vj's time over the baseline's, in log-log
-    between its mean at a (own workloads) and at b (the baseline's), crosses 1; the geometric
-    midpoint where that cannot be estimated (vj not measured at b, or not losing there). Returned as
-    the bound beyond which the baseline takes over: the last value of the box's side (a <= t < b
+    nearest value `b` where the baseline (or the variant `against`) was chosen: where vj's time over
+    that one's, in log-log between its mean at a (own workloads) and at b (the other's), crosses 1;
+    the geometric midpoint where that cannot be estimated (vj not measured at b, or not losing there,
+    or the other not measured at a). Returned as the bound beyond which the other takes over: the
+    last value of the box's side (a <= t < b
     when b > a; b <= t < a when b < a, a lower bound being exclusive). The times fall steeply on one
     side of a crossover: 32 value heads, 16 sequences, the chunked kernel 0.85x the baseline's time
     at 32 tokens a sequence and 1.7x at 128; the midpoint (64) sent 64-token sequences to it, 1.10x
     slower than the baseline (H100, 2026-11-26)."""
     def log_ratio(rows, at: int) -> float:
         rows = rows[m.X[rows, fi] == at]
-        r = m.lat[vj, rows] / m.lat[0, rows]
+        r = m.lat[vj, rows] / m.lat[against, rows]
         r = r[np.isfinite(r) & (r > 0)]
         return float(np.log(r).mean()) if r.size else math.nan
     lo_v, hi_v = min(a, b), max(a, b)

@@ -41,15 +41,15 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.33% mean, 49.56% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.30% mean, 49.56% max;
 #             1.182x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.17% mean, 76.53% max;
-#             1.307x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.04% mean, 76.53% max;
+#             1.308x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 40: triton_splitk.b64s16, 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 40 < num_tokens <= 68: triton_splitk.b64s4, 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
+#   3. 8 < num_tokens <= 36: triton_splitk.b64s16, 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   4. 36 < num_tokens <= 68: triton_splitk.b64s4, 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
 #   5. 68 < num_tokens <= 118: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2
 #   6. 127 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.12x (1.05x .. 1.21x) over flashmla_sparse
 #   7. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 10 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
@@ -69,8 +69,8 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 26, 'speedup': (5.36, 7.47, 8.5), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 8)}, 'workloads': 32, 'speedup': (4.27, 4.99, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 40)}, 'workloads': 12, 'speedup': (1.57, 2.65, 3.96), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 68)}, 'workloads': 4, 'speedup': (1.29, 1.41, 1.5), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 36)}, 'workloads': 12, 'speedup': (1.57, 2.65, 3.96), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (36, 68)}, 'workloads': 4, 'speedup': (1.29, 1.41, 1.5), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
     {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (68, 118)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2')},
     {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (127, 269)}, 'workloads': 6, 'speedup': (1.05, 1.12, 1.21), 'fallbacks': ()},
     {'region': 7, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1056)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
@@ -101,10 +101,10 @@ def route(num_tokens, num_pages):
     if 4 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
     # region 3: 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse
-    if 8 < num_tokens <= 40:
+    if 8 < num_tokens <= 36:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
     # region 4: 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse
-    if 40 < num_tokens <= 68:
+    if 36 < num_tokens <= 68:
         return ('triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4') if inside else 'triton_splitk.b64s4'
     # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 68 < num_tokens <= 118:

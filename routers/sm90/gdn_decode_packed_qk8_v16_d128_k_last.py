@@ -55,12 +55,12 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.71% mean, 8.63% max;
 #             1.031x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.13% mean, 36.01% max;
-#             1.798x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.69% mean, 36.01% max;
+#             1.794x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 16 workloads, 1.55x (1.22x .. 1.92x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 12 < batch_size <= 19: triton_decode_pool.v32w1cs, 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode; then triton_decode_pool.v32w1
-#   3. 19 < batch_size <= 88: cuda_decode_pool_rows.r4cs, 12 workloads, 1.11x (1.03x .. 1.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w1cs
+#   2. 12 < batch_size <= 17: triton_decode_pool.v32w1cs, 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode; then triton_decode_pool.v32w1
+#   3. 17 < batch_size <= 88: cuda_decode_pool_rows.r4cs, 12 workloads, 1.11x (1.03x .. 1.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, triton_decode_pool.v8w1cs
 #   4. 88 < batch_size <= 142: triton_decode_pool.v8w1cs, 4 workloads, 1.04x (1.03x .. 1.06x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   5. batch_size > 142: sglang_packed_decode (baseline), 10 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
@@ -68,14 +68,14 @@
 #   2. 4 < batch_size <= 7: cuda_decode_pool_rows.r8, 4 workloads, 3.21x (2.51x .. 4.16x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
 #   3. 7 < batch_size <= 15: cuda_decode_pool_rows.r4, 6 workloads, 2.98x (2.28x .. 3.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs
 #   4. 15 < batch_size <= 32: cuda_decode_pool_rows.r2cs, 6 workloads, 2.63x (2.09x .. 3.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
-#   5. 32 < batch_size <= 117: cuda_decode_pool_rows.r4, 10 workloads, 2.01x (1.34x .. 3.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w1cs
-#   6. batch_size > 117: cuda_decode_pool_rows.r8, 12 workloads, 1.27x (1.10x .. 1.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1
+#   5. 32 < batch_size <= 111: cuda_decode_pool_rows.r4, 10 workloads, 2.01x (1.34x .. 3.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v16w1cs
+#   6. batch_size > 111: cuda_decode_pool_rows.r8, 12 workloads, 1.27x (1.10x .. 1.55x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 12)}, 'workloads': 16, 'speedup': (1.22, 1.55, 1.92), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (12, 19)}, 'workloads': 4, 'speedup': (1.11, 1.13, 1.14), 'fallbacks': ('triton_decode_pool.v32w1',)},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (19, 88)}, 'workloads': 12, 'speedup': (1.03, 1.11, 1.25), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs')},
+    {'region': 2, 'variant': 'triton_decode_pool.v32w1cs', 'bounds': {'batch_size': (12, 17)}, 'workloads': 4, 'speedup': (1.11, 1.13, 1.14), 'fallbacks': ('triton_decode_pool.v32w1',)},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (17, 88)}, 'workloads': 12, 'speedup': (1.03, 1.11, 1.25), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs')},
     {'region': 4, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (88, 142)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': (), 'hand_back': True},
     {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (142, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
@@ -85,8 +85,8 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (4, 7)}, 'workloads': 4, 'speedup': (2.51, 3.21, 4.16), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
     {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (7, 15)}, 'workloads': 6, 'speedup': (2.28, 2.98, 3.98), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs')},
     {'region': 4, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (15, 32)}, 'workloads': 6, 'speedup': (2.09, 2.63, 3.25), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (32, 117)}, 'workloads': 10, 'speedup': (1.34, 2.01, 3.07), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w1cs')},
-    {'region': 6, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (117, None)}, 'workloads': 12, 'speedup': (1.1, 1.27, 1.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1')},
+    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (32, 111)}, 'workloads': 10, 'speedup': (1.34, 2.01, 3.07), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w1cs')},
+    {'region': 6, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (111, None)}, 'workloads': 12, 'speedup': (1.1, 1.27, 1.55), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -98,10 +98,10 @@ def route(batch_size, num_slots):
     if batch_size <= 12:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
     # region 2: 4 workloads, 1.13x (1.11x .. 1.14x) over sglang_packed_decode
-    if 12 < batch_size <= 19:
+    if 12 < batch_size <= 17:
         return ('triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'triton_decode_pool.v32w1cs'
     # region 3: 12 workloads, 1.11x (1.03x .. 1.25x) over sglang_packed_decode
-    if 19 < batch_size <= 88:
+    if 17 < batch_size <= 88:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
     # region 4: 4 workloads, 1.04x (1.03x .. 1.06x) over sglang_packed_decode's guarded call
     if 88 < batch_size <= 142:
@@ -127,10 +127,10 @@ def route_eager(batch_size, num_slots):
     if 15 < batch_size <= 32:
         return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r2cs'
     # region 5: 10 workloads, 2.01x (1.34x .. 3.07x) over sglang_packed_decode
-    if 32 < batch_size <= 117:
+    if 32 < batch_size <= 111:
         return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4'
     # region 6: 12 workloads, 1.27x (1.10x .. 1.55x) over sglang_packed_decode
-    if batch_size > 117:
+    if batch_size > 111:
         return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
 

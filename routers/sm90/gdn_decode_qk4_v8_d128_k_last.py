@@ -40,32 +40,32 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.82% mean, 10.79% max;
 #             1.064x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.15% mean, 103.37% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.12% mean, 103.37% max;
 #             1.531x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 24 workloads, 1.98x (1.87x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 #   2. 2 < batch_size <= 5: cuda_decode_warp_rows.r2cs, 22 workloads, 1.72x (1.59x .. 1.83x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   3. 5 < batch_size <= 60: cuda_decode_warp_rows.r8cs, 90 workloads, 1.29x (1.10x .. 1.58x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs
-#   4. 60 < batch_size <= 331: cuda_decode_warp_rows.r2cs, 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
+#   3. 5 < batch_size <= 59: cuda_decode_warp_rows.r8cs, 90 workloads, 1.29x (1.10x .. 1.58x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs
+#   4. 59 < batch_size <= 331: cuda_decode_warp_rows.r2cs, 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
 #   5. batch_size > 331: flashinfer (baseline), 18 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv, fla_fused_recurrent
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 1: cuda_decode_warp_rows.r8, 22 workloads, 2.01x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs
 #   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r4cs, 22 workloads, 2.14x (1.26x .. 3.05x) over flashinfer; then cuda_decode_warp_rows.r2cs
 #   3. 4 < batch_size <= 10: cuda_decode_warp_rows.r2cs, 24 workloads, 2.04x (1.20x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
 #   4. 10 < batch_size <= 29: cuda_decode_warp_rows.r1cs, 30 workloads, 2.01x (1.30x .. 3.16x) over flashinfer; then cuda_decode_warp_rows.r2cs
-#   5. 29 < batch_size <= 45: cuda_decode_warp_rows.r4cs, 20 workloads, 1.85x (1.28x .. 2.55x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
-#   6. 45 < batch_size <= 60: cuda_decode_warp_rows.r2cs, 18 workloads, 1.69x (1.19x .. 3.51x) over flashinfer; then cuda_decode_warp_rows.r4cs
-#   7. 60 < batch_size <= 65: cuda_decode_warp_rows.r1cs, 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
-#   8. 65 < batch_size <= 535: cuda_decode_warp_rows.r2cs, 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
-#   9. 535 < batch_size <= 703: cuda_decode_warp_rows.r2, 4 workloads, 1.13x (1.10x .. 1.18x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
+#   5. 29 < batch_size <= 47: cuda_decode_warp_rows.r4cs, 20 workloads, 1.85x (1.28x .. 2.55x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
+#   6. 47 < batch_size <= 63: cuda_decode_warp_rows.r2cs, 18 workloads, 1.69x (1.19x .. 3.51x) over flashinfer; then cuda_decode_warp_rows.r4cs
+#   7. 63 < batch_size <= 64: cuda_decode_warp_rows.r1cs, 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
+#   8. 64 < batch_size <= 556: cuda_decode_warp_rows.r2cs, 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
+#   9. 556 < batch_size <= 703: cuda_decode_warp_rows.r2, 4 workloads, 1.13x (1.10x .. 1.18x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
 #   10. batch_size > 703: cuda_decode_warp_rows.r2cs, 6 workloads, 1.17x (1.09x .. 1.45x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 24, 'speedup': (1.87, 1.98, 2.02), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 5)}, 'workloads': 22, 'speedup': (1.59, 1.72, 1.83), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (5, 60)}, 'workloads': 90, 'speedup': (1.1, 1.29, 1.58), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (60, 331)}, 'workloads': 44, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (5, 59)}, 'workloads': 90, 'speedup': (1.1, 1.29, 1.58), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (59, 331)}, 'workloads': 44, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (331, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent')},
 )
 
@@ -74,11 +74,11 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (1, 4)}, 'workloads': 22, 'speedup': (1.26, 2.14, 3.05), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
     {'region': 3, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (4, 10)}, 'workloads': 24, 'speedup': (1.2, 2.04, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
     {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (10, 29)}, 'workloads': 30, 'speedup': (1.3, 2.01, 3.16), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (29, 45)}, 'workloads': 20, 'speedup': (1.28, 1.85, 2.55), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (45, 60)}, 'workloads': 18, 'speedup': (1.19, 1.69, 3.51), 'fallbacks': ('cuda_decode_warp_rows.r4cs',)},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (60, 65)}, 'workloads': 18, 'speedup': (1.19, 1.62, 2.63), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 535)}, 'workloads': 34, 'speedup': (1.09, 1.41, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (535, 703)}, 'workloads': 4, 'speedup': (1.1, 1.13, 1.18), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (29, 47)}, 'workloads': 20, 'speedup': (1.28, 1.85, 2.55), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (47, 63)}, 'workloads': 18, 'speedup': (1.19, 1.69, 3.51), 'fallbacks': ('cuda_decode_warp_rows.r4cs',)},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (63, 64)}, 'workloads': 18, 'speedup': (1.19, 1.62, 2.63), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (64, 556)}, 'workloads': 34, 'speedup': (1.09, 1.41, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (556, 703)}, 'workloads': 4, 'speedup': (1.1, 1.13, 1.18), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
     {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (703, None)}, 'workloads': 6, 'speedup': (1.09, 1.17, 1.45), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4')},
 )
 
@@ -94,10 +94,10 @@ def route(batch_size):
     if 2 < batch_size <= 5:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 3: 90 workloads, 1.29x (1.10x .. 1.58x) over flashinfer
-    if 5 < batch_size <= 60:
+    if 5 < batch_size <= 59:
         return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
     # region 4: 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
-    if 60 < batch_size <= 331:
+    if 59 < batch_size <= 331:
         return 'cuda_decode_warp_rows.r2cs'
     # region 5: 18 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 331:
@@ -120,19 +120,19 @@ def route_eager(batch_size):
     if 10 < batch_size <= 29:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1cs'
     # region 5: 20 workloads, 1.85x (1.28x .. 2.55x) over flashinfer
-    if 29 < batch_size <= 45:
+    if 29 < batch_size <= 47:
         return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
     # region 6: 18 workloads, 1.69x (1.19x .. 3.51x) over flashinfer
-    if 45 < batch_size <= 60:
+    if 47 < batch_size <= 63:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 7: 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
-    if 60 < batch_size <= 65:
+    if 63 < batch_size <= 64:
         return 'cuda_decode_warp_rows.r1cs'
     # region 8: 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer
-    if 65 < batch_size <= 535:
+    if 64 < batch_size <= 556:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 9: 4 workloads, 1.13x (1.10x .. 1.18x) over flashinfer
-    if 535 < batch_size <= 703:
+    if 556 < batch_size <= 703:
         return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2'
     # region 10: 6 workloads, 1.17x (1.09x .. 1.45x) over flashinfer
     if batch_size > 703:

@@ -35,28 +35,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.01% mean, 63.41% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.99% mean, 63.41% max;
 #             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.12% mean, 148.92% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.10% mean, 148.92% max;
 #             1.177x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and num_seqs <= 3: triton_prefill_fused.c16v32, 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 317 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   5. 45 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   5. 60 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
 #   6. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   7. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 19 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 24 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22: triton_prefill_fused.c16v64, 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 19 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. 24 < total_seq_len <= 110 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 110 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   6. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   7. 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   7. 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
 #   8. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   9. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
@@ -66,11 +66,11 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 7, 'speedup': (4.76, 5.56, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 7, 'speedup': (4.76, 5.56, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 317)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (60, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 148, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
@@ -78,13 +78,13 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 19)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 24)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.6, 1.95, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 24, 'speedup': (1.19, 2.49, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (19, 106)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 224)}, 'workloads': 24, 'speedup': (1.19, 2.49, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (24, 110)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (110, 362)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (212, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (224, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.68, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.29, 1.48, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
@@ -100,7 +100,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 3:
+    if total_seq_len <= 60 and num_seqs <= 3:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 2: 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 3 < num_seqs <= 11:
@@ -112,7 +112,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 319 and 11 < num_seqs <= 23:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 5: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 1980 and num_seqs <= 3:
+    if 60 < total_seq_len <= 1980 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 319 and 3 < num_seqs <= 11:
@@ -133,25 +133,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 19 and num_seqs <= 2:
+    if total_seq_len <= 24 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
     # region 3: 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len <= 22:
+    if total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill
-    if 19 < total_seq_len <= 106 and num_seqs <= 2:
+    if 24 < total_seq_len <= 110 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2:
+    if 110 < total_seq_len <= 362 and num_seqs <= 2:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
     # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 7: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
+    if 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k4c8'
     # region 8: 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 724 and num_seqs > 250:

@@ -37,7 +37,7 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 24.54% mean, 340.01% max;
 #             1.194x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 46.14% mean, 356.82% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 46.23% mean, 356.82% max;
 #             1.715x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
@@ -51,19 +51,19 @@
 #   9. 5 < num_seqs <= 14 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   10. 31 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   11. 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   12. 30 < total_seq_len <= 72 and num_seqs <= 31 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   13. total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
+#   12. 30 < total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   13. total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
 #   14. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   15. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 419: triton_prefill_fused.c16v32, 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   3. total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 724: triton_prefill_fused.c16v64, 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 724: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 419: triton_prefill_chunked.v64, 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-#   6. 9 < total_seq_len <= 38 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. 38 < total_seq_len <= 126 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. 126 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 487: triton_prefill_fused.c16v32, 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 612: triton_prefill_fused.c16v64, 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 612: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 487: triton_prefill_chunked.v64, 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+#   6. 9 < total_seq_len <= 42 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 42 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   9. 264 < total_seq_len <= 533 and mean_seq_len <= 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   10. total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
 #   11. total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -83,21 +83,21 @@ REGIONS = (
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (5, 14)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (31, 169)}, 'workloads': 31, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (31, 169)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (30, 72)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (72, None)}, 'workloads': 46, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (30, 68)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (68, None)}, 'workloads': 46, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (2, None), 'total_seq_len': (None, 3436)}, 'workloads': 36, 'speedup': (1.15, 3.34, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 724), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 22, 'speedup': (1.73, 3.19, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4089)}, 'workloads': 6, 'speedup': (1.18, 1.8, 3.04), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 38)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (38, 126)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (126, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 487), 'num_seqs': (2, None), 'total_seq_len': (None, 3436)}, 'workloads': 36, 'speedup': (1.15, 3.34, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 612), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 22, 'speedup': (1.73, 3.19, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (612, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (487, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4089)}, 'workloads': 6, 'speedup': (1.18, 1.8, 3.04), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 42)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (42, 125)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (264, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.64, 4.14, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -145,10 +145,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 12: 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill
-    if 30 < total_seq_len <= 72 and num_seqs <= 31 and mean_seq_len <= 90:
+    if 30 < total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 13: 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and num_seqs <= 31 and mean_seq_len <= 90:
+    if total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 14: 12 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
@@ -166,25 +166,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 9 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 419:
+    if total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 487:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 724:
+    if total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 612:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 724:
+    if total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 612:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
     # region 5: 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 419:
+    if total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 487:
         return 'triton_prefill_chunked.v64'
     # region 6: 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill
-    if 9 < total_seq_len <= 38 and mean_seq_len <= 90:
+    if 9 < total_seq_len <= 42 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 7: 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill
-    if 38 < total_seq_len <= 126 and mean_seq_len <= 90:
+    if 42 < total_seq_len <= 125 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 8: 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill
-    if 126 < total_seq_len <= 264 and mean_seq_len <= 90:
+    if 125 < total_seq_len <= 264 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 264 < total_seq_len <= 533 and mean_seq_len <= 5:

@@ -41,8 +41,8 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 23.70% mean, 354.35% max;
 #             1.486x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 7: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   5. 13 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
@@ -53,23 +53,23 @@
 #   10. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 181 and 8 < num_seqs <= 62: cuda_prefill_pool_rows.k16c8, 15 workloads, 2.59x (1.62x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   3. total_seq_len <= 181 and num_seqs > 62: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.51x (1.71x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   4. total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 22 workloads, 1.98x (1.29x .. 3.08x) over vllm_flashinfer_prefill
 #   5. num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 6 workloads, 9.45x (5.31x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   6. num_seqs <= 8 and 4 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.04x (4.64x .. 18.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 362 and num_seqs > 46: cuda_prefill_pool_rows.k16c8, 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
-#   8. 181 < total_seq_len <= 399 and 8 < num_seqs <= 46: cuda_prefill_pool_rows.k8c8, 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len > 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   7. total_seq_len > 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. 181 < total_seq_len <= 362 and num_seqs > 46: cuda_prefill_pool_rows.k16c8, 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
+#   9. 181 < total_seq_len <= 399 and 8 < num_seqs <= 46: cuda_prefill_pool_rows.k8c8, 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   11. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   12. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, 45), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 188)}, 'workloads': 52, 'speedup': (1.04, 1.08, 1.14), 'fallbacks': ()},
@@ -82,15 +82,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 12, 'speedup': (3.34, 5.06, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (None, 168)}, 'workloads': 12, 'speedup': (3.34, 5.06, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.62, 2.59, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.71, 2.51, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 22, 'speedup': (1.29, 1.98, 3.08), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (5.31, 9.45, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 22), 'num_seqs': (None, 8)}, 'workloads': 5, 'speedup': (4.64, 9.04, 18.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (46, None), 'total_seq_len': (181, 362)}, 'workloads': 6, 'speedup': (1.14, 1.79, 2.95), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 46), 'total_seq_len': (181, 399)}, 'workloads': 10, 'speedup': (1.1, 2.0, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 46, 'speedup': (1.32, 3.0, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (168, None)}, 'workloads': 46, 'speedup': (1.32, 3.0, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (46, None), 'total_seq_len': (181, 362)}, 'workloads': 6, 'speedup': (1.14, 1.79, 2.95), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 46), 'total_seq_len': (181, 399)}, 'workloads': 10, 'speedup': (1.1, 2.0, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 6, 'speedup': (1.04, 1.74, 3.27), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -103,10 +103,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 8:
+    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 8:
+    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 7:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45:
@@ -142,7 +142,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
+    if total_seq_len <= 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 15 workloads, 2.59x (1.62x .. 7.59x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 62:
@@ -159,15 +159,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 5 workloads, 9.04x (4.64x .. 18.55x) over vllm_flashinfer_prefill
     if num_seqs <= 8 and 4 < mean_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
+    # region 7: 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 362 and num_seqs > 46:
         return 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill
+    # region 9: 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 399 and 8 < num_seqs <= 46:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 10: 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'

@@ -45,27 +45,27 @@
 #   3. 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   4. 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 72 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   6. 31 < total_seq_len <= 90 and num_seqs <= 4: triton_prefill_fused.c16v32, 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   6. 31 < total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   7. 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   8. 90 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   8. 66 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 11: triton_prefill_fused.c16v32, 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 18 workloads, 6.75x (3.43x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 17 workloads, 4.08x (2.93x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12: triton_prefill_fused.c16v32, 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 55: cuda_prefill_pool_rows.k8c8, 18 workloads, 6.75x (3.43x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 326 and num_seqs <= 4 and 55 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 17 workloads, 4.08x (2.93x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.19x (1.53x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   7. 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11: triton_prefill_fused.c16v64, 6 workloads, 1.45x (1.12x .. 2.00x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   8. 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   9. 280 < total_seq_len <= 724 and num_seqs > 71: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   10. total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 181: triton_prefill_fused.c16v64, 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. total_seq_len > 326 and num_seqs <= 4 and 181 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 193: triton_prefill_fused.c16v64, 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len > 326 and num_seqs <= 4 and 193 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   13. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 71 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   14. total_seq_len > 724 and num_seqs > 71: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   15. total_seq_len > 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   16. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -75,29 +75,29 @@ REGIONS = (
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, 90), 'num_seqs': (4, 21)}, 'workloads': 35, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 72, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (31, 90)}, 'workloads': 7, 'speedup': (3.09, 4.26, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (31, 66)}, 'workloads': 7, 'speedup': (3.09, 4.26, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (63, 397)}, 'workloads': 12, 'speedup': (1.28, 1.43, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (90, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (66, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 31, 'speedup': (1.07, 2.33, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.31, 1.66, 2.06), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 18, 'speedup': (3.43, 6.75, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 17, 'speedup': (2.93, 4.08, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1347)}, 'workloads': 8, 'speedup': (1.82, 2.6, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 31, 'speedup': (1.07, 2.33, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.31, 1.66, 2.06), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 18, 'speedup': (3.43, 6.75, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (55, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 17, 'speedup': (2.93, 4.08, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1115)}, 'workloads': 8, 'speedup': (1.82, 2.6, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 6, 'speedup': (1.53, 2.19, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 11), 'total_seq_len': (280, 545)}, 'workloads': 6, 'speedup': (1.12, 1.45, 2.0), 'fallbacks': (), 'hand_back': True},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, 71), 'total_seq_len': (280, 545)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (280, 724)}, 'workloads': 8, 'speedup': (1.27, 1.81, 2.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (4, 71), 'total_seq_len': (280, None)}, 'workloads': 6, 'speedup': (1.17, 1.34, 1.47), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 181), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 6, 'speedup': (2.51, 3.62, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (181, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (1.58, 2.81, 4.25), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 193), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 6, 'speedup': (2.51, 3.62, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (193, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (1.58, 2.81, 4.25), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 71, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1347, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1115, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
@@ -123,13 +123,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if num_seqs > 21 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 6: 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 90 and num_seqs <= 4:
+    if 31 < total_seq_len <= 66 and num_seqs <= 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill
     if 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 2438 and num_seqs <= 4:
+    if 66 < total_seq_len <= 2438 and num_seqs <= 4:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3:
@@ -144,19 +144,19 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 11:
+    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 11:
+    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12:
         return 'triton_prefill_fused.c16v32'
     # region 3: 18 workloads, 6.75x (3.43x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 45:
+    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 55:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 4: 17 workloads, 4.08x (2.93x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
+    if total_seq_len <= 326 and num_seqs <= 4 and 55 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
+    if total_seq_len <= 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 6: 6 workloads, 2.19x (1.53x .. 3.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901:
@@ -174,10 +174,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 11: 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 181:
+    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 193:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
     # region 12: 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 181 < mean_seq_len <= 462:
+    if total_seq_len > 326 and num_seqs <= 4 and 193 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 13: 71 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11:
@@ -186,7 +186,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len > 724 and num_seqs > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 15: 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 1347 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
+    if total_seq_len > 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 16: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901:

@@ -29,12 +29,12 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.43% mean, 15.66% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.38% mean, 70.80% max;
-#             2.054x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.12% mean, 70.80% max;
+#             2.057x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 6: cuda_verify_rows.r2, 16 workloads, 1.53x (1.23x .. 1.77x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 6 < num_seqs <= 11: cuda_verify_rows.r4, 4 workloads, 1.27x (1.18x .. 1.36x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 11 < num_seqs <= 25: cuda_verify_rows.r8, 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 6 < num_seqs <= 13: cuda_verify_rows.r4, 4 workloads, 1.27x (1.18x .. 1.36x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 13 < num_seqs <= 25: cuda_verify_rows.r8, 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. 25 < num_seqs <= 57: sglang_verify (baseline), 4 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 #   5. 57 < num_seqs <= 98: cuda_verify_rows.r4, 4 workloads, 1.09x (1.03x .. 1.18x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   6. num_seqs > 98: sglang_verify (baseline), 10 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
@@ -42,16 +42,16 @@
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 6 workloads, 4.04x (2.20x .. 6.41x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
 #   2. 1 < num_seqs <= 2: cuda_verify_rows.r4, 4 workloads, 3.43x (2.20x .. 5.45x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
 #   3. 2 < num_seqs <= 4: cuda_verify_rows.r1, 4 workloads, 3.96x (2.80x .. 5.56x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8, cuda_verify_rows.r4
-#   4. 4 < num_seqs <= 11: cuda_verify_rows.r4, 6 workloads, 3.38x (2.56x .. 4.40x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r1
-#   5. 11 < num_seqs <= 25: cuda_verify_rows.r2, 4 workloads, 2.96x (2.38x .. 3.65x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r1
+#   4. 4 < num_seqs <= 12: cuda_verify_rows.r4, 6 workloads, 3.38x (2.56x .. 4.40x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r1
+#   5. 12 < num_seqs <= 25: cuda_verify_rows.r2, 4 workloads, 2.96x (2.38x .. 3.65x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r1
 #   6. 25 < num_seqs <= 57: cuda_verify_rows.r4, 4 workloads, 2.30x (1.47x .. 4.27x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
 #   7. num_seqs > 57: cuda_verify_rows.r8, 14 workloads, 1.65x (1.20x .. 2.58x) over sglang_verify; then cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 16, 'speedup': (1.23, 1.53, 1.77), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 11)}, 'workloads': 4, 'speedup': (1.18, 1.27, 1.36), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (11, 25)}, 'workloads': 4, 'speedup': (1.1, 1.14, 1.2), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 13)}, 'workloads': 4, 'speedup': (1.18, 1.27, 1.36), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 4, 'speedup': (1.1, 1.14, 1.2), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, 57)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
     {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (57, 98)}, 'workloads': 4, 'speedup': (1.03, 1.09, 1.18), 'fallbacks': (), 'hand_back': True},
     {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
@@ -61,8 +61,8 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (2.2, 4.04, 6.41), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 2)}, 'workloads': 4, 'speedup': (2.2, 3.43, 5.45), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
     {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (2.8, 3.96, 5.56), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (4, 11)}, 'workloads': 6, 'speedup': (2.56, 3.38, 4.4), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (11, 25)}, 'workloads': 4, 'speedup': (2.38, 2.96, 3.65), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (4, 12)}, 'workloads': 6, 'speedup': (2.56, 3.38, 4.4), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (12, 25)}, 'workloads': 4, 'speedup': (2.38, 2.96, 3.65), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1')},
     {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (25, 57)}, 'workloads': 4, 'speedup': (1.47, 2.3, 4.27), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
     {'region': 7, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (57, None)}, 'workloads': 14, 'speedup': (1.2, 1.65, 2.58), 'fallbacks': ('cuda_verify_rows.r2',)},
 )
@@ -76,10 +76,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
     if num_seqs <= 6:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
     # region 2: 4 workloads, 1.27x (1.18x .. 1.36x) over sglang_verify's guarded call
-    if 6 < num_seqs <= 11:
+    if 6 < num_seqs <= 13:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     # region 3: 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call
-    if 11 < num_seqs <= 25:
+    if 13 < num_seqs <= 25:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 25 < num_seqs <= 57:
@@ -105,10 +105,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     if 2 < num_seqs <= 4:
         return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r1'
     # region 4: 6 workloads, 3.38x (2.56x .. 4.40x) over sglang_verify
-    if 4 < num_seqs <= 11:
+    if 4 < num_seqs <= 12:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
     # region 5: 4 workloads, 2.96x (2.38x .. 3.65x) over sglang_verify
-    if 11 < num_seqs <= 25:
+    if 12 < num_seqs <= 25:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
     # region 6: 4 workloads, 2.30x (1.47x .. 4.27x) over sglang_verify
     if 25 < num_seqs <= 57:
@@ -122,9 +122,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     if num_seqs <= 6:  # region 1
         return True
-    if 6 < num_seqs <= 11:  # region 2
+    if 6 < num_seqs <= 13:  # region 2
         return True
-    if 11 < num_seqs <= 25:  # region 3
+    if 13 < num_seqs <= 25:  # region 3
         return True
     if 57 < num_seqs <= 98:  # region 5
         return True

@@ -32,9 +32,9 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 3.30% mean, 30.76% max;
 #             1.607x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 2: cuda_verify_rows.r2, 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 2 < num_seqs <= 21: cuda_verify_rows.r4, 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 21 < num_seqs <= 43: cuda_verify_rows.r8, 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 3: cuda_verify_rows.r2, 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 3 < num_seqs <= 28: cuda_verify_rows.r4, 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 28 < num_seqs <= 43: cuda_verify_rows.r8, 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 43: sglang_verify (baseline), 16 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r4, 4 workloads, 4.37x (3.51x .. 5.49x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
@@ -44,9 +44,9 @@
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 10, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 21)}, 'workloads': 10, 'speedup': (1.06, 1.14, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (21, 43)}, 'workloads': 4, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 10, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 28)}, 'workloads': 10, 'speedup': (1.06, 1.14, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (28, 43)}, 'workloads': 4, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
@@ -63,13 +63,13 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call
-    if num_seqs <= 2:
+    if num_seqs <= 3:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
     # region 2: 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call
-    if 2 < num_seqs <= 21:
+    if 3 < num_seqs <= 28:
         return 'cuda_verify_rows.r4'
     # region 3: 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call
-    if 21 < num_seqs <= 43:
+    if 28 < num_seqs <= 43:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 16 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 43:
@@ -95,10 +95,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 2:  # region 1
+    if num_seqs <= 3:  # region 1
         return True
-    if 2 < num_seqs <= 21:  # region 2
+    if 3 < num_seqs <= 28:  # region 2
         return True
-    if 21 < num_seqs <= 43:  # region 3
+    if 28 < num_seqs <= 43:  # region 3
         return True
     return False

@@ -29,15 +29,15 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.45% mean, 3.94% max;
 #             28.663x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.66% mean, 18.60% max;
-#             26.694x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.50% mean, 18.60% max;
+#             26.703x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 71.99x (20.75x .. 358.29x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 8 and num_steps <= 3: cuda_verify_steps_rows.r4, 6 workloads, 54.40x (35.05x .. 66.39x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   2. num_seqs <= 40 and num_steps > 3: cuda_verify_steps_rows.r4, 6 workloads, 74.98x (28.96x .. 142.59x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. num_seqs <= 52 and num_steps > 3: cuda_verify_steps_rows.r4, 6 workloads, 74.98x (28.96x .. 142.59x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 #   3. num_seqs > 8 and num_steps <= 3: cuda_verify_steps_rows.r8, 6 workloads, 24.14x (19.68x .. 38.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 40 and num_steps > 3: cuda_verify_steps_rows.r8, 6 workloads, 25.56x (22.68x .. 28.67x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 52 and num_steps > 3: cuda_verify_steps_rows.r8, 6 workloads, 25.56x (22.68x .. 28.67x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
@@ -46,9 +46,9 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 8), 'num_steps': (None, 3)}, 'workloads': 6, 'speedup': (35.05, 54.4, 66.39), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 40), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (28.96, 74.98, 142.59), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 52), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (28.96, 74.98, 142.59), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
     {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (8, None), 'num_steps': (None, 3)}, 'workloads': 6, 'speedup': (19.68, 24.14, 38.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (40, None), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (22.68, 25.56, 28.67), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (52, None), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (22.68, 25.56, 28.67), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -66,12 +66,12 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     if num_seqs <= 8 and num_steps <= 3:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     # region 2: 6 workloads, 74.98x (28.96x .. 142.59x) over reference
-    if num_seqs <= 40 and num_steps > 3:
+    if num_seqs <= 52 and num_steps > 3:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     # region 3: 6 workloads, 24.14x (19.68x .. 38.81x) over reference
     if num_seqs > 8 and num_steps <= 3:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     # region 4: 6 workloads, 25.56x (22.68x .. 28.67x) over reference
-    if num_seqs > 40 and num_steps > 3:
+    if num_seqs > 52 and num_steps > 3:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

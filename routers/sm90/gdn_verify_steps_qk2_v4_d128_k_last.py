@@ -27,31 +27,31 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.76% mean, 51.82% max;
-#             93.648x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.51% mean, 51.82% max;
+#             93.713x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 4.30% mean, 19.81% max;
 #             51.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 590.10x (470.05x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. 3 < num_seqs <= 16: cuda_verify_steps_rows.r2, 4 workloads, 415.08x (276.35x .. 627.93x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
-#   3. num_seqs > 16: cuda_verify_steps_rows.r8, 12 workloads, 63.65x (31.70x .. 202.92x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 5: cuda_verify_steps_rows.r1, 8 workloads, 590.10x (470.05x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. 5 < num_seqs <= 11: cuda_verify_steps_rows.r2, 4 workloads, 415.08x (276.35x .. 627.93x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
+#   3. num_seqs > 11: cuda_verify_steps_rows.r8, 12 workloads, 63.65x (31.70x .. 202.92x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 86.79x (45.65x .. 216.05x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4
-#   2. 3 < num_seqs <= 16: cuda_verify_steps_rows.r2, 4 workloads, 96.33x (58.13x .. 176.17x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   3. 16 < num_seqs <= 250: cuda_verify_steps_rows.r4, 8 workloads, 45.76x (23.07x .. 89.28x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 8 workloads, 86.79x (45.65x .. 216.05x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4
+#   2. 4 < num_seqs <= 15: cuda_verify_steps_rows.r2, 4 workloads, 96.33x (58.13x .. 176.17x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
+#   3. 15 < num_seqs <= 250: cuda_verify_steps_rows.r4, 8 workloads, 45.76x (23.07x .. 89.28x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 #   4. num_seqs > 250: cuda_verify_steps_rows.r8, 4 workloads, 27.88x (25.32x .. 33.47x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (470.05, 590.1, 873.44), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 4, 'speedup': (276.35, 415.08, 627.93), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (16, None)}, 'workloads': 12, 'speedup': (31.7, 63.65, 202.92), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (470.05, 590.1, 873.44), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (5, 11)}, 'workloads': 4, 'speedup': (276.35, 415.08, 627.93), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (11, None)}, 'workloads': 12, 'speedup': (31.7, 63.65, 202.92), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (45.65, 86.79, 216.05), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 4, 'speedup': (58.13, 96.33, 176.17), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (16, 250)}, 'workloads': 8, 'speedup': (23.07, 45.76, 89.28), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 8, 'speedup': (45.65, 86.79, 216.05), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (4, 15)}, 'workloads': 4, 'speedup': (58.13, 96.33, 176.17), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (15, 250)}, 'workloads': 8, 'speedup': (23.07, 45.76, 89.28), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
     {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (250, None)}, 'workloads': 4, 'speedup': (25.32, 27.88, 33.47), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
@@ -61,13 +61,13 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 8 workloads, 590.10x (470.05x .. 873.44x) over reference
-    if num_seqs <= 3:
+    if num_seqs <= 5:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 4 workloads, 415.08x (276.35x .. 627.93x) over reference
-    if 3 < num_seqs <= 16:
+    if 5 < num_seqs <= 11:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
     # region 3: 12 workloads, 63.65x (31.70x .. 202.92x) over reference
-    if num_seqs > 16:
+    if num_seqs > 11:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 
@@ -75,13 +75,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 8 workloads, 86.79x (45.65x .. 216.05x) over reference
-    if num_seqs <= 3:
+    if num_seqs <= 4:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 4 workloads, 96.33x (58.13x .. 176.17x) over reference
-    if 3 < num_seqs <= 16:
+    if 4 < num_seqs <= 15:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r2'
     # region 3: 8 workloads, 45.76x (23.07x .. 89.28x) over reference
-    if 16 < num_seqs <= 250:
+    if 15 < num_seqs <= 250:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     # region 4: 4 workloads, 27.88x (25.32x .. 33.47x) over reference
     if num_seqs > 250:

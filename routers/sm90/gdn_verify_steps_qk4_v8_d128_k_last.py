@@ -27,20 +27,20 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.33% mean, 10.60% max;
-#             54.985x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.71% mean, 10.60% max;
+#             54.954x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 5.83% mean, 53.32% max;
 #             40.563x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 8 workloads, 449.02x (329.71x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 16 workloads, 75.07x (25.63x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 449.02x (329.71x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. num_seqs > 3: cuda_verify_steps_rows.r4, 16 workloads, 75.07x (25.63x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 52.86x (20.91x .. 205.01x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 8, 'speedup': (329.71, 449.02, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 16, 'speedup': (25.63, 75.07, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (329.71, 449.02, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None)}, 'workloads': 16, 'speedup': (25.63, 75.07, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -53,10 +53,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 8 workloads, 449.02x (329.71x .. 587.90x) over reference
-    if num_seqs <= 4:
+    if num_seqs <= 3:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 16 workloads, 75.07x (25.63x .. 321.44x) over reference
-    if num_seqs > 4:
+    if num_seqs > 3:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
 

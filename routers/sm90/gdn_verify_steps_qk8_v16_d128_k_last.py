@@ -27,15 +27,15 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.14% mean, 22.64% max;
-#             37.656x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.46% mean, 22.64% max;
+#             37.667x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 10.44% mean, 70.46% max;
 #             30.331x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 6 workloads, 423.81x (351.87x .. 509.25x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   2. 1 < num_seqs <= 9: cuda_verify_steps_rows.r8, 4 workloads, 251.93x (176.83x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. 9 < num_seqs <= 34: cuda_verify_steps_rows.r4, 4 workloads, 82.73x (56.59x .. 123.08x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 34: cuda_verify_steps_rows.r8, 10 workloads, 29.75x (22.17x .. 42.62x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. 1 < num_seqs <= 7: cuda_verify_steps_rows.r8, 4 workloads, 251.93x (176.83x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. 7 < num_seqs <= 42: cuda_verify_steps_rows.r4, 4 workloads, 82.73x (56.59x .. 123.08x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 42: cuda_verify_steps_rows.r8, 10 workloads, 29.75x (22.17x .. 42.62x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 3 and num_steps <= 2: cuda_verify_steps_rows.r2, 4 workloads, 55.78x (43.62x .. 67.69x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
 #   2. num_seqs <= 3 and num_steps > 2: cuda_verify_steps_rows.r1, 4 workloads, 98.48x (74.79x .. 150.68x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
@@ -45,9 +45,9 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (351.87, 423.81, 509.25), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 9)}, 'workloads': 4, 'speedup': (176.83, 251.93, 346.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (9, 34)}, 'workloads': 4, 'speedup': (56.59, 82.73, 123.08), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (34, None)}, 'workloads': 10, 'speedup': (22.17, 29.75, 42.62), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 7)}, 'workloads': 4, 'speedup': (176.83, 251.93, 346.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, 42)}, 'workloads': 4, 'speedup': (56.59, 82.73, 123.08), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (42, None)}, 'workloads': 10, 'speedup': (22.17, 29.75, 42.62), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -66,13 +66,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     if num_seqs <= 1:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 4 workloads, 251.93x (176.83x .. 346.82x) over reference
-    if 1 < num_seqs <= 9:
+    if 1 < num_seqs <= 7:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     # region 3: 4 workloads, 82.73x (56.59x .. 123.08x) over reference
-    if 9 < num_seqs <= 34:
+    if 7 < num_seqs <= 42:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     # region 4: 10 workloads, 29.75x (22.17x .. 42.62x) over reference
-    if num_seqs > 34:
+    if num_seqs > 42:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 

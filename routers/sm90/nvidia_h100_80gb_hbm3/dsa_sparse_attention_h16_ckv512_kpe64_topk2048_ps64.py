@@ -39,9 +39,9 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.96% mean, 47.05% max;
-#             1.188x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.24% mean, 74.09% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.71% mean, 47.05% max;
+#             1.189x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.12% mean, 74.09% max;
 #             1.378x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 3: cuda_splitk.s64, 12 workloads, 7.57x (6.19x .. 8.35x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
@@ -55,9 +55,9 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 6: cuda_splitk.s16, 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
 #   2. 6 < num_tokens <= 7: triton_splitk.b64s16, 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse; then triton_splitk.b32s64, cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 7 < num_tokens <= 40: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
-#   4. 40 < num_tokens <= 156: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
-#   5. num_tokens > 156: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
+#   3. 7 < num_tokens <= 39: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
+#   4. 39 < num_tokens <= 136: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   5. num_tokens > 136: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
@@ -74,9 +74,9 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 6)}, 'workloads': 17, 'speedup': (2.7, 4.32, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
     {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (6, 7)}, 'workloads': 4, 'speedup': (2.48, 3.55, 4.06), 'fallbacks': ('triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 40)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (40, 156)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 39)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (39, 136)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (136, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -120,12 +120,12 @@ def route_eager(num_tokens, num_pages):
     if 6 < num_tokens <= 7:
         return ('triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
     # region 3: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
-    if 7 < num_tokens <= 40:
+    if 7 < num_tokens <= 39:
         return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
     # region 4: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
-    if 40 < num_tokens <= 156:
+    if 39 < num_tokens <= 136:
         return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
     # region 5: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
-    if num_tokens > 156:
+    if num_tokens > 136:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'

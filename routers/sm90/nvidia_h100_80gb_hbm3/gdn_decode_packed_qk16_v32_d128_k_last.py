@@ -53,8 +53,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.26% mean, 7.62% max;
 #             1.009x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.12% mean, 38.48% max;
-#             1.398x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.99% mean, 38.48% max;
+#             1.399x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 4: cuda_decode_pool_rows.r4cs, 4 workloads, 1.43x (1.28x .. 1.60x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
 #   2. 4 < batch_size <= 8: triton_decode_pool.v32w1cs, 3 workloads, 1.13x (1.10x .. 1.18x) over sglang_packed_decode; then triton_decode_pool.v32w1, cuda_decode_pool_rows.r4cs
@@ -63,8 +63,8 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 3.07x (2.27x .. 4.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs
 #   2. 3 < batch_size <= 27: cuda_decode_pool_rows.r8cs, 8 workloads, 2.78x (1.95x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs
-#   3. 27 < batch_size <= 56: cuda_decode_pool_rows.r2cs, 3 workloads, 1.56x (1.45x .. 1.65x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
-#   4. batch_size > 56: cuda_decode_pool_rows.r8, 9 workloads, 1.30x (1.08x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs
+#   3. 27 < batch_size <= 51: cuda_decode_pool_rows.r2cs, 3 workloads, 1.56x (1.45x .. 1.65x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   4. batch_size > 51: cuda_decode_pool_rows.r8, 9 workloads, 1.30x (1.08x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -77,8 +77,8 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.27, 3.07, 4.82), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs')},
     {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 27)}, 'workloads': 8, 'speedup': (1.95, 2.78, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (27, 56)}, 'workloads': 3, 'speedup': (1.45, 1.56, 1.65), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.08, 1.3, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (27, 51)}, 'workloads': 3, 'speedup': (1.45, 1.56, 1.65), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (51, None)}, 'workloads': 9, 'speedup': (1.08, 1.3, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -110,9 +110,9 @@ def route_eager(batch_size, num_slots):
     if 3 < batch_size <= 27:
         return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
     # region 3: 3 workloads, 1.56x (1.45x .. 1.65x) over sglang_packed_decode
-    if 27 < batch_size <= 56:
+    if 27 < batch_size <= 51:
         return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r2cs'
     # region 4: 9 workloads, 1.30x (1.08x .. 1.83x) over sglang_packed_decode
-    if batch_size > 56:
+    if batch_size > 51:
         return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

@@ -53,8 +53,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.61% mean, 8.63% max;
 #             1.024x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.72% mean, 24.80% max;
-#             1.869x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.95% mean, 24.80% max;
+#             1.865x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 8: cuda_decode_pool_rows.r4cs, 7 workloads, 1.52x (1.30x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
 #   2. 8 < batch_size <= 19: triton_decode_pool.v32w1cs, 3 workloads, 1.14x (1.11x .. 1.20x) over sglang_packed_decode; then triton_decode_pool.v32w1

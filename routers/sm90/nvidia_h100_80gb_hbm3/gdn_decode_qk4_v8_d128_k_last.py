@@ -36,33 +36,33 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.19% mean, 3.34% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.18% mean, 3.34% max;
 #             1.067x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.80% mean, 103.37% max;
-#             1.589x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.33% mean, 103.37% max;
+#             1.587x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 12 workloads, 1.96x (1.87x .. 1.99x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 #   2. 2 < batch_size <= 7: cuda_decode_warp_rows.r2cs, 13 workloads, 1.64x (1.49x .. 1.75x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   3. 7 < batch_size <= 48: cuda_decode_warp_rows.r8cs, 41 workloads, 1.26x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
-#   4. 48 < batch_size <= 604: triton_decode_splitv, 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   3. 7 < batch_size <= 49: cuda_decode_warp_rows.r8cs, 41 workloads, 1.26x (1.12x .. 1.47x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1
+#   4. 49 < batch_size <= 604: triton_decode_splitv, 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer; then cuda_decode_warp_rows.r1cs
 #   5. batch_size > 604: flashinfer (baseline), 4 workloads; where it cannot run here, cuda_decode_warp_rows.r1cs, triton_decode_splitv, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, fla_fused_recurrent
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 2: cuda_decode_warp_rows.r8, 12 workloads, 1.97x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
 #   2. 2 < batch_size <= 6: cuda_decode_warp_rows.r1, 12 workloads, 2.41x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
 #   3. 6 < batch_size <= 11: cuda_decode_warp_rows.r2cs, 11 workloads, 2.02x (1.29x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
-#   4. 11 < batch_size <= 53: cuda_decode_warp_rows.r8cs, 32 workloads, 2.08x (1.23x .. 3.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs
-#   5. 53 < batch_size <= 65: cuda_decode_warp_rows.r1cs, 10 workloads, 1.82x (1.43x .. 2.63x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
-#   6. 65 < batch_size <= 210: cuda_decode_warp_rows.r2cs, 9 workloads, 1.68x (1.26x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8
-#   7. 210 < batch_size <= 331: cuda_decode_warp_rows.r1cs, 4 workloads, 1.39x (1.26x .. 1.73x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs
-#   8. 331 < batch_size <= 535: cuda_decode_warp_rows.r2cs, 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
-#   9. batch_size > 535: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   4. 11 < batch_size <= 52: cuda_decode_warp_rows.r8cs, 32 workloads, 2.08x (1.23x .. 3.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs
+#   5. 52 < batch_size <= 65: cuda_decode_warp_rows.r1cs, 10 workloads, 1.82x (1.43x .. 2.63x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   6. 65 < batch_size <= 200: cuda_decode_warp_rows.r2cs, 9 workloads, 1.68x (1.26x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8
+#   7. 200 < batch_size <= 321: cuda_decode_warp_rows.r1cs, 4 workloads, 1.39x (1.26x .. 1.73x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs
+#   8. 321 < batch_size <= 541: cuda_decode_warp_rows.r2cs, 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
+#   9. batch_size > 541: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.87, 1.96, 1.99), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 7)}, 'workloads': 13, 'speedup': (1.49, 1.64, 1.75), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 48)}, 'workloads': 41, 'speedup': (1.12, 1.26, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
-    {'region': 4, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (48, 604)}, 'workloads': 29, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 49)}, 'workloads': 41, 'speedup': (1.12, 1.26, 1.47), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1')},
+    {'region': 4, 'variant': 'triton_decode_splitv', 'bounds': {'batch_size': (49, 604)}, 'workloads': 29, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
     {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (604, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'fla_fused_recurrent')},
 )
 
@@ -70,12 +70,12 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.35, 1.97, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4')},
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (2, 6)}, 'workloads': 12, 'speedup': (1.28, 2.41, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
     {'region': 3, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (6, 11)}, 'workloads': 11, 'speedup': (1.29, 2.02, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 53)}, 'workloads': 32, 'speedup': (1.23, 2.08, 3.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (53, 65)}, 'workloads': 10, 'speedup': (1.43, 1.82, 2.63), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 210)}, 'workloads': 9, 'speedup': (1.26, 1.68, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (210, 331)}, 'workloads': 4, 'speedup': (1.26, 1.39, 1.73), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (331, 535)}, 'workloads': 4, 'speedup': (1.09, 1.19, 1.35), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (535, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 52)}, 'workloads': 32, 'speedup': (1.23, 2.08, 3.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (52, 65)}, 'workloads': 10, 'speedup': (1.43, 1.82, 2.63), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 200)}, 'workloads': 9, 'speedup': (1.26, 1.68, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (200, 321)}, 'workloads': 4, 'speedup': (1.26, 1.39, 1.73), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (321, 541)}, 'workloads': 4, 'speedup': (1.09, 1.19, 1.35), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (541, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -90,10 +90,10 @@ def route(batch_size):
     if 2 < batch_size <= 7:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 3: 41 workloads, 1.26x (1.12x .. 1.47x) over flashinfer
-    if 7 < batch_size <= 48:
+    if 7 < batch_size <= 49:
         return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
     # region 4: 29 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
-    if 48 < batch_size <= 604:
+    if 49 < batch_size <= 604:
         return ('triton_decode_splitv', 'cuda_decode_warp_rows.r1cs') if inside else 'triton_decode_splitv'
     # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 604:
@@ -113,21 +113,21 @@ def route_eager(batch_size):
     if 6 < batch_size <= 11:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 4: 32 workloads, 2.08x (1.23x .. 3.47x) over flashinfer
-    if 11 < batch_size <= 53:
+    if 11 < batch_size <= 52:
         return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r8cs'
     # region 5: 10 workloads, 1.82x (1.43x .. 2.63x) over flashinfer
-    if 53 < batch_size <= 65:
+    if 52 < batch_size <= 65:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
     # region 6: 9 workloads, 1.68x (1.26x .. 2.28x) over flashinfer
-    if 65 < batch_size <= 210:
+    if 65 < batch_size <= 200:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 7: 4 workloads, 1.39x (1.26x .. 1.73x) over flashinfer
-    if 210 < batch_size <= 331:
+    if 200 < batch_size <= 321:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r1cs'
     # region 8: 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer
-    if 331 < batch_size <= 535:
+    if 321 < batch_size <= 541:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 9: 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer
-    if batch_size > 535:
+    if batch_size > 541:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 5.06% mean, 64.04% max;
 #             1.008x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.89% mean, 152.06% max;
-#             1.116x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.94% mean, 152.06% max;
+#             1.115x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
 #   2. total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
@@ -46,10 +46,10 @@
 #   6. 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   7. total_seq_len > 4165: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   1. total_seq_len <= 99 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   2. total_seq_len <= 212 and 2 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   3. total_seq_len <= 212 and num_seqs > 23: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.42x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 106 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   4. 99 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   5. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   6. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
 #   7. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
@@ -69,10 +69,10 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 4, 'speedup': (3.76, 6.82, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 99)}, 'workloads': 4, 'speedup': (3.76, 6.82, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, 23), 'total_seq_len': (None, 212)}, 'workloads': 8, 'speedup': (1.19, 1.92, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 212)}, 'workloads': 4, 'speedup': (1.79, 2.42, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (99, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
@@ -115,7 +115,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 2:
+    if total_seq_len <= 99 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill
     if total_seq_len <= 212 and 2 < num_seqs <= 23:
@@ -124,7 +124,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 212 and num_seqs > 23:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2:
+    if 99 < total_seq_len <= 362 and num_seqs <= 2:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
     # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 212 < total_seq_len <= 335 and 2 < num_seqs <= 8:

@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 19.84% mean, 251.13% max;
 #             1.232x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 39.46% mean, 249.99% max;
-#             1.976x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 44.41% mean, 561.32% max;
+#             1.937x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
@@ -49,10 +49,10 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. num_seqs <= 21 and mean_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. num_seqs <= 21 and 9 < mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. num_seqs <= 21 and 37 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   6. num_seqs <= 21 and 90 < mean_seq_len <= 419: triton_prefill_fused.c16v64, 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   3. num_seqs <= 21 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   4. num_seqs <= 21 and 8 < mean_seq_len <= 34: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 21 and 34 < mean_seq_len <= 111: triton_prefill_fused.c16v32, 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   6. num_seqs <= 21 and 111 < mean_seq_len <= 419: triton_prefill_fused.c16v64, 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   7. num_seqs <= 21 and 844 < mean_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
 #   8. num_seqs <= 21 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   9. 362 < total_seq_len <= 533 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -76,10 +76,10 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (1.14, 2.6, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.26, 2.49, 3.77), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (3.68, 8.66, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (9, 37), 'num_seqs': (None, 21)}, 'workloads': 11, 'speedup': (2.24, 4.8, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 90), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (3.2, 4.8, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 21)}, 'workloads': 25, 'speedup': (1.65, 3.82, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (3.68, 8.66, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (8, 34), 'num_seqs': (None, 21)}, 'workloads': 11, 'speedup': (2.24, 4.8, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (34, 111), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (3.2, 4.8, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (111, 419), 'num_seqs': (None, 21)}, 'workloads': 25, 'speedup': (1.65, 3.82, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (844, 1448), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.16, 2.03, 3.5), 'fallbacks': ()},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (362, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -132,16 +132,16 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
     # region 3: 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 9:
+    if num_seqs <= 21 and mean_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 9 < mean_seq_len <= 37:
+    if num_seqs <= 21 and 8 < mean_seq_len <= 34:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 5: 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 37 < mean_seq_len <= 90:
+    if num_seqs <= 21 and 34 < mean_seq_len <= 111:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 6: 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 90 < mean_seq_len <= 419:
+    if num_seqs <= 21 and 111 < mean_seq_len <= 419:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 7: 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and 844 < mean_seq_len <= 1448:

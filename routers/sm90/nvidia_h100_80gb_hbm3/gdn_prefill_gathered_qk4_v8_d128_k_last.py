@@ -50,8 +50,8 @@
 #   1. total_seq_len <= 399 and 2 < mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
 #   2. total_seq_len <= 1448 and num_seqs <= 2 and 45 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.51x (2.49x .. 4.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 16 workloads, 2.72x (1.20x .. 6.29x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 5258 and 237 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 5258 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 5258 and 237 < mean_seq_len <= 323: triton_prefill_fused.c16v32, 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 5258 and mean_seq_len > 323: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
 #   6. mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
 #   7. total_seq_len > 399 and 2 < mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
 #   8. total_seq_len > 1448 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
@@ -72,8 +72,8 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (None, 399)}, 'workloads': 18, 'speedup': (1.14, 3.39, 17.75), 'fallbacks': ()},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (2.49, 3.51, 4.63), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 16, 'speedup': (1.2, 2.72, 6.29), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (237, 362), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.32, 2.64, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.29, 1.89, 3.08), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (237, 323), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.32, 2.64, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (323, None), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.29, 1.89, 3.08), 'fallbacks': ()},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2)}, 'workloads': 9, 'speedup': (1.24, 2.51, 8.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
@@ -123,10 +123,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237:
         return 'triton_prefill_fused.c16v32'
     # region 4: 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and 237 < mean_seq_len <= 362:
+    if total_seq_len <= 5258 and 237 < mean_seq_len <= 323:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and mean_seq_len > 362:
+    if total_seq_len <= 5258 and mean_seq_len > 323:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 6: 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill
     if mean_seq_len <= 2:

@@ -38,8 +38,8 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 25.42% mean, 162.46% max;
 #             1.405x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 238 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 238 and mean_seq_len > 4: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 238 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 238 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
 #   3. 238 < total_seq_len <= 2317 and num_seqs <= 5 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 21 workloads, 2.13x (1.13x .. 4.40x) over vllm_flashinfer_prefill
 #   4. 238 < total_seq_len <= 2317 and num_seqs <= 32 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.38x (1.04x .. 4.92x) over vllm_flashinfer_prefill
 #   5. 238 < total_seq_len <= 2317 and num_seqs > 5 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
@@ -59,8 +59,8 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 238)}, 'workloads': 10, 'speedup': (1.32, 2.18, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 9, 'speedup': (1.09, 2.55, 4.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 238)}, 'workloads': 10, 'speedup': (1.32, 2.18, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'total_seq_len': (None, 238)}, 'workloads': 9, 'speedup': (1.09, 2.55, 4.62), 'fallbacks': ()},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 5), 'total_seq_len': (238, 2317)}, 'workloads': 21, 'speedup': (1.13, 2.13, 4.4), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 32), 'total_seq_len': (238, 2317)}, 'workloads': 16, 'speedup': (1.04, 1.38, 4.92), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (5, None), 'total_seq_len': (238, 2317)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
@@ -88,10 +88,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 2.18x (1.32x .. 8.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and mean_seq_len <= 4:
+    if total_seq_len <= 238 and mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 9 workloads, 2.55x (1.09x .. 4.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and mean_seq_len > 4:
+    if total_seq_len <= 238 and mean_seq_len > 5:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 3: 21 workloads, 2.13x (1.13x .. 4.40x) over vllm_flashinfer_prefill
     if 238 < total_seq_len <= 2317 and num_seqs <= 5 and mean_seq_len > 90:

@@ -48,26 +48,26 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 10.00% mean, 95.34% max;
 #             1.490x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.72% mean, 92.17% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.71% mean, 92.17% max;
 #             1.759x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 512 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.38x (2.44x .. 12.67x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 512 and 4 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 12 workloads, 2.09x (1.03x .. 3.98x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   3. total_seq_len <= 512 and mean_seq_len > 90: flashinfer_pool_inplace.cp_off, 10 workloads, 2.42x (1.38x .. 3.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   2. total_seq_len <= 512 and 4 < mean_seq_len <= 97: triton_prefill_fused.c16v64, 12 workloads, 2.09x (1.03x .. 3.98x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   3. total_seq_len <= 512 and mean_seq_len > 97: flashinfer_pool_inplace.cp_off, 10 workloads, 2.42x (1.38x .. 3.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   4. 512 < total_seq_len <= 4182 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 12 workloads, 2.11x (1.40x .. 2.47x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   5. 512 < total_seq_len <= 4182 and mean_seq_len > 28: flashinfer_pool_inplace.cp_off, 29 workloads, 1.43x (1.11x .. 2.53x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   6. total_seq_len > 4182 and num_seqs <= 40: sglang_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   7. total_seq_len > 4182 and num_seqs > 40: flashinfer_pool_inplace.cp_off, 9 workloads, 1.31x (1.16x .. 1.49x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 11 workloads, 5.20x (2.39x .. 17.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off
-#   2. total_seq_len <= 1781 and num_seqs <= 14 and 90 < mean_seq_len <= 138: triton_prefill_fused.c16v32, 10 workloads, 2.80x (1.23x .. 6.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   3. total_seq_len <= 1781 and num_seqs <= 14 and 138 < mean_seq_len <= 424: triton_prefill_fused.c16v64, 6 workloads, 3.45x (1.17x .. 8.18x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
-#   4. total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len > 424: triton_prefill_fused.c16v32, 7 workloads, 2.73x (1.52x .. 4.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   1. total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len <= 76: cuda_prefill_pool_rows.k2c8, 11 workloads, 5.20x (2.39x .. 17.93x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off
+#   2. total_seq_len <= 1781 and num_seqs <= 14 and 76 < mean_seq_len <= 128: triton_prefill_fused.c16v32, 10 workloads, 2.80x (1.23x .. 6.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   3. total_seq_len <= 1781 and num_seqs <= 14 and 128 < mean_seq_len <= 374: triton_prefill_fused.c16v64, 6 workloads, 3.45x (1.17x .. 8.18x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   4. total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len > 374: triton_prefill_fused.c16v32, 7 workloads, 2.73x (1.52x .. 4.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   5. total_seq_len <= 1781 and num_seqs > 14 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.02x (1.68x .. 4.33x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   6. total_seq_len <= 1781 and num_seqs > 14 and mean_seq_len > 10: triton_prefill_fused.c16v64, 10 workloads, 2.06x (1.46x .. 3.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   7. 1781 < total_seq_len <= 6677 and num_seqs <= 11: flashinfer_pool_inplace.cp_off, 7 workloads, 1.67x (1.29x .. 2.61x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   8. 1781 < total_seq_len <= 6677 and 11 < num_seqs <= 95: flashinfer_pool_inplace, 8 workloads, 1.54x (1.20x .. 1.92x) over sglang_flashinfer_prefill
-#   9. 1781 < total_seq_len <= 6677 and num_seqs > 95: triton_prefill_fused.c16v64, 5 workloads, 1.88x (1.46x .. 2.41x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   7. 1781 < total_seq_len <= 6677 and num_seqs <= 10: flashinfer_pool_inplace.cp_off, 7 workloads, 1.67x (1.29x .. 2.61x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   8. 1781 < total_seq_len <= 6677 and 10 < num_seqs <= 92: flashinfer_pool_inplace, 8 workloads, 1.54x (1.20x .. 1.92x) over sglang_flashinfer_prefill
+#   9. 1781 < total_seq_len <= 6677 and num_seqs > 92: triton_prefill_fused.c16v64, 5 workloads, 1.88x (1.46x .. 2.41x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64
 #   10. total_seq_len > 6677 and num_seqs <= 11 and mean_seq_len > 143: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16
 #   11. total_seq_len > 6677 and mean_seq_len <= 143: flashinfer_pool_inplace.cp_off, 7 workloads, 1.42x (1.24x .. 1.66x) over sglang_flashinfer_prefill
 #   12. total_seq_len > 6677 and num_seqs > 11 and mean_seq_len > 143: flashinfer_pool_inplace, 6 workloads, 1.28x (1.12x .. 1.92x) over sglang_flashinfer_prefill
@@ -75,8 +75,8 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 512)}, 'workloads': 8, 'speedup': (2.44, 4.38, 12.67), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (4, 90), 'total_seq_len': (None, 512)}, 'workloads': 12, 'speedup': (1.03, 2.09, 3.98), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 512)}, 'workloads': 10, 'speedup': (1.38, 2.42, 3.68), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (4, 97), 'total_seq_len': (None, 512)}, 'workloads': 12, 'speedup': (1.03, 2.09, 3.98), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (97, None), 'total_seq_len': (None, 512)}, 'workloads': 10, 'speedup': (1.38, 2.42, 3.68), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'total_seq_len': (512, 4182)}, 'workloads': 12, 'speedup': (1.4, 2.11, 2.47), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (28, None), 'total_seq_len': (512, 4182)}, 'workloads': 29, 'speedup': (1.11, 1.43, 2.53), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 6, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (None, 40), 'total_seq_len': (4182, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
@@ -84,15 +84,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 11, 'speedup': (2.39, 5.2, 17.93), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 138), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 10, 'speedup': (1.23, 2.8, 6.62), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (138, 424), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 6, 'speedup': (1.17, 3.45, 8.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (424, None), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 7, 'speedup': (1.52, 2.73, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 76), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 11, 'speedup': (2.39, 5.2, 17.93), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (76, 128), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 10, 'speedup': (1.23, 2.8, 6.62), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (128, 374), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 6, 'speedup': (1.17, 3.45, 8.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (374, None), 'num_seqs': (None, 14), 'total_seq_len': (None, 1781)}, 'workloads': 7, 'speedup': (1.52, 2.73, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'num_seqs': (14, None), 'total_seq_len': (None, 1781)}, 'workloads': 9, 'speedup': (1.68, 3.02, 4.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (14, None), 'total_seq_len': (None, 1781)}, 'workloads': 10, 'speedup': (1.46, 2.06, 3.01), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (1781, 6677)}, 'workloads': 7, 'speedup': (1.29, 1.67, 2.61), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (11, 95), 'total_seq_len': (1781, 6677)}, 'workloads': 8, 'speedup': (1.2, 1.54, 1.92), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (95, None), 'total_seq_len': (1781, 6677)}, 'workloads': 5, 'speedup': (1.46, 1.88, 2.41), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (1781, 6677)}, 'workloads': 7, 'speedup': (1.29, 1.67, 2.61), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (10, 92), 'total_seq_len': (1781, 6677)}, 'workloads': 8, 'speedup': (1.2, 1.54, 1.92), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (92, None), 'total_seq_len': (1781, 6677)}, 'workloads': 5, 'speedup': (1.46, 1.88, 2.41), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (143, None), 'num_seqs': (None, 11), 'total_seq_len': (6677, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
     {'region': 11, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (None, 143), 'total_seq_len': (6677, None)}, 'workloads': 7, 'speedup': (1.24, 1.42, 1.66), 'fallbacks': ()},
     {'region': 12, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (143, None), 'num_seqs': (11, None), 'total_seq_len': (6677, None)}, 'workloads': 6, 'speedup': (1.12, 1.28, 1.92), 'fallbacks': ()},
@@ -108,10 +108,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 512 and mean_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 12 workloads, 2.09x (1.03x .. 3.98x) over sglang_flashinfer_prefill
-    if total_seq_len <= 512 and 4 < mean_seq_len <= 90:
+    if total_seq_len <= 512 and 4 < mean_seq_len <= 97:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 3: 10 workloads, 2.42x (1.38x .. 3.68x) over sglang_flashinfer_prefill
-    if total_seq_len <= 512 and mean_seq_len > 90:
+    if total_seq_len <= 512 and mean_seq_len > 97:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 4: 12 workloads, 2.11x (1.40x .. 2.47x) over sglang_flashinfer_prefill
     if 512 < total_seq_len <= 4182 and mean_seq_len <= 28:
@@ -132,16 +132,16 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 11 workloads, 5.20x (2.39x .. 17.93x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len <= 90:
+    if total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len <= 76:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 10 workloads, 2.80x (1.23x .. 6.62x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and num_seqs <= 14 and 90 < mean_seq_len <= 138:
+    if total_seq_len <= 1781 and num_seqs <= 14 and 76 < mean_seq_len <= 128:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 6 workloads, 3.45x (1.17x .. 8.18x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and num_seqs <= 14 and 138 < mean_seq_len <= 424:
+    if total_seq_len <= 1781 and num_seqs <= 14 and 128 < mean_seq_len <= 374:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 7 workloads, 2.73x (1.52x .. 4.55x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len > 424:
+    if total_seq_len <= 1781 and num_seqs <= 14 and mean_seq_len > 374:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 9 workloads, 3.02x (1.68x .. 4.33x) over sglang_flashinfer_prefill
     if total_seq_len <= 1781 and num_seqs > 14 and mean_seq_len <= 10:
@@ -150,13 +150,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 1781 and num_seqs > 14 and mean_seq_len > 10:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 7: 7 workloads, 1.67x (1.29x .. 2.61x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 6677 and num_seqs <= 11:
+    if 1781 < total_seq_len <= 6677 and num_seqs <= 10:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 8: 8 workloads, 1.54x (1.20x .. 1.92x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 6677 and 11 < num_seqs <= 95:
+    if 1781 < total_seq_len <= 6677 and 10 < num_seqs <= 92:
         return 'flashinfer_pool_inplace'
     # region 9: 5 workloads, 1.88x (1.46x .. 2.41x) over sglang_flashinfer_prefill
-    if 1781 < total_seq_len <= 6677 and num_seqs > 95:
+    if 1781 < total_seq_len <= 6677 and num_seqs > 92:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 10: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 6677 and num_seqs <= 11 and mean_seq_len > 143:

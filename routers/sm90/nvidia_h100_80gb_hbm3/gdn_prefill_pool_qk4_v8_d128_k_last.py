@@ -54,26 +54,26 @@
 #   1. total_seq_len <= 262 and mean_seq_len > 30: triton_prefill_fused.c16v32, 6 workloads, 2.80x (1.62x .. 6.07x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   2. total_seq_len <= 724 and 6 < mean_seq_len <= 30: triton_prefill_fused.c16v64, 7 workloads, 3.88x (1.08x .. 9.24x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   3. mean_seq_len <= 6: triton_prefill_fused.c16v64, 10 workloads, 2.63x (1.44x .. 7.74x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   4. 262 < total_seq_len <= 1448 and 30 < mean_seq_len <= 181: flashinfer_pool_inplace.cp_off, 16 workloads, 2.31x (1.28x .. 4.27x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   5. 262 < total_seq_len <= 1846 and mean_seq_len > 181: triton_prefill_chunked.v16, 10 workloads, 2.08x (1.40x .. 2.77x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   4. 262 < total_seq_len <= 1448 and 30 < mean_seq_len <= 129: flashinfer_pool_inplace.cp_off, 16 workloads, 2.31x (1.28x .. 4.27x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   5. 262 < total_seq_len <= 1846 and mean_seq_len > 129: triton_prefill_chunked.v16, 10 workloads, 2.08x (1.40x .. 2.77x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   6. total_seq_len > 724 and 6 < mean_seq_len <= 30: triton_prefill_chunked.v64, 7 workloads, 1.47x (1.22x .. 1.57x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   7. 1846 < total_seq_len <= 5819 and num_seqs <= 14 and mean_seq_len > 30: flashinfer_pool_inplace.cp_off, 9 workloads, 1.76x (1.06x .. 2.86x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   7. 1846 < total_seq_len <= 4512 and num_seqs <= 14 and mean_seq_len > 30: flashinfer_pool_inplace.cp_off, 9 workloads, 1.76x (1.06x .. 2.86x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   8. total_seq_len > 1846 and num_seqs > 14 and 30 < mean_seq_len <= 110: flashinfer_pool_inplace, 7 workloads, 1.23x (1.13x .. 1.30x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
 #   9. total_seq_len > 1846 and num_seqs > 14 and mean_seq_len > 110: sglang_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   10. total_seq_len > 5819 and num_seqs <= 14 and mean_seq_len > 30: flashinfer_pool_inplace, 10 workloads, 1.10x (1.06x .. 1.20x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 4512 and num_seqs <= 14 and mean_seq_len > 30: flashinfer_pool_inplace, 10 workloads, 1.10x (1.06x .. 1.20x) over sglang_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 362 and 121 < mean_seq_len <= 181: triton_prefill_fused.c16v32, 4 workloads, 9.27x (6.28x .. 13.79x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8
-#   2. total_seq_len <= 581 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.85x (1.39x .. 15.55x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 581 and 22 < mean_seq_len <= 121: cuda_prefill_pool_rows.k8c16, 9 workloads, 6.10x (1.43x .. 12.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
-#   4. total_seq_len <= 5282 and 181 < mean_seq_len <= 350: triton_prefill_fused.c16v32, 9 workloads, 3.77x (1.42x .. 9.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
-#   5. total_seq_len <= 5282 and mean_seq_len > 350: triton_prefill_chunked.v16, 11 workloads, 4.07x (2.73x .. 5.05x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. 362 < total_seq_len <= 5282 and 121 < mean_seq_len <= 181: triton_prefill_fused.c16v64, 9 workloads, 4.32x (1.37x .. 12.89x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
+#   1. total_seq_len <= 347 and 121 < mean_seq_len <= 181: triton_prefill_fused.c16v32, 4 workloads, 9.27x (6.28x .. 13.79x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k1c8
+#   2. total_seq_len <= 581 and mean_seq_len <= 23: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.85x (1.39x .. 15.55x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 581 and 23 < mean_seq_len <= 121: cuda_prefill_pool_rows.k8c16, 9 workloads, 6.10x (1.43x .. 12.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
+#   4. total_seq_len <= 5282 and 181 < mean_seq_len <= 297: triton_prefill_fused.c16v32, 9 workloads, 3.77x (1.42x .. 9.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   5. total_seq_len <= 5282 and mean_seq_len > 297: triton_prefill_chunked.v16, 11 workloads, 4.07x (2.73x .. 5.05x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 347 < total_seq_len <= 5282 and 121 < mean_seq_len <= 181: triton_prefill_fused.c16v64, 9 workloads, 4.32x (1.37x .. 12.89x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
 #   7. 581 < total_seq_len <= 5282 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.86x (1.15x .. 4.07x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   8. 581 < total_seq_len <= 5282 and 6 < mean_seq_len <= 121: triton_prefill_fused.c16v64, 14 workloads, 3.44x (1.50x .. 9.39x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
 #   9. 5282 < total_seq_len <= 9504 and mean_seq_len > 531: triton_prefill_chunked.v16, 6 workloads, 1.95x (1.47x .. 2.48x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off
-#   10. total_seq_len > 5282 and mean_seq_len <= 110: triton_prefill_chunked.v64, 4 workloads, 1.50x (1.39x .. 1.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
-#   11. total_seq_len > 5282 and 110 < mean_seq_len <= 136: flashinfer_pool_inplace, 4 workloads, 1.39x (1.31x .. 1.50x) over sglang_flashinfer_prefill
-#   12. total_seq_len > 5282 and 136 < mean_seq_len <= 531: triton_prefill_chunked.v16, 4 workloads, 1.26x (1.14x .. 1.49x) over sglang_flashinfer_prefill
+#   10. total_seq_len > 5282 and mean_seq_len <= 103: triton_prefill_chunked.v64, 4 workloads, 1.50x (1.39x .. 1.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16
+#   11. total_seq_len > 5282 and 103 < mean_seq_len <= 143: flashinfer_pool_inplace, 4 workloads, 1.39x (1.31x .. 1.50x) over sglang_flashinfer_prefill
+#   12. total_seq_len > 5282 and 143 < mean_seq_len <= 531: triton_prefill_chunked.v16, 4 workloads, 1.26x (1.14x .. 1.49x) over sglang_flashinfer_prefill
 #   13. total_seq_len > 9504 and mean_seq_len > 531: sglang_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
@@ -81,28 +81,28 @@ REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (30, None), 'total_seq_len': (None, 262)}, 'workloads': 6, 'speedup': (1.62, 2.8, 6.07), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (6, 30), 'total_seq_len': (None, 724)}, 'workloads': 7, 'speedup': (1.08, 3.88, 9.24), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 6)}, 'workloads': 10, 'speedup': (1.44, 2.63, 7.74), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (30, 181), 'total_seq_len': (262, 1448)}, 'workloads': 16, 'speedup': (1.28, 2.31, 4.27), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (181, None), 'total_seq_len': (262, 1846)}, 'workloads': 10, 'speedup': (1.4, 2.08, 2.77), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (30, 129), 'total_seq_len': (262, 1448)}, 'workloads': 16, 'speedup': (1.28, 2.31, 4.27), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (129, None), 'total_seq_len': (262, 1846)}, 'workloads': 10, 'speedup': (1.4, 2.08, 2.77), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, 30), 'total_seq_len': (724, None)}, 'workloads': 7, 'speedup': (1.22, 1.47, 1.57), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (None, 14), 'total_seq_len': (1846, 5819)}, 'workloads': 9, 'speedup': (1.06, 1.76, 2.86), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (None, 14), 'total_seq_len': (1846, 4512)}, 'workloads': 9, 'speedup': (1.06, 1.76, 2.86), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (30, 110), 'num_seqs': (14, None), 'total_seq_len': (1846, None)}, 'workloads': 7, 'speedup': (1.13, 1.23, 1.3), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
     {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (110, None), 'num_seqs': (14, None), 'total_seq_len': (1846, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (None, 14), 'total_seq_len': (5819, None)}, 'workloads': 10, 'speedup': (1.06, 1.1, 1.2), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (None, 14), 'total_seq_len': (4512, None)}, 'workloads': 10, 'speedup': (1.06, 1.1, 1.2), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (121, 181), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (6.28, 9.27, 13.79), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'total_seq_len': (None, 581)}, 'workloads': 11, 'speedup': (1.39, 4.85, 15.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (22, 121), 'total_seq_len': (None, 581)}, 'workloads': 9, 'speedup': (1.43, 6.1, 12.94), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (181, 350), 'total_seq_len': (None, 5282)}, 'workloads': 9, 'speedup': (1.42, 3.77, 9.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (350, None), 'total_seq_len': (None, 5282)}, 'workloads': 11, 'speedup': (2.73, 4.07, 5.05), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (121, 181), 'total_seq_len': (362, 5282)}, 'workloads': 9, 'speedup': (1.37, 4.32, 12.89), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (121, 181), 'total_seq_len': (None, 347)}, 'workloads': 4, 'speedup': (6.28, 9.27, 13.79), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 23), 'total_seq_len': (None, 581)}, 'workloads': 11, 'speedup': (1.39, 4.85, 15.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (23, 121), 'total_seq_len': (None, 581)}, 'workloads': 9, 'speedup': (1.43, 6.1, 12.94), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (181, 297), 'total_seq_len': (None, 5282)}, 'workloads': 9, 'speedup': (1.42, 3.77, 9.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (297, None), 'total_seq_len': (None, 5282)}, 'workloads': 11, 'speedup': (2.73, 4.07, 5.05), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (121, 181), 'total_seq_len': (347, 5282)}, 'workloads': 9, 'speedup': (1.37, 4.32, 12.89), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (581, 5282)}, 'workloads': 4, 'speedup': (1.15, 2.86, 4.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (6, 121), 'total_seq_len': (581, 5282)}, 'workloads': 14, 'speedup': (1.5, 3.44, 9.39), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
     {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (531, None), 'total_seq_len': (5282, 9504)}, 'workloads': 6, 'speedup': (1.47, 1.95, 2.48), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 110), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.39, 1.5, 1.57), 'fallbacks': ('triton_prefill_chunked.v16',)},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (110, 136), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.31, 1.39, 1.5), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (136, 531), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.14, 1.26, 1.49), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 103), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.39, 1.5, 1.57), 'fallbacks': ('triton_prefill_chunked.v16',)},
+    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (103, 143), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.31, 1.39, 1.5), 'fallbacks': ()},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (143, 531), 'total_seq_len': (5282, None)}, 'workloads': 4, 'speedup': (1.14, 1.26, 1.49), 'fallbacks': ()},
     {'region': 13, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (531, None), 'total_seq_len': (9504, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
@@ -122,16 +122,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if mean_seq_len <= 6:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 16 workloads, 2.31x (1.28x .. 4.27x) over sglang_flashinfer_prefill
-    if 262 < total_seq_len <= 1448 and 30 < mean_seq_len <= 181:
+    if 262 < total_seq_len <= 1448 and 30 < mean_seq_len <= 129:
         return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 5: 10 workloads, 2.08x (1.40x .. 2.77x) over sglang_flashinfer_prefill
-    if 262 < total_seq_len <= 1846 and mean_seq_len > 181:
+    if 262 < total_seq_len <= 1846 and mean_seq_len > 129:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
     # region 6: 7 workloads, 1.47x (1.22x .. 1.57x) over sglang_flashinfer_prefill
     if total_seq_len > 724 and 6 < mean_seq_len <= 30:
         return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
     # region 7: 9 workloads, 1.76x (1.06x .. 2.86x) over sglang_flashinfer_prefill
-    if 1846 < total_seq_len <= 5819 and num_seqs <= 14 and mean_seq_len > 30:
+    if 1846 < total_seq_len <= 4512 and num_seqs <= 14 and mean_seq_len > 30:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 8: 7 workloads, 1.23x (1.13x .. 1.30x) over sglang_flashinfer_prefill
     if total_seq_len > 1846 and num_seqs > 14 and 30 < mean_seq_len <= 110:
@@ -140,7 +140,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len > 1846 and num_seqs > 14 and mean_seq_len > 110:
         return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'sglang_flashinfer_prefill'
     # region 10: 10 workloads, 1.10x (1.06x .. 1.20x) over sglang_flashinfer_prefill
-    if total_seq_len > 5819 and num_seqs <= 14 and mean_seq_len > 30:
+    if total_seq_len > 4512 and num_seqs <= 14 and mean_seq_len > 30:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 
@@ -149,22 +149,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 9.27x (6.28x .. 13.79x) over sglang_flashinfer_prefill
-    if total_seq_len <= 362 and 121 < mean_seq_len <= 181:
+    if total_seq_len <= 347 and 121 < mean_seq_len <= 181:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k1c8') if inside else 'triton_prefill_fused.c16v32'
     # region 2: 11 workloads, 4.85x (1.39x .. 15.55x) over sglang_flashinfer_prefill
-    if total_seq_len <= 581 and mean_seq_len <= 22:
+    if total_seq_len <= 581 and mean_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 9 workloads, 6.10x (1.43x .. 12.94x) over sglang_flashinfer_prefill
-    if total_seq_len <= 581 and 22 < mean_seq_len <= 121:
+    if total_seq_len <= 581 and 23 < mean_seq_len <= 121:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k8c16'
     # region 4: 9 workloads, 3.77x (1.42x .. 9.09x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5282 and 181 < mean_seq_len <= 350:
+    if total_seq_len <= 5282 and 181 < mean_seq_len <= 297:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 11 workloads, 4.07x (2.73x .. 5.05x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5282 and mean_seq_len > 350:
+    if total_seq_len <= 5282 and mean_seq_len > 297:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v16'
     # region 6: 9 workloads, 4.32x (1.37x .. 12.89x) over sglang_flashinfer_prefill
-    if 362 < total_seq_len <= 5282 and 121 < mean_seq_len <= 181:
+    if 347 < total_seq_len <= 5282 and 121 < mean_seq_len <= 181:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
     # region 7: 4 workloads, 2.86x (1.15x .. 4.07x) over sglang_flashinfer_prefill
     if 581 < total_seq_len <= 5282 and mean_seq_len <= 6:
@@ -176,13 +176,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if 5282 < total_seq_len <= 9504 and mean_seq_len > 531:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
     # region 10: 4 workloads, 1.50x (1.39x .. 1.57x) over sglang_flashinfer_prefill
-    if total_seq_len > 5282 and mean_seq_len <= 110:
+    if total_seq_len > 5282 and mean_seq_len <= 103:
         return ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'triton_prefill_chunked.v64'
     # region 11: 4 workloads, 1.39x (1.31x .. 1.50x) over sglang_flashinfer_prefill
-    if total_seq_len > 5282 and 110 < mean_seq_len <= 136:
+    if total_seq_len > 5282 and 103 < mean_seq_len <= 143:
         return 'flashinfer_pool_inplace'
     # region 12: 4 workloads, 1.26x (1.14x .. 1.49x) over sglang_flashinfer_prefill
-    if total_seq_len > 5282 and 136 < mean_seq_len <= 531:
+    if total_seq_len > 5282 and 143 < mean_seq_len <= 531:
         return 'triton_prefill_chunked.v16'
     # region 13: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 9504 and mean_seq_len > 531:

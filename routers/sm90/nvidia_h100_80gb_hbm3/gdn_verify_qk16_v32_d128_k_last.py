@@ -27,7 +27,7 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.03% mean, 21.59% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.41% mean, 74.38% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.48% mean, 74.38% max;
 #             1.212x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.37x (1.23x .. 1.52x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
@@ -37,9 +37,9 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 4.38x (3.50x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r4
 #   2. 1 < num_seqs <= 3: cuda_verify_rows.r4, 3 workloads, 3.54x (3.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   3. 3 < num_seqs <= 18: cuda_verify_rows.r8, 5 workloads, 2.34x (1.73x .. 2.88x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
-#   4. 18 < num_seqs <= 86: cuda_verify_rows.r4, 4 workloads, 1.62x (1.19x .. 2.22x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   5. 86 < num_seqs <= 249: cuda_verify_rows.r8, 3 workloads, 1.17x (1.09x .. 1.21x) over sglang_verify
+#   3. 3 < num_seqs <= 16: cuda_verify_rows.r8, 5 workloads, 2.34x (1.73x .. 2.88x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   4. 16 < num_seqs <= 68: cuda_verify_rows.r4, 4 workloads, 1.62x (1.19x .. 2.22x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   5. 68 < num_seqs <= 249: cuda_verify_rows.r8, 3 workloads, 1.17x (1.09x .. 1.21x) over sglang_verify
 #   6. num_seqs > 249: cuda_verify_rows.r4, 3 workloads, 1.18x (1.07x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
@@ -53,9 +53,9 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (3.5, 4.38, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4')},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 3)}, 'workloads': 3, 'speedup': (3.19, 3.54, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (3, 18)}, 'workloads': 5, 'speedup': (1.73, 2.34, 2.88), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (18, 86)}, 'workloads': 4, 'speedup': (1.19, 1.62, 2.22), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (86, 249)}, 'workloads': 3, 'speedup': (1.09, 1.17, 1.21), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 5, 'speedup': (1.73, 2.34, 2.88), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (16, 68)}, 'workloads': 4, 'speedup': (1.19, 1.62, 2.22), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (68, 249)}, 'workloads': 3, 'speedup': (1.09, 1.17, 1.21), 'fallbacks': ()},
     {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (249, None)}, 'workloads': 3, 'speedup': (1.07, 1.18, 1.34), 'fallbacks': (), 'hand_back': True},
 )
 
@@ -88,13 +88,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     if 1 < num_seqs <= 3:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
     # region 3: 5 workloads, 2.34x (1.73x .. 2.88x) over sglang_verify
-    if 3 < num_seqs <= 18:
+    if 3 < num_seqs <= 16:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     # region 4: 4 workloads, 1.62x (1.19x .. 2.22x) over sglang_verify
-    if 18 < num_seqs <= 86:
+    if 16 < num_seqs <= 68:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     # region 5: 3 workloads, 1.17x (1.09x .. 1.21x) over sglang_verify
-    if 86 < num_seqs <= 249:
+    if 68 < num_seqs <= 249:
         return 'cuda_verify_rows.r8'
     # region 6: 3 workloads, 1.18x (1.07x .. 1.34x) over sglang_verify's guarded call
     if num_seqs > 249:

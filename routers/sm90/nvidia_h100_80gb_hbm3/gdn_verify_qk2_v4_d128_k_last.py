@@ -27,12 +27,12 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 5.18% mean, 31.67% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.60% mean, 39.24% max;
-#             2.446x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.03% mean, 37.45% max;
+#             2.453x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 10: cuda_verify_rows.r2, 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 10 < num_seqs <= 23: cuda_verify_rows.r4, 3 workloads, 1.26x (1.20x .. 1.33x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 23 < num_seqs <= 71: cuda_verify_rows.r8, 3 workloads, 1.16x (1.06x .. 1.26x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 13: cuda_verify_rows.r2, 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 13 < num_seqs <= 28: cuda_verify_rows.r4, 3 workloads, 1.26x (1.20x .. 1.33x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 28 < num_seqs <= 71: cuda_verify_rows.r8, 3 workloads, 1.16x (1.06x .. 1.26x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. 71 < num_seqs <= 185: cuda_verify_rows.r8, 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
 #   5. num_seqs > 185: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
@@ -43,9 +43,9 @@
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 10)}, 'workloads': 9, 'speedup': (1.29, 1.61, 1.87), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (10, 23)}, 'workloads': 3, 'speedup': (1.2, 1.26, 1.33), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (23, 71)}, 'workloads': 3, 'speedup': (1.06, 1.16, 1.26), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 13)}, 'workloads': 9, 'speedup': (1.29, 1.61, 1.87), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (13, 28)}, 'workloads': 3, 'speedup': (1.2, 1.26, 1.33), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (28, 71)}, 'workloads': 3, 'speedup': (1.06, 1.16, 1.26), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 3, 'speedup': (1.05, 1.12, 1.28), 'fallbacks': ()},
     {'region': 5, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
@@ -63,13 +63,13 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 9 workloads, 1.61x (1.29x .. 1.87x) over sglang_verify's guarded call
-    if num_seqs <= 10:
+    if num_seqs <= 13:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
     # region 2: 3 workloads, 1.26x (1.20x .. 1.33x) over sglang_verify's guarded call
-    if 10 < num_seqs <= 23:
+    if 13 < num_seqs <= 28:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     # region 3: 3 workloads, 1.16x (1.06x .. 1.26x) over sglang_verify's guarded call
-    if 23 < num_seqs <= 71:
+    if 28 < num_seqs <= 71:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 3 workloads, 1.12x (1.05x .. 1.28x) over sglang_verify
     if 71 < num_seqs <= 185:
@@ -98,10 +98,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 10:  # region 1
+    if num_seqs <= 13:  # region 1
         return True
-    if 10 < num_seqs <= 23:  # region 2
+    if 13 < num_seqs <= 28:  # region 2
         return True
-    if 23 < num_seqs <= 71:  # region 3
+    if 28 < num_seqs <= 71:  # region 3
         return True
     return False

@@ -30,8 +30,8 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 6.88% mean, 50.86% max;
 #             1.557x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 3: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 3 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 14 and cache_steps <= 3: cuda_verify_rows.r2, 3 workloads, 2.86x (2.46x .. 3.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r1
@@ -41,8 +41,8 @@
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.37, 1.48, 1.62), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.12, 1.19), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 5, 'speedup': (1.37, 1.48, 1.62), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 43)}, 'workloads': 7, 'speedup': (1.04, 1.12, 1.19), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
     {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
@@ -59,10 +59,10 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call
-    if num_seqs <= 2:
+    if num_seqs <= 3:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
     # region 2: 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call
-    if 2 < num_seqs <= 43:
+    if 3 < num_seqs <= 43:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     # region 3: 8 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 43:
@@ -88,8 +88,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 2:  # region 1
+    if num_seqs <= 3:  # region 1
         return True
-    if 2 < num_seqs <= 43:  # region 2
+    if 3 < num_seqs <= 43:  # region 2
         return True
     return False

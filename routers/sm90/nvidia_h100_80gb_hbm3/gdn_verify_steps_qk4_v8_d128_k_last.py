@@ -30,8 +30,8 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 9.03% mean, 48.73% max;
 #             33.412x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 404.92x (329.71x .. 519.15x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 4: cuda_verify_steps_rows.r4, 8 workloads, 65.07x (25.63x .. 260.22x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 4 workloads, 404.92x (329.71x .. 519.15x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. num_seqs > 3: cuda_verify_steps_rows.r4, 8 workloads, 65.07x (25.63x .. 260.22x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 12 and num_steps <= 3: cuda_verify_steps_rows.r8, 3 workloads, 51.15x (40.76x .. 59.92x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 #   2. num_seqs <= 12 and num_steps > 3: cuda_verify_steps_rows.r4, 3 workloads, 80.02x (70.01x .. 92.86x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
@@ -39,8 +39,8 @@
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (329.71, 404.92, 519.15), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (25.63, 65.07, 260.22), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (329.71, 404.92, 519.15), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None)}, 'workloads': 8, 'speedup': (25.63, 65.07, 260.22), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -55,10 +55,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 404.92x (329.71x .. 519.15x) over reference
-    if num_seqs <= 4:
+    if num_seqs <= 3:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 8 workloads, 65.07x (25.63x .. 260.22x) over reference
-    if num_seqs > 4:
+    if num_seqs > 3:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
 

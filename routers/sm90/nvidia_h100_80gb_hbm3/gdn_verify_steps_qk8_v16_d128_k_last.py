@@ -25,17 +25,17 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.65% mean, 6.19% max;
-#             33.587x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.25% mean, 1.41% max;
+#             33.592x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 12.29% mean, 70.46% max;
 #             27.427x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 388.35x (351.87x .. 423.13x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
 #   2. num_seqs > 1: cuda_verify_steps_rows.r4, 9 workloads, 52.79x (21.93x .. 285.37x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 9: cuda_verify_steps_rows.r4, 5 workloads, 62.93x (52.39x .. 108.37x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. 9 < num_seqs <= 68: cuda_verify_steps_rows.r2, 3 workloads, 35.99x (26.71x .. 45.07x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
-#   3. num_seqs > 68: cuda_verify_steps_rows.r8, 4 workloads, 22.54x (20.54x .. 24.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 8: cuda_verify_steps_rows.r4, 5 workloads, 62.93x (52.39x .. 108.37x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. 8 < num_seqs <= 58: cuda_verify_steps_rows.r2, 3 workloads, 35.99x (26.71x .. 45.07x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
+#   3. num_seqs > 58: cuda_verify_steps_rows.r8, 4 workloads, 22.54x (20.54x .. 24.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
@@ -44,9 +44,9 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (52.39, 62.93, 108.37), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (9, 68)}, 'workloads': 3, 'speedup': (26.71, 35.99, 45.07), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (68, None)}, 'workloads': 4, 'speedup': (20.54, 22.54, 24.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 8)}, 'workloads': 5, 'speedup': (52.39, 62.93, 108.37), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (8, 58)}, 'workloads': 3, 'speedup': (26.71, 35.99, 45.07), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (58, None)}, 'workloads': 4, 'speedup': (20.54, 22.54, 24.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -66,12 +66,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 62.93x (52.39x .. 108.37x) over reference
-    if num_seqs <= 9:
+    if num_seqs <= 8:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r4'
     # region 2: 3 workloads, 35.99x (26.71x .. 45.07x) over reference
-    if 9 < num_seqs <= 68:
+    if 8 < num_seqs <= 58:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
     # region 3: 4 workloads, 22.54x (20.54x .. 24.23x) over reference
-    if num_seqs > 68:
+    if num_seqs > 58:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

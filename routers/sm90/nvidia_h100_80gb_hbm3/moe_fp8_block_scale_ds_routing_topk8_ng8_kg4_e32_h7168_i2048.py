@@ -41,42 +41,42 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.43% mean, 6.33% max;
-#             2.150x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.13% mean, 90.19% max;
-#             2.826x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.66% mean, 8.99% max;
+#             2.145x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.22% mean, 90.19% max;
+#             2.823x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 22: triton_decode.n128s8q, 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
-#   2. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
+#   1. seq_len <= 29: triton_decode.n128s8q, 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4
+#   2. 29 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
 #   3. 52 < seq_len <= 56: triton_grouped_m32q.fr, 4 workloads, 1.22x (1.20x .. 1.25x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   4. 56 < seq_len <= 62: triton_grouped_m16.fr, 4 workloads, 1.26x (1.24x .. 1.30x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   5. 62 < seq_len <= 1448: triton_grouped_m32q.fr, 7 workloads, 1.32x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m16.fr
-#   6. seq_len > 1448: deepgemm_fused_bound, 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 4 workloads, 1.26x (1.24x .. 1.30x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   5. 63 < seq_len <= 1112: triton_grouped_m32q.fr, 7 workloads, 1.32x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m16.fr
+#   6. seq_len > 1112: deepgemm_fused_bound, 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, deepgemm_fused, deepgemm_fused_bound
-#   2. 2 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused
+#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, deepgemm_fused, deepgemm_fused_bound
+#   2. 3 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused
 #   3. 40 < seq_len <= 56: triton_grouped_m32q.fr, 5 workloads, 2.13x (2.07x .. 2.24x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. 56 < seq_len <= 62: triton_grouped_m16.fr, 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   5. 62 < seq_len <= 1448: triton_grouped_m32q.fr, 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused
-#   6. seq_len > 1448: deepgemm_fused_bound, 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   5. 63 < seq_len <= 1874: triton_grouped_m32q.fr, 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused
+#   6. seq_len > 1874: deepgemm_fused_bound, 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 22)}, 'workloads': 10, 'speedup': (1.09, 1.37, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
-    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 29)}, 'workloads': 10, 'speedup': (1.09, 1.37, 1.94), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4')},
+    {'region': 2, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (29, 52)}, 'workloads': 3, 'speedup': (1.24, 1.26, 1.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
     {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 56)}, 'workloads': 4, 'speedup': (1.2, 1.22, 1.25), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 62)}, 'workloads': 4, 'speedup': (1.24, 1.26, 1.3), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (62, 1448)}, 'workloads': 7, 'speedup': (1.21, 1.32, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr')},
-    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 11, 'speedup': (1.81, 2.61, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 4, 'speedup': (1.24, 1.26, 1.3), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1112)}, 'workloads': 7, 'speedup': (1.21, 1.32, 1.5), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr')},
+    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1112, None)}, 'workloads': 11, 'speedup': (1.81, 2.61, 3.11), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused')},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused')},
     {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 56)}, 'workloads': 5, 'speedup': (2.07, 2.13, 2.24), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 62)}, 'workloads': 4, 'speedup': (2.17, 2.29, 2.43), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (62, 1448)}, 'workloads': 7, 'speedup': (2.0, 2.44, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
-    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 11, 'speedup': (2.76, 3.04, 3.35), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 4, 'speedup': (2.17, 2.29, 2.43), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1874)}, 'workloads': 7, 'speedup': (2.0, 2.44, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1874, None)}, 'workloads': 11, 'speedup': (2.76, 3.04, 3.35), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -85,22 +85,22 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 1.37x (1.09x .. 1.94x) over sglang_triton_moe
-    if seq_len <= 22:
+    if seq_len <= 29:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4') if inside else 'triton_decode.n128s8q'
     # region 2: 3 workloads, 1.26x (1.24x .. 1.29x) over sglang_triton_moe
-    if 22 < seq_len <= 52:
+    if 29 < seq_len <= 52:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m16.fr'
     # region 3: 4 workloads, 1.22x (1.20x .. 1.25x) over sglang_triton_moe
     if 52 < seq_len <= 56:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
     # region 4: 4 workloads, 1.26x (1.24x .. 1.30x) over sglang_triton_moe
-    if 56 < seq_len <= 62:
+    if 56 < seq_len <= 63:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m16.fr'
     # region 5: 7 workloads, 1.32x (1.21x .. 1.50x) over sglang_triton_moe
-    if 62 < seq_len <= 1448:
+    if 63 < seq_len <= 1112:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m32q.fr'
     # region 6: 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe
-    if seq_len > 1448:
+    if seq_len > 1112:
         return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
@@ -108,21 +108,21 @@ def route(seq_len):
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe
-    if seq_len <= 2:
+    if seq_len <= 3:
         return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s8'
     # region 2: 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe
-    if 2 < seq_len <= 40:
+    if 3 < seq_len <= 40:
         return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
     # region 3: 5 workloads, 2.13x (2.07x .. 2.24x) over sglang_triton_moe
     if 40 < seq_len <= 56:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe
-    if 56 < seq_len <= 62:
+    if 56 < seq_len <= 63:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
     # region 5: 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe
-    if 62 < seq_len <= 1448:
+    if 63 < seq_len <= 1874:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
     # region 6: 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe
-    if seq_len > 1448:
+    if seq_len > 1874:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'

@@ -50,8 +50,8 @@
 #   6. num_tokens > 1056: triton_splitk.b64s1, 8 workloads, 1.09x (1.05x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 7: cuda_splitk.s16, 21 workloads, 3.38x (2.02x .. 5.66x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
-#   2. 7 < num_tokens <= 90: cuda_splitk.s8, 17 workloads, 2.81x (1.30x .. 3.50x) over flashmla_sparse; then triton_splitk.b64s4, cuda_splitk.s1
-#   3. 90 < num_tokens <= 269: triton_splitk.b64s4, 4 workloads, 1.44x (1.36x .. 1.58x) over flashmla_sparse; then triton_splitk.b64s1
+#   2. 7 < num_tokens <= 79: cuda_splitk.s8, 17 workloads, 2.81x (1.30x .. 3.50x) over flashmla_sparse; then triton_splitk.b64s4, cuda_splitk.s1
+#   3. 79 < num_tokens <= 269: triton_splitk.b64s4, 4 workloads, 1.44x (1.36x .. 1.58x) over flashmla_sparse; then triton_splitk.b64s1
 #   4. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 5 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   5. num_tokens > 1056: triton_splitk.b64s1, 8 workloads, 1.08x (1.04x .. 1.19x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
@@ -67,8 +67,8 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 7)}, 'workloads': 21, 'speedup': (2.02, 3.38, 5.66), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 90)}, 'workloads': 17, 'speedup': (1.3, 2.81, 3.5), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (90, 269)}, 'workloads': 4, 'speedup': (1.36, 1.44, 1.58), 'fallbacks': ('triton_splitk.b64s1',)},
+    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 79)}, 'workloads': 17, 'speedup': (1.3, 2.81, 3.5), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (79, 269)}, 'workloads': 4, 'speedup': (1.36, 1.44, 1.58), 'fallbacks': ('triton_splitk.b64s1',)},
     {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1056)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1056, None)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.19), 'fallbacks': ()},
 )
@@ -105,10 +105,10 @@ def route_eager(num_tokens, num_pages):
     if num_tokens <= 7:
         return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
     # region 2: 17 workloads, 2.81x (1.30x .. 3.50x) over flashmla_sparse
-    if 7 < num_tokens <= 90:
+    if 7 < num_tokens <= 79:
         return ('cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s1') if inside else 'cuda_splitk.s8'
     # region 3: 4 workloads, 1.44x (1.36x .. 1.58x) over flashmla_sparse
-    if 90 < num_tokens <= 269:
+    if 79 < num_tokens <= 269:
         return ('triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
     # region 4: 5 workloads, the baseline; its stand-ins where it cannot run here
     if 269 < num_tokens <= 1056:

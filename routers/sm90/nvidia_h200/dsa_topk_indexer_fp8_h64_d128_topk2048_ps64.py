@@ -38,8 +38,8 @@
 #   2. batch_size <= 8 and 124 < max_num_pages <= 605: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
 #   3. batch_size <= 8 and max_num_pages > 605: triton_fp8_flashinfer_topk, 3 workloads, 1.75x (1.61x .. 1.97x) over deepgemm_flashinfer_topk
 #   4. max_num_pages <= 1 and kv_pages <= 4: triton_passthrough, 4 workloads, 10.68x (6.16x .. 22.23x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   5. max_num_pages <= 22 and 4 < kv_pages <= 530: triton_passthrough, 42 workloads, 12.45x (7.64x .. 20.23x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
-#   6. max_num_pages <= 22 and kv_pages > 530: cuda_wgmma_radix, 4 workloads, 11.17x (8.77x .. 13.80x) over deepgemm_flashinfer_topk; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   5. max_num_pages <= 22 and 4 < kv_pages <= 531: triton_passthrough, 42 workloads, 12.45x (7.64x .. 20.23x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   6. max_num_pages <= 22 and kv_pages > 531: cuda_wgmma_radix, 4 workloads, 11.17x (8.77x .. 13.80x) over deepgemm_flashinfer_topk; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
 #   7. 1 < max_num_pages <= 22 and kv_pages <= 4: cuda_wgmma_radix, 3 workloads, 14.16x (10.57x .. 16.95x) over deepgemm_flashinfer_topk; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
 #   8. batch_size > 8 and max_num_pages > 912: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
 #   9. batch_size > 10 and 124 < max_num_pages <= 912: triton_fp8_flashinfer_topk, 3 workloads, 1.89x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
@@ -58,8 +58,8 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (None, 8), 'max_num_pages': (124, 605)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
     {'region': 3, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (None, 8), 'max_num_pages': (605, None)}, 'workloads': 3, 'speedup': (1.61, 1.75, 1.97), 'fallbacks': ()},
     {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 4), 'max_num_pages': (None, 1)}, 'workloads': 4, 'speedup': (6.16, 10.68, 22.23), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 5, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 530), 'max_num_pages': (None, 22)}, 'workloads': 42, 'speedup': (7.64, 12.45, 20.23), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 6, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (530, None), 'max_num_pages': (None, 22)}, 'workloads': 4, 'speedup': (8.77, 11.17, 13.8), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 5, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 531), 'max_num_pages': (None, 22)}, 'workloads': 42, 'speedup': (7.64, 12.45, 20.23), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 6, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (531, None), 'max_num_pages': (None, 22)}, 'workloads': 4, 'speedup': (8.77, 11.17, 13.8), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
     {'region': 7, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (None, 4), 'max_num_pages': (1, 22)}, 'workloads': 3, 'speedup': (10.57, 14.16, 16.95), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
     {'region': 8, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (8, None), 'max_num_pages': (912, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
     {'region': 9, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (10, None), 'max_num_pages': (124, 912)}, 'workloads': 3, 'speedup': (1.72, 1.89, 2.14), 'fallbacks': ()},
@@ -107,10 +107,10 @@ def route_eager(batch_size, max_num_pages, num_pages):
     if max_num_pages <= 1 and kv_pages <= 4:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
     # region 5: 42 workloads, 12.45x (7.64x .. 20.23x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 22 and 4 < kv_pages <= 530:
+    if max_num_pages <= 22 and 4 < kv_pages <= 531:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
     # region 6: 4 workloads, 11.17x (8.77x .. 13.80x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 22 and kv_pages > 530:
+    if max_num_pages <= 22 and kv_pages > 531:
         return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
     # region 7: 3 workloads, 14.16x (10.57x .. 16.95x) over deepgemm_flashinfer_topk
     if 1 < max_num_pages <= 22 and kv_pages <= 4:

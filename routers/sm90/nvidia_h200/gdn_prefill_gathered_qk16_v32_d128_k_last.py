@@ -45,12 +45,12 @@
 #   5. 106 < total_seq_len <= 1642 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.11x (1.05x .. 3.46x) over vllm_flashinfer_prefill
 #   6. total_seq_len > 1642: vllm_flashinfer_prefill (baseline), 47 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 212 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 226 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v32, 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 878 and num_seqs > 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 11 workloads, 1.63x (1.17x .. 2.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   4. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
 #   5. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   6. 212 < total_seq_len <= 362 and mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   6. 226 < total_seq_len <= 362 and mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
 #   7. 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   8. 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   9. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
@@ -69,12 +69,12 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 212)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 226)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (None, 3), 'total_seq_len': (None, 878)}, 'workloads': 7, 'speedup': (1.6, 3.92, 5.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 878)}, 'workloads': 11, 'speedup': (1.17, 1.63, 2.22), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.49, 2.12, 3.83), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (212, 362)}, 'workloads': 6, 'speedup': (1.33, 1.79, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (226, 362)}, 'workloads': 6, 'speedup': (1.33, 1.79, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (None, 34), 'total_seq_len': (362, 1020)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (34, None), 'total_seq_len': (362, 1020)}, 'workloads': 4, 'speedup': (1.12, 1.22, 1.38), 'fallbacks': (), 'hand_back': True},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
@@ -114,7 +114,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and mean_seq_len <= 53:
+    if total_seq_len <= 226 and mean_seq_len <= 53:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill
     if total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291:
@@ -129,7 +129,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 6: 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 362 and mean_seq_len <= 53:
+    if 226 < total_seq_len <= 362 and mean_seq_len <= 53:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53:

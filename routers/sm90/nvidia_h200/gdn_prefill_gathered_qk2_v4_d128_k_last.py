@@ -33,13 +33,13 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 26.74% mean, 332.35% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.54% mean, 332.35% max;
 #             1.208x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 32.25% mean, 211.90% max;
-#             1.728x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 32.15% mean, 211.90% max;
+#             1.729x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs <= 21 and 8 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 21 and 7 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 803 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   4. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
 #   5. 21 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
@@ -50,22 +50,22 @@
 #   10. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   11. total_seq_len > 2464 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 54 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1448 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1448 and num_seqs > 225: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   1. total_seq_len <= 55 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 1448 and num_seqs > 225: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   3. total_seq_len <= 1841 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   4. 21 < num_seqs <= 225 and mean_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 13 workloads, 2.69x (1.11x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   5. 21 < num_seqs <= 225 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. 54 < total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.04x (5.53x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. 90 < total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.98x (3.68x .. 9.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 158 and num_seqs <= 21 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 40 workloads, 3.38x (1.15x .. 6.67x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. 1448 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419: triton_prefill_chunked.v64, 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 1448 and num_seqs > 225: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. 55 < total_seq_len <= 95 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.04x (5.53x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. 95 < total_seq_len <= 172 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.98x (3.68x .. 9.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len > 172 and num_seqs <= 21 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 40 workloads, 3.38x (1.15x .. 6.67x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 1448 and num_seqs > 225: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. 1841 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419: triton_prefill_chunked.v64, 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
 #   11. total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.23, 6.71, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.23, 6.71, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 90), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 803)}, 'workloads': 11, 'speedup': (1.45, 2.12, 3.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, 169)}, 'workloads': 19, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
@@ -78,16 +78,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (None, 54)}, 'workloads': 6, 'speedup': (5.94, 8.95, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.93, 2.17, 2.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.26, 1.51, 1.73), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (None, 55)}, 'workloads': 6, 'speedup': (5.94, 8.95, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.26, 1.51, 1.73), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1841)}, 'workloads': 5, 'speedup': (1.93, 2.17, 2.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (21, 225)}, 'workloads': 13, 'speedup': (1.11, 2.69, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (21, 225)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (54, 90)}, 'workloads': 7, 'speedup': (5.53, 7.04, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (90, 158)}, 'workloads': 7, 'speedup': (3.68, 5.98, 9.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (158, None)}, 'workloads': 40, 'speedup': (1.15, 3.38, 6.67), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (1448, 4900)}, 'workloads': 4, 'speedup': (1.18, 1.49, 1.86), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (55, 95)}, 'workloads': 7, 'speedup': (5.53, 7.04, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (95, 172)}, 'workloads': 7, 'speedup': (3.68, 5.98, 9.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (172, None)}, 'workloads': 40, 'speedup': (1.15, 3.38, 6.67), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (1841, 4900)}, 'workloads': 4, 'speedup': (1.18, 1.49, 1.86), 'fallbacks': ()},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (4900, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
@@ -98,10 +98,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 8:
+    if total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 21 and 8 < mean_seq_len <= 90:
+    if total_seq_len <= 90 and num_seqs <= 21 and 7 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill
     if total_seq_len <= 803 and mean_seq_len > 90:
@@ -137,14 +137,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 54 and num_seqs <= 21 and mean_seq_len <= 419:
+    if total_seq_len <= 55 and num_seqs <= 21 and mean_seq_len <= 419:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 21 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill
+    # region 2: 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 225:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1841 and num_seqs <= 21 and mean_seq_len > 419:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 4: 13 workloads, 2.69x (1.11x .. 4.81x) over vllm_flashinfer_prefill
     if 21 < num_seqs <= 225 and mean_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -152,20 +152,20 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if 21 < num_seqs <= 225 and mean_seq_len > 11:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 6: 7 workloads, 7.04x (5.53x .. 10.71x) over vllm_flashinfer_prefill
-    if 54 < total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 419:
+    if 55 < total_seq_len <= 95 and num_seqs <= 21 and mean_seq_len <= 419:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 7: 7 workloads, 5.98x (3.68x .. 9.91x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 419:
+    if 95 < total_seq_len <= 172 and num_seqs <= 21 and mean_seq_len <= 419:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 8: 40 workloads, 3.38x (1.15x .. 6.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 158 and num_seqs <= 21 and mean_seq_len <= 419:
+    if total_seq_len > 172 and num_seqs <= 21 and mean_seq_len <= 419:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419:
-        return 'triton_prefill_chunked.v64'
-    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 225:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
+    if 1841 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419:
+        return 'triton_prefill_chunked.v64'
     # region 11: 12 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'

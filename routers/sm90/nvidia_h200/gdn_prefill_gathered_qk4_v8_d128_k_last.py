@@ -38,38 +38,38 @@
 # held out    eager: 5-fold over workloads: regret vs the best variant 21.24% mean, 142.28% max;
 #             1.501x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 51 and num_seqs <= 13 and mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.38x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 47 and num_seqs <= 13 and mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.38x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 724 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.10x (1.04x .. 1.14x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 1205 and num_seqs <= 5 and mean_seq_len > 45: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.25x (1.03x .. 4.16x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 1448 and 17 < num_seqs <= 147: vllm_flashinfer_prefill.cp_off, 23 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
 #   5. total_seq_len <= 2232 and 5 < num_seqs <= 11 and mean_seq_len > 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.77x (1.04x .. 5.79x) over vllm_flashinfer_prefill
 #   6. num_seqs > 147: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len > 51 and num_seqs <= 13 and mean_seq_len <= 45: triton_prefill_fused.c16v32, 6 workloads, 4.25x (2.49x .. 6.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   7. total_seq_len > 47 and num_seqs <= 13 and mean_seq_len <= 45: triton_prefill_fused.c16v32, 6 workloads, 4.25x (2.49x .. 6.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
 #   8. total_seq_len > 724 and 13 < num_seqs <= 17: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   9. total_seq_len > 1205 and num_seqs <= 5 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   10. total_seq_len > 1448 and 17 < num_seqs <= 147: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   11. total_seq_len > 2232 and 5 < num_seqs <= 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 72 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 107 and num_seqs <= 1 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   3. total_seq_len <= 107 and 1 < num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.59x (4.64x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   4. total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.08x (1.33x .. 2.90x) over vllm_flashinfer_prefill
 #   5. num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.27x (1.04x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. 90 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. 107 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.54x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 23 workloads, 3.08x (1.54x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. 72 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 107 < total_seq_len <= 146 and num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.54x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len > 146 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 23 workloads, 3.08x (1.54x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   10. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 13), 'total_seq_len': (None, 51)}, 'workloads': 6, 'speedup': (1.36, 5.38, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 13), 'total_seq_len': (None, 47)}, 'workloads': 6, 'speedup': (1.36, 5.38, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (None, 724)}, 'workloads': 12, 'speedup': (1.04, 1.1, 1.14), 'fallbacks': ()},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1205)}, 'workloads': 22, 'speedup': (1.03, 2.25, 4.16), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (17, 147), 'total_seq_len': (None, 1448)}, 'workloads': 23, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 2232)}, 'workloads': 9, 'speedup': (1.04, 2.77, 5.79), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (147, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 13), 'total_seq_len': (51, None)}, 'workloads': 6, 'speedup': (2.49, 4.25, 6.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 13), 'total_seq_len': (47, None)}, 'workloads': 6, 'speedup': (2.49, 4.25, 6.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (724, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 5), 'total_seq_len': (1205, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, 147), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -77,14 +77,14 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 90)}, 'workloads': 4, 'speedup': (2.22, 2.57, 3.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 72)}, 'workloads': 4, 'speedup': (2.22, 2.57, 3.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 1), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (5.31, 6.4, 8.07), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (1, 8), 'total_seq_len': (None, 107)}, 'workloads': 4, 'speedup': (4.64, 7.59, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.33, 2.08, 2.9), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.04, 2.27, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (90, 399)}, 'workloads': 11, 'speedup': (1.16, 2.01, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (107, 181)}, 'workloads': 4, 'speedup': (3.34, 5.54, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, None)}, 'workloads': 23, 'speedup': (1.54, 3.08, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (72, 399)}, 'workloads': 11, 'speedup': (1.16, 2.01, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (107, 146)}, 'workloads': 4, 'speedup': (3.34, 5.54, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (146, None)}, 'workloads': 23, 'speedup': (1.54, 3.08, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
@@ -96,7 +96,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 6 workloads, 5.38x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 13 and mean_seq_len <= 45:
+    if total_seq_len <= 47 and num_seqs <= 13 and mean_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 12 workloads, 1.10x (1.04x .. 1.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 13 < num_seqs <= 17:
@@ -114,7 +114,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if num_seqs > 147:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 7: 6 workloads, 4.25x (2.49x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and num_seqs <= 13 and mean_seq_len <= 45:
+    if total_seq_len > 47 and num_seqs <= 13 and mean_seq_len <= 45:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and 13 < num_seqs <= 17:
@@ -135,7 +135,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs > 8 and mean_seq_len > 2:
+    if total_seq_len <= 72 and num_seqs > 8 and mean_seq_len > 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 107 and num_seqs <= 1 and mean_seq_len <= 362:
@@ -150,13 +150,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if num_seqs > 8 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 6: 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
+    if 72 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 4 workloads, 5.54x (3.34x .. 10.91x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 362:
+    if 107 < total_seq_len <= 146 and num_seqs <= 8 and mean_seq_len <= 362:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 8: 23 workloads, 3.08x (1.54x .. 4.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 8 and mean_seq_len <= 362:
+    if total_seq_len > 146 and num_seqs <= 8 and mean_seq_len <= 362:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 9: 51 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:

@@ -35,13 +35,13 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 9.92% mean, 223.11% max;
 #             1.084x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.61% mean, 221.81% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.62% mean, 221.81% max;
 #             1.372x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and num_seqs <= 4: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 90 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.42x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   4. 66 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.42x (1.09x .. 4.97x) over vllm_flashinfer_prefill
 #   5. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
 #   6. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   7. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
@@ -50,7 +50,7 @@
 #   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   2. total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   3. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   4. total_seq_len <= 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 9 workloads, 4.35x (3.06x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 9 workloads, 4.35x (3.06x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   6. num_seqs <= 2 and mean_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 4 workloads, 8.54x (5.11x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   7. 2 < num_seqs <= 4 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.71x (3.43x .. 7.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
@@ -58,17 +58,17 @@
 #   9. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
 #   10. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   11. total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v64, 7 workloads, 3.00x (1.63x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. total_seq_len > 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v64, 7 workloads, 3.00x (1.63x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   13. total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   14. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   15. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 90)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 66)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (90, 2438)}, 'workloads': 28, 'speedup': (1.09, 2.42, 4.97), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (66, 2438)}, 'workloads': 28, 'speedup': (1.09, 2.42, 4.97), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
@@ -79,7 +79,7 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 8, 'speedup': (2.01, 2.72, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.1, 2.11, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.55, 1.85, 2.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 9, 'speedup': (3.06, 4.35, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 281)}, 'workloads': 9, 'speedup': (3.06, 4.35, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 11, 'speedup': (1.32, 2.06, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (5.11, 8.54, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (2, 4)}, 'workloads': 7, 'speedup': (3.43, 5.71, 7.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -87,7 +87,7 @@ REGIONS_EAGER = (
     {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.23, 1.73, 2.32), 'fallbacks': ()},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.27, 1.82, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (34, None), 'total_seq_len': (280, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 7, 'speedup': (1.63, 3.0, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (281, None)}, 'workloads': 7, 'speedup': (1.63, 3.0, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (724, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -100,7 +100,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 4:
+    if total_seq_len <= 66 and num_seqs <= 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 2: 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2:
@@ -109,7 +109,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 28 workloads, 2.42x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 2438 and num_seqs <= 4:
+    if 66 < total_seq_len <= 2438 and num_seqs <= 4:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 5: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90:
@@ -139,7 +139,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
     # region 4: 9 workloads, 4.35x (3.06x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
+    if total_seq_len <= 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462:
@@ -163,7 +163,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 12: 7 workloads, 3.00x (1.63x .. 4.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
+    if total_seq_len > 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 13: 19 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:

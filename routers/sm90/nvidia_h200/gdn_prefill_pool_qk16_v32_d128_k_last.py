@@ -48,15 +48,15 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 13.98% mean, 222.04% max;
 #             1.307x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.91% mean, 285.04% max;
-#             1.896x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 23.05% mean, 285.04% max;
+#             1.894x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 128 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.13x (1.94x .. 13.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 1448 and num_seqs > 11 and 28 < mean_seq_len <= 90: flashinfer_pool_inplace, 9 workloads, 1.29x (1.23x .. 1.35x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
-#   3. total_seq_len <= 1801 and num_seqs <= 11 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 9 workloads, 2.15x (1.03x .. 6.37x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   1. total_seq_len <= 150 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.13x (1.94x .. 13.49x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   2. total_seq_len <= 1448 and num_seqs > 14 and 28 < mean_seq_len <= 90: flashinfer_pool_inplace, 9 workloads, 1.29x (1.23x .. 1.35x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off
+#   3. total_seq_len <= 1801 and num_seqs <= 14 and 28 < mean_seq_len <= 90: triton_prefill_fused.c16v64, 9 workloads, 2.15x (1.03x .. 6.37x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   4. total_seq_len <= 1801 and mean_seq_len > 90: flashinfer_pool_inplace.cp_off, 23 workloads, 1.87x (1.24x .. 3.52x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   5. 5 < mean_seq_len <= 28: triton_prefill_fused.c16v64, 23 workloads, 2.00x (1.12x .. 3.06x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   6. total_seq_len > 128 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.67x (1.33x .. 3.55x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   6. total_seq_len > 150 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.67x (1.33x .. 3.55x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
 #   7. 1801 < total_seq_len <= 3428 and num_seqs <= 21 and mean_seq_len > 28: flashinfer_pool_inplace.cp_off, 9 workloads, 1.15x (1.09x .. 1.21x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   8. total_seq_len > 1801 and 21 < num_seqs <= 40 and mean_seq_len > 28: sglang_flashinfer_prefill (baseline), 8 workloads
 #   9. total_seq_len > 1801 and num_seqs > 41 and mean_seq_len > 28: flashinfer_pool_inplace.cp_off, 13 workloads, 1.19x (1.04x .. 1.31x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
@@ -73,17 +73,17 @@
 #   9. total_seq_len > 2025 and num_seqs <= 55 and mean_seq_len <= 124: triton_prefill_fused.c16v64, 4 workloads, 2.31x (1.32x .. 4.50x) over sglang_flashinfer_prefill
 #   10. total_seq_len > 2025 and num_seqs > 55 and mean_seq_len <= 28: triton_prefill_fused.c16v64, 4 workloads, 2.03x (1.53x .. 2.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, flashinfer_pool_inplace
 #   11. total_seq_len > 2025 and num_seqs > 55 and 28 < mean_seq_len <= 124: flashinfer_pool_inplace.cp_off, 7 workloads, 1.31x (1.23x .. 1.46x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   12. total_seq_len > 6631 and 124 < mean_seq_len <= 605: flashinfer_pool_inplace.cp_off, 11 workloads, 1.24x (1.08x .. 1.42x) over sglang_flashinfer_prefill
-#   13. total_seq_len > 6631 and mean_seq_len > 605: flashinfer_pool_inplace, 10 workloads, 1.35x (1.05x .. 2.24x) over sglang_flashinfer_prefill
+#   12. total_seq_len > 6631 and 124 < mean_seq_len <= 715: flashinfer_pool_inplace.cp_off, 11 workloads, 1.24x (1.08x .. 1.42x) over sglang_flashinfer_prefill
+#   13. total_seq_len > 6631 and mean_seq_len > 715: flashinfer_pool_inplace, 10 workloads, 1.35x (1.05x .. 2.24x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 128)}, 'workloads': 8, 'speedup': (1.94, 4.13, 13.49), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 90), 'num_seqs': (11, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.23, 1.29, 1.35), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'num_seqs': (None, 11), 'total_seq_len': (None, 1801)}, 'workloads': 9, 'speedup': (1.03, 2.15, 6.37), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 150)}, 'workloads': 8, 'speedup': (1.94, 4.13, 13.49), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (28, 90), 'num_seqs': (14, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.23, 1.29, 1.35), 'fallbacks': ('flashinfer_pool_inplace.cp_off',)},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (28, 90), 'num_seqs': (None, 14), 'total_seq_len': (None, 1801)}, 'workloads': 9, 'speedup': (1.03, 2.15, 6.37), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 4, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 1801)}, 'workloads': 23, 'speedup': (1.24, 1.87, 3.52), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, 28)}, 'workloads': 23, 'speedup': (1.12, 2.0, 3.06), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (128, None)}, 'workloads': 9, 'speedup': (1.33, 2.67, 3.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (150, None)}, 'workloads': 9, 'speedup': (1.33, 2.67, 3.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
     {'region': 7, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (None, 21), 'total_seq_len': (1801, 3428)}, 'workloads': 9, 'speedup': (1.09, 1.15, 1.21), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (21, 40), 'total_seq_len': (1801, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (28, None), 'num_seqs': (41, None), 'total_seq_len': (1801, None)}, 'workloads': 13, 'speedup': (1.04, 1.19, 1.31), 'fallbacks': ('flashinfer_pool_inplace',)},
@@ -102,8 +102,8 @@ REGIONS_EAGER = (
     {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 124), 'num_seqs': (None, 55), 'total_seq_len': (2025, None)}, 'workloads': 4, 'speedup': (1.32, 2.31, 4.5), 'fallbacks': ()},
     {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 28), 'num_seqs': (55, None), 'total_seq_len': (2025, None)}, 'workloads': 4, 'speedup': (1.53, 2.03, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace')},
     {'region': 11, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (28, 124), 'num_seqs': (55, None), 'total_seq_len': (2025, None)}, 'workloads': 7, 'speedup': (1.23, 1.31, 1.46), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 12, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (124, 605), 'total_seq_len': (6631, None)}, 'workloads': 11, 'speedup': (1.08, 1.24, 1.42), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (605, None), 'total_seq_len': (6631, None)}, 'workloads': 10, 'speedup': (1.05, 1.35, 2.24), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (124, 715), 'total_seq_len': (6631, None)}, 'workloads': 11, 'speedup': (1.08, 1.24, 1.42), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (715, None), 'total_seq_len': (6631, None)}, 'workloads': 10, 'speedup': (1.05, 1.35, 2.24), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -113,13 +113,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 8 workloads, 4.13x (1.94x .. 13.49x) over sglang_flashinfer_prefill
-    if total_seq_len <= 128 and mean_seq_len <= 5:
+    if total_seq_len <= 150 and mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 9 workloads, 1.29x (1.23x .. 1.35x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 11 and 28 < mean_seq_len <= 90:
+    if total_seq_len <= 1448 and num_seqs > 14 and 28 < mean_seq_len <= 90:
         return ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_pool_inplace'
     # region 3: 9 workloads, 2.15x (1.03x .. 6.37x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1801 and num_seqs <= 11 and 28 < mean_seq_len <= 90:
+    if total_seq_len <= 1801 and num_seqs <= 14 and 28 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 4: 23 workloads, 1.87x (1.24x .. 3.52x) over sglang_flashinfer_prefill
     if total_seq_len <= 1801 and mean_seq_len > 90:
@@ -128,7 +128,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if 5 < mean_seq_len <= 28:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
     # region 6: 9 workloads, 2.67x (1.33x .. 3.55x) over sglang_flashinfer_prefill
-    if total_seq_len > 128 and mean_seq_len <= 5:
+    if total_seq_len > 150 and mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 7: 9 workloads, 1.15x (1.09x .. 1.21x) over sglang_flashinfer_prefill
     if 1801 < total_seq_len <= 3428 and num_seqs <= 21 and mean_seq_len > 28:
@@ -179,10 +179,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len > 2025 and num_seqs > 55 and 28 < mean_seq_len <= 124:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 12: 11 workloads, 1.24x (1.08x .. 1.42x) over sglang_flashinfer_prefill
-    if total_seq_len > 6631 and 124 < mean_seq_len <= 605:
+    if total_seq_len > 6631 and 124 < mean_seq_len <= 715:
         return 'flashinfer_pool_inplace.cp_off'
     # region 13: 10 workloads, 1.35x (1.05x .. 2.24x) over sglang_flashinfer_prefill
-    if total_seq_len > 6631 and mean_seq_len > 605:
+    if total_seq_len > 6631 and mean_seq_len > 715:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 

@@ -46,20 +46,20 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 27.84% mean, 269.43% max;
-#             1.307x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 33.56% mean, 213.86% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 27.96% mean, 269.43% max;
+#             1.306x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 33.45% mean, 213.86% max;
 #             1.888x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 14 workloads, 5.82x (2.12x .. 10.33x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   2. total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len > 90: flashinfer_pool_inplace.cp_off, 6 workloads, 2.50x (2.14x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, flashinfer_pool_inplace
+#   1. total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len <= 110: triton_prefill_fused.c16v32, 14 workloads, 5.82x (2.12x .. 10.33x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   2. total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len > 110: flashinfer_pool_inplace.cp_off, 6 workloads, 2.50x (2.14x .. 2.90x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, flashinfer_pool_inplace
 #   3. total_seq_len <= 1893 and 11 < num_seqs <= 45 and mean_seq_len > 6: flashinfer_pool_inplace.cp_off, 15 workloads, 1.41x (1.24x .. 1.57x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_chunked.v64
 #   4. total_seq_len <= 1893 and num_seqs > 11 and mean_seq_len <= 6: triton_prefill_fused.c16v64, 15 workloads, 2.29x (1.22x .. 3.16x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64
 #   5. total_seq_len <= 1893 and num_seqs > 45 and mean_seq_len > 6: triton_prefill_chunked.v64, 7 workloads, 1.38x (1.10x .. 1.53x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   6. 371 < total_seq_len <= 847 and num_seqs <= 11: flashinfer_pool_inplace.cp_off, 8 workloads, 2.80x (1.71x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   7. 847 < total_seq_len <= 1893 and num_seqs <= 11: triton_prefill_chunked.v16, 11 workloads, 2.24x (1.40x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   8. 1893 < total_seq_len <= 7287 and mean_seq_len > 274: flashinfer_pool_inplace, 6 workloads, 1.22x (1.18x .. 1.24x) over sglang_flashinfer_prefill
-#   9. 1893 < total_seq_len <= 7435 and mean_seq_len <= 274: flashinfer_pool_inplace.cp_off, 16 workloads, 1.34x (1.09x .. 2.78x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   6. 371 < total_seq_len <= 838 and num_seqs <= 11: flashinfer_pool_inplace.cp_off, 8 workloads, 2.80x (1.71x .. 4.09x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   7. 838 < total_seq_len <= 1893 and num_seqs <= 11: triton_prefill_chunked.v16, 11 workloads, 2.24x (1.40x .. 2.96x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   8. 1893 < total_seq_len <= 7287 and mean_seq_len > 294: flashinfer_pool_inplace, 6 workloads, 1.22x (1.18x .. 1.24x) over sglang_flashinfer_prefill
+#   9. 1893 < total_seq_len <= 7435 and mean_seq_len <= 294: flashinfer_pool_inplace.cp_off, 16 workloads, 1.34x (1.09x .. 2.78x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
 #   10. 7435 < total_seq_len <= 9504 and num_seqs <= 11: flashinfer_pool_inplace, 6 workloads, 1.12x (1.10x .. 1.22x) over sglang_flashinfer_prefill
 #   11. 7435 < total_seq_len <= 9504 and num_seqs > 11: sglang_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 #   12. total_seq_len > 9504: sglang_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
@@ -70,24 +70,24 @@
 #   4. 970 < mean_seq_len <= 1589: triton_prefill_chunked.v16, 5 workloads, 2.13x (1.47x .. 3.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
 #   5. mean_seq_len > 1589: sglang_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   6. 181 < total_seq_len <= 3901 and 30 < mean_seq_len <= 970: triton_prefill_fused.c16v32, 51 workloads, 3.93x (1.13x .. 11.12x) over sglang_flashinfer_prefill
-#   7. 203 < total_seq_len <= 1339 and num_seqs > 72 and mean_seq_len <= 30: cuda_prefill_pool_rows.k4c8, 8 workloads, 3.32x (1.31x .. 6.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   8. total_seq_len > 203 and num_seqs <= 72 and mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 7 workloads, 4.12x (1.38x .. 7.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   9. total_seq_len > 203 and num_seqs <= 72 and 11 < mean_seq_len <= 30: triton_prefill_fused.c16v64, 9 workloads, 3.97x (2.21x .. 5.59x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   10. total_seq_len > 1339 and num_seqs > 72 and mean_seq_len <= 25: triton_prefill_fused.c16v64, 4 workloads, 2.34x (1.21x .. 3.97x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   7. 203 < total_seq_len <= 1138 and num_seqs > 72 and mean_seq_len <= 30: cuda_prefill_pool_rows.k4c8, 8 workloads, 3.32x (1.31x .. 6.59x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   8. total_seq_len > 203 and num_seqs <= 72 and mean_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 7 workloads, 4.12x (1.38x .. 7.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
+#   9. total_seq_len > 203 and num_seqs <= 72 and 10 < mean_seq_len <= 30: triton_prefill_fused.c16v64, 9 workloads, 3.97x (2.21x .. 5.59x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   10. total_seq_len > 1138 and num_seqs > 72 and mean_seq_len <= 25: triton_prefill_fused.c16v64, 4 workloads, 2.34x (1.21x .. 3.97x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   11. total_seq_len > 3901 and 30 < mean_seq_len <= 136: sglang_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 #   12. total_seq_len > 3901 and 136 < mean_seq_len <= 970: flashinfer_pool_inplace.cp_off, 9 workloads, 1.42x (1.10x .. 1.70x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 11), 'total_seq_len': (None, 371)}, 'workloads': 14, 'speedup': (2.12, 5.82, 10.33), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 371)}, 'workloads': 6, 'speedup': (2.14, 2.5, 2.9), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 110), 'num_seqs': (None, 11), 'total_seq_len': (None, 371)}, 'workloads': 14, 'speedup': (2.12, 5.82, 10.33), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (110, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 371)}, 'workloads': 6, 'speedup': (2.14, 2.5, 2.9), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace')},
     {'region': 3, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, 45), 'total_seq_len': (None, 1893)}, 'workloads': 15, 'speedup': (1.24, 1.41, 1.57), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (None, 1893)}, 'workloads': 15, 'speedup': (1.22, 2.29, 3.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (45, None), 'total_seq_len': (None, 1893)}, 'workloads': 7, 'speedup': (1.1, 1.38, 1.53), 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (371, 847)}, 'workloads': 8, 'speedup': (1.71, 2.8, 4.09), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (847, 1893)}, 'workloads': 11, 'speedup': (1.4, 2.24, 2.96), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (274, None), 'total_seq_len': (1893, 7287)}, 'workloads': 6, 'speedup': (1.18, 1.22, 1.24), 'fallbacks': ()},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (None, 274), 'total_seq_len': (1893, 7435)}, 'workloads': 16, 'speedup': (1.09, 1.34, 2.78), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (371, 838)}, 'workloads': 8, 'speedup': (1.71, 2.8, 4.09), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (838, 1893)}, 'workloads': 11, 'speedup': (1.4, 2.24, 2.96), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (294, None), 'total_seq_len': (1893, 7287)}, 'workloads': 6, 'speedup': (1.18, 1.22, 1.24), 'fallbacks': ()},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (None, 294), 'total_seq_len': (1893, 7435)}, 'workloads': 16, 'speedup': (1.09, 1.34, 2.78), 'fallbacks': ('flashinfer_pool_inplace',)},
     {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (7435, 9504)}, 'workloads': 6, 'speedup': (1.1, 1.12, 1.22), 'fallbacks': ()},
     {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (7435, 9504)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
     {'region': 12, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'total_seq_len': (9504, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -100,10 +100,10 @@ REGIONS_EAGER = (
     {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (970, 1589)}, 'workloads': 5, 'speedup': (1.47, 2.13, 3.62), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (1589, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (30, 970), 'total_seq_len': (181, 3901)}, 'workloads': 51, 'speedup': (1.13, 3.93, 11.12), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (72, None), 'total_seq_len': (203, 1339)}, 'workloads': 8, 'speedup': (1.31, 3.32, 6.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (None, 72), 'total_seq_len': (203, None)}, 'workloads': 7, 'speedup': (1.38, 4.12, 7.52), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, 30), 'num_seqs': (None, 72), 'total_seq_len': (203, None)}, 'workloads': 9, 'speedup': (2.21, 3.97, 5.59), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 25), 'num_seqs': (72, None), 'total_seq_len': (1339, None)}, 'workloads': 4, 'speedup': (1.21, 2.34, 3.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (72, None), 'total_seq_len': (203, 1138)}, 'workloads': 8, 'speedup': (1.31, 3.32, 6.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 10), 'num_seqs': (None, 72), 'total_seq_len': (203, None)}, 'workloads': 7, 'speedup': (1.38, 4.12, 7.52), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (10, 30), 'num_seqs': (None, 72), 'total_seq_len': (203, None)}, 'workloads': 9, 'speedup': (2.21, 3.97, 5.59), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 25), 'num_seqs': (72, None), 'total_seq_len': (1138, None)}, 'workloads': 4, 'speedup': (1.21, 2.34, 3.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 136), 'total_seq_len': (3901, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32')},
     {'region': 12, 'variant': 'flashinfer_pool_inplace.cp_off', 'bounds': {'mean_seq_len': (136, 970), 'total_seq_len': (3901, None)}, 'workloads': 9, 'speedup': (1.1, 1.42, 1.7), 'fallbacks': ()},
 )
@@ -115,10 +115,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 14 workloads, 5.82x (2.12x .. 10.33x) over sglang_flashinfer_prefill
-    if total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len <= 90:
+    if total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len <= 110:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
     # region 2: 6 workloads, 2.50x (2.14x .. 2.90x) over sglang_flashinfer_prefill
-    if total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len > 90:
+    if total_seq_len <= 371 and num_seqs <= 11 and mean_seq_len > 110:
         return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 3: 15 workloads, 1.41x (1.24x .. 1.57x) over sglang_flashinfer_prefill
     if total_seq_len <= 1893 and 11 < num_seqs <= 45 and mean_seq_len > 6:
@@ -130,16 +130,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if total_seq_len <= 1893 and num_seqs > 45 and mean_seq_len > 6:
         return ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v64'
     # region 6: 8 workloads, 2.80x (1.71x .. 4.09x) over sglang_flashinfer_prefill
-    if 371 < total_seq_len <= 847 and num_seqs <= 11:
+    if 371 < total_seq_len <= 838 and num_seqs <= 11:
         return ('flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 7: 11 workloads, 2.24x (1.40x .. 2.96x) over sglang_flashinfer_prefill
-    if 847 < total_seq_len <= 1893 and num_seqs <= 11:
+    if 838 < total_seq_len <= 1893 and num_seqs <= 11:
         return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
     # region 8: 6 workloads, 1.22x (1.18x .. 1.24x) over sglang_flashinfer_prefill
-    if 1893 < total_seq_len <= 7287 and mean_seq_len > 274:
+    if 1893 < total_seq_len <= 7287 and mean_seq_len > 294:
         return 'flashinfer_pool_inplace'
     # region 9: 16 workloads, 1.34x (1.09x .. 2.78x) over sglang_flashinfer_prefill
-    if 1893 < total_seq_len <= 7435 and mean_seq_len <= 274:
+    if 1893 < total_seq_len <= 7435 and mean_seq_len <= 294:
         return ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_pool_inplace.cp_off'
     # region 10: 6 workloads, 1.12x (1.10x .. 1.22x) over sglang_flashinfer_prefill
     if 7435 < total_seq_len <= 9504 and num_seqs <= 11:
@@ -175,16 +175,16 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     if 181 < total_seq_len <= 3901 and 30 < mean_seq_len <= 970:
         return 'triton_prefill_fused.c16v32'
     # region 7: 8 workloads, 3.32x (1.31x .. 6.59x) over sglang_flashinfer_prefill
-    if 203 < total_seq_len <= 1339 and num_seqs > 72 and mean_seq_len <= 30:
+    if 203 < total_seq_len <= 1138 and num_seqs > 72 and mean_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 7 workloads, 4.12x (1.38x .. 7.52x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and num_seqs <= 72 and mean_seq_len <= 11:
+    if total_seq_len > 203 and num_seqs <= 72 and mean_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 9: 9 workloads, 3.97x (2.21x .. 5.59x) over sglang_flashinfer_prefill
-    if total_seq_len > 203 and num_seqs <= 72 and 11 < mean_seq_len <= 30:
+    if total_seq_len > 203 and num_seqs <= 72 and 10 < mean_seq_len <= 30:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
     # region 10: 4 workloads, 2.34x (1.21x .. 3.97x) over sglang_flashinfer_prefill
-    if total_seq_len > 1339 and num_seqs > 72 and mean_seq_len <= 25:
+    if total_seq_len > 1138 and num_seqs > 72 and mean_seq_len <= 25:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 11: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3901 and 30 < mean_seq_len <= 136:

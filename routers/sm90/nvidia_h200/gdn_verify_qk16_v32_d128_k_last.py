@@ -31,8 +31,8 @@
 #             1.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.41x (1.27x .. 1.53x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 1 < num_seqs <= 10: cuda_verify_rows.r4, 6 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 10 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 1 < num_seqs <= 13: cuda_verify_rows.r4, 6 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 13 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 25: sglang_verify (baseline), 9 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2
@@ -41,8 +41,8 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (1.27, 1.41, 1.53), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 10)}, 'workloads': 6, 'speedup': (1.07, 1.15, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (10, 25)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 13)}, 'workloads': 6, 'speedup': (1.07, 1.15, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
@@ -60,10 +60,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
     if num_seqs <= 1:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
     # region 2: 6 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call
-    if 1 < num_seqs <= 10:
+    if 1 < num_seqs <= 13:
         return 'cuda_verify_rows.r4'
     # region 3: 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call
-    if 10 < num_seqs <= 25:
+    if 13 < num_seqs <= 25:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 9 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 25:
@@ -85,8 +85,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     if num_seqs <= 1:  # region 1
         return True
-    if 1 < num_seqs <= 10:  # region 2
+    if 1 < num_seqs <= 13:  # region 2
         return True
-    if 10 < num_seqs <= 25:  # region 3
+    if 13 < num_seqs <= 25:  # region 3
         return True
     return False

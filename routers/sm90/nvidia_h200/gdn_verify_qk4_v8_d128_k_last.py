@@ -27,8 +27,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.74% mean, 15.66% max;
 #             1.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.51% mean, 56.43% max;
-#             2.075x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.87% mean, 50.14% max;
+#             2.100x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.54x (1.26x .. 1.77x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 6 < num_seqs <= 25: cuda_verify_rows.r4, 4 workloads, 1.20x (1.07x .. 1.36x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
@@ -37,11 +37,11 @@
 #   5. num_seqs > 185: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 4 and cache_steps > 3: cuda_verify_rows.r1, 5 workloads, 3.88x (2.80x .. 6.12x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   2. num_seqs <= 12 and cache_steps <= 3: cuda_verify_rows.r2, 3 workloads, 3.84x (2.20x .. 6.17x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8
+#   2. num_seqs <= 14 and cache_steps <= 3: cuda_verify_rows.r2, 3 workloads, 3.84x (2.20x .. 6.17x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8
 #   3. 4 < num_seqs <= 22 and cache_steps > 3: cuda_verify_rows.r8, 3 workloads, 3.12x (2.71x .. 3.57x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   4. num_seqs > 12 and cache_steps <= 3: cuda_verify_rows.r8, 3 workloads, 2.38x (1.53x .. 3.92x) over sglang_verify; then cuda_verify_rows.r2
-#   5. num_seqs > 22 and 3 < cache_steps <= 5: cuda_verify_rows.r4, 4 workloads, 1.65x (1.37x .. 2.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   6. num_seqs > 22 and cache_steps > 5: cuda_verify_rows.r8, 3 workloads, 1.96x (1.38x .. 2.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   4. num_seqs > 14 and cache_steps <= 3: cuda_verify_rows.r8, 3 workloads, 2.38x (1.53x .. 3.92x) over sglang_verify; then cuda_verify_rows.r2
+#   5. num_seqs > 22 and 3 < cache_steps <= 4: cuda_verify_rows.r4, 4 workloads, 1.65x (1.37x .. 2.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   6. num_seqs > 22 and cache_steps > 4: cuda_verify_rows.r8, 3 workloads, 1.96x (1.38x .. 2.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -54,11 +54,11 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 4)}, 'workloads': 5, 'speedup': (2.8, 3.88, 6.12), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 12)}, 'workloads': 3, 'speedup': (2.2, 3.84, 6.17), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 14)}, 'workloads': 3, 'speedup': (2.2, 3.84, 6.17), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
     {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, None), 'num_seqs': (4, 22)}, 'workloads': 3, 'speedup': (2.71, 3.12, 3.57), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (12, None)}, 'workloads': 3, 'speedup': (1.53, 2.38, 3.92), 'fallbacks': ('cuda_verify_rows.r2',)},
-    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (3, 5), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.37, 1.65, 2.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (5, None), 'num_seqs': (22, None)}, 'workloads': 3, 'speedup': (1.38, 1.96, 2.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (14, None)}, 'workloads': 3, 'speedup': (1.53, 2.38, 3.92), 'fallbacks': ('cuda_verify_rows.r2',)},
+    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (3, 4), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.37, 1.65, 2.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (22, None)}, 'workloads': 3, 'speedup': (1.38, 1.96, 2.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -90,19 +90,19 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     if num_seqs <= 4 and cache_steps > 3:
         return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
     # region 2: 3 workloads, 3.84x (2.20x .. 6.17x) over sglang_verify
-    if num_seqs <= 12 and cache_steps <= 3:
+    if num_seqs <= 14 and cache_steps <= 3:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
     # region 3: 3 workloads, 3.12x (2.71x .. 3.57x) over sglang_verify
     if 4 < num_seqs <= 22 and cache_steps > 3:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
     # region 4: 3 workloads, 2.38x (1.53x .. 3.92x) over sglang_verify
-    if num_seqs > 12 and cache_steps <= 3:
+    if num_seqs > 14 and cache_steps <= 3:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     # region 5: 4 workloads, 1.65x (1.37x .. 2.09x) over sglang_verify
-    if num_seqs > 22 and 3 < cache_steps <= 5:
+    if num_seqs > 22 and 3 < cache_steps <= 4:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     # region 6: 3 workloads, 1.96x (1.38x .. 2.58x) over sglang_verify
-    if num_seqs > 22 and cache_steps > 5:
+    if num_seqs > 22 and cache_steps > 4:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 

@@ -34,8 +34,8 @@
 #   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.11x (1.04x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 71: cuda_verify_rows.r4, 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   2. num_seqs > 71: cuda_verify_rows.r8, 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify; then cuda_verify_rows.r4
+#   1. num_seqs <= 74: cuda_verify_rows.r4, 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   2. num_seqs > 74: cuda_verify_rows.r8, 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -45,8 +45,8 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 71)}, 'workloads': 14, 'speedup': (1.61, 2.62, 5.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, None)}, 'workloads': 6, 'speedup': (1.1, 1.44, 2.16), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 74)}, 'workloads': 14, 'speedup': (1.61, 2.62, 5.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (74, None)}, 'workloads': 6, 'speedup': (1.1, 1.44, 2.16), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -69,10 +69,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify
-    if num_seqs <= 71:
+    if num_seqs <= 74:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
     # region 2: 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify
-    if num_seqs > 71:
+    if num_seqs > 74:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 

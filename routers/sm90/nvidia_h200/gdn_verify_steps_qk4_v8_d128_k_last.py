@@ -31,9 +31,9 @@
 #             49.051x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 2: cuda_verify_steps_rows.r1, 3 workloads, 499.46x (444.96x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. 2 < num_seqs <= 68 and num_steps <= 5: cuda_verify_steps_rows.r4, 3 workloads, 210.99x (102.73x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. 2 < num_seqs <= 81 and num_steps <= 5: cuda_verify_steps_rows.r4, 3 workloads, 210.99x (102.73x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 #   3. num_seqs > 2 and num_steps > 5: cuda_verify_steps_rows.r8, 3 workloads, 144.44x (30.41x .. 508.44x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 68 and num_steps <= 5: cuda_verify_steps_rows.r8, 3 workloads, 39.13x (35.30x .. 46.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 81 and num_steps <= 5: cuda_verify_steps_rows.r8, 3 workloads, 39.13x (35.30x .. 46.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 2: cuda_verify_steps_rows.r1, 3 workloads, 105.22x (61.44x .. 222.40x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
 #   2. num_seqs > 2: cuda_verify_steps_rows.r8, 9 workloads, 53.11x (26.39x .. 118.15x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
@@ -41,9 +41,9 @@
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (444.96, 499.46, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (2, 68), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (102.73, 210.99, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (2, 81), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (102.73, 210.99, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
     {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (2, None), 'num_steps': (5, None)}, 'workloads': 3, 'speedup': (30.41, 144.44, 508.44), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (68, None), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (35.3, 39.13, 46.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (81, None), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (35.3, 39.13, 46.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
@@ -60,13 +60,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     if num_seqs <= 2:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
     # region 2: 3 workloads, 210.99x (102.73x .. 321.44x) over reference
-    if 2 < num_seqs <= 68 and num_steps <= 5:
+    if 2 < num_seqs <= 81 and num_steps <= 5:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     # region 3: 3 workloads, 144.44x (30.41x .. 508.44x) over reference
     if num_seqs > 2 and num_steps > 5:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     # region 4: 3 workloads, 39.13x (35.30x .. 46.81x) over reference
-    if num_seqs > 68 and num_steps <= 5:
+    if num_seqs > 81 and num_steps <= 5:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 

@@ -44,32 +44,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.54% mean, 19.16% max;
-#             2.333x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.48% mean, 19.52% max;
-#             3.015x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.90% mean, 19.16% max;
+#             2.327x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.96% mean, 19.52% max;
+#             3.005x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 1.99x (1.67x .. 2.29x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
-#   2. 2 < seq_len <= 22: triton_decode.n64s4qc, 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q
-#   3. 22 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.32x (1.29x .. 1.33x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m64q.fr, triton_grouped_m32.fr
-#   4. 52 < seq_len <= 679: triton_grouped_m32q.fr, 13 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
-#   5. seq_len > 679: deepgemm_fused_bound, 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   2. 2 < seq_len <= 20: triton_decode.n64s4qc, 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q
+#   3. 20 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.32x (1.29x .. 1.33x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m64q.fr, triton_grouped_m32.fr
+#   4. 52 < seq_len <= 837: triton_grouped_m32q.fr, 13 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
+#   5. seq_len > 837: deepgemm_fused_bound, 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 8.06x (6.10x .. 13.23x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n32s8, triton_decode.n128s8qc, triton_decode.n64s4qc, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr, deepgemm_fused_bound, deepgemm_fused
 #   2. 2 < seq_len <= 14: triton_decode.n64s4q, 4 workloads, 4.39x (2.61x .. 7.28x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n32s8, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
 #   3. 14 < seq_len <= 40: triton_decode.n128s8qc, 5 workloads, 5.59x (4.10x .. 8.33x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused_bound, deepgemm_fused, deepgemm_contiguous, deepgemm_masked
 #   4. 40 < seq_len <= 55: triton_grouped_m32q.fr, 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   5. 55 < seq_len <= 60: triton_grouped_m16.fr, 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   6. 60 < seq_len <= 1448: triton_grouped_m32q.fr, 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   7. seq_len > 1448: deepgemm_fused_bound, 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   5. 55 < seq_len <= 59: triton_grouped_m16.fr, 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   6. 59 < seq_len <= 1384: triton_grouped_m32q.fr, 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   7. seq_len > 1384: deepgemm_fused_bound, 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.67, 1.99, 2.29), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
-    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 22)}, 'workloads': 7, 'speedup': (1.13, 1.39, 1.78), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q')},
-    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (22, 52)}, 'workloads': 3, 'speedup': (1.29, 1.32, 1.33), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 679)}, 'workloads': 13, 'speedup': (1.29, 1.37, 1.5), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (679, None)}, 'workloads': 13, 'speedup': (1.56, 2.55, 3.1), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 20)}, 'workloads': 7, 'speedup': (1.13, 1.39, 1.78), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q')},
+    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (20, 52)}, 'workloads': 3, 'speedup': (1.29, 1.32, 1.33), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 837)}, 'workloads': 13, 'speedup': (1.29, 1.37, 1.5), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (837, None)}, 'workloads': 13, 'speedup': (1.56, 2.55, 3.1), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 REGIONS_EAGER = (
@@ -77,9 +77,9 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (2, 14)}, 'workloads': 4, 'speedup': (2.61, 4.39, 7.28), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
     {'region': 3, 'variant': 'triton_decode.n128s8qc', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.1, 5.59, 8.33), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked')},
     {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 55)}, 'workloads': 4, 'speedup': (1.98, 2.1, 2.28), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (55, 60)}, 'workloads': 4, 'speedup': (2.16, 2.23, 2.27), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 6, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (60, 1448)}, 'workloads': 8, 'speedup': (2.19, 2.55, 3.13), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 7, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1448, None)}, 'workloads': 11, 'speedup': (2.51, 2.96, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 5, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (55, 59)}, 'workloads': 4, 'speedup': (2.16, 2.23, 2.27), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (59, 1384)}, 'workloads': 8, 'speedup': (2.19, 2.55, 3.13), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 7, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1384, None)}, 'workloads': 11, 'speedup': (2.51, 2.96, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -91,16 +91,16 @@ def route(seq_len):
     if seq_len <= 2:
         return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
     # region 2: 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe
-    if 2 < seq_len <= 22:
+    if 2 < seq_len <= 20:
         return ('triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q') if inside else 'triton_decode.n64s4qc'
     # region 3: 3 workloads, 1.32x (1.29x .. 1.33x) over sglang_triton_moe
-    if 22 < seq_len <= 52:
+    if 20 < seq_len <= 52:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
     # region 4: 13 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe
-    if 52 < seq_len <= 679:
+    if 52 < seq_len <= 837:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
     # region 5: 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe
-    if seq_len > 679:
+    if seq_len > 837:
         return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
@@ -120,12 +120,12 @@ def route_eager(seq_len):
     if 40 < seq_len <= 55:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
     # region 5: 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe
-    if 55 < seq_len <= 60:
+    if 55 < seq_len <= 59:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
     # region 6: 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe
-    if 60 < seq_len <= 1448:
+    if 59 < seq_len <= 1384:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
     # region 7: 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe
-    if seq_len > 1448:
+    if seq_len > 1384:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
