@@ -1,0 +1,151 @@
+"""Launch configurations of the MoE decode kernels (kernels/triton/moe/fp8_decode.py) beyond the
+registered ones, on the GPU machine: for each batch size and configuration, the call's CUDA-graph time
+(inputs rotated past the L2, as the tuner times) against the floor (benchmarks/floors.py), and each
+kernel's device time under torch.profiler over the same rotated inputs. Also the HBM read ceiling: a
+plain streaming kernel over as many bytes as the hit experts' weights, so the floor's distance is
+split into what streaming itself loses and what the kernels add. What to register as CONFIGS, measured
+rather than guessed; needs only torch and Triton (no bundles).
+
+    python benchmarks/moe_decode_sweep.py [--seq-lens 1 8 32] [--minutes 6] [--shard I/N] [--json out.json]
+
+--shard I/N measures every N-th configuration from the I-th (one process a GPU: benchmarks/on_gpus.sh);
+shard 0 also measures the streaming ceiling.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import itertools
+import json
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from kdispatch import registry
+from kdispatch.kernels.triton.moe import fp8_decode
+from kdispatch.tuner import timing
+from kdispatch.workloads import SimpleWorkload, materialize
+
+from floors import floor_us, peak_bandwidth  # noqa: E402  (benchmarks/ is the script folder)
+
+DEF = "moe_fp8"
+EXPERT_BYTES_1 = 2 * 2048 * 7168  # one expert's gate/up FP8 weights
+EXPERT_BYTES_2 = 7168 * 2048  # its down weights
+
+
+@triton.jit
+def _stream_kernel(src_ptr, out_ptr, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """Reads STEPS consecutive BLOCK-word chunks a program, int64 words, xor-reduced into one word."""
+    base = tl.program_id(0).to(tl.int64) * BLOCK * STEPS
+    acc = tl.zeros([BLOCK], dtype=tl.int64)
+    for i in range(STEPS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc ^= tl.load(src_ptr + offs, mask=offs < n_words, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(acc, axis=0))
+
+
+def stream_us(nbytes: int, pool: torch.Tensor, block: int, steps: int) -> float:
+    """Graph time of reading `nbytes` of the pool, a different slice each replay (past the L2)."""
+    words = nbytes // 8
+    slices = [pool[i * words:(i + 1) * words] for i in range(pool.numel() // words)][:16]
+    grid = triton.cdiv(words, block * steps)
+    out = torch.empty(grid, dtype=torch.int64, device=pool.device)
+
+    def fn(src):
+        _stream_kernel[(grid,)](src, out, words, block, steps, num_warps=4)
+        return out
+    return statistics.median(timing.graph_times_us(fn, [[s] for s in slices], 5)[0])
+
+
+def kernel_times(fn, sets) -> dict[str, float]:
+    """Device microseconds per call of each kernel, one call per rotated input set."""
+    for s in sets[:2]:
+        fn(*s)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for s in sets:
+            fn(*s)
+        torch.cuda.synchronize()
+    per = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name.lstrip("_").replace("_kernel", "")] += e.time_range.elapsed_us() / len(sets)
+    return dict(per)
+
+
+def configs():
+    """The registered ones first, then a grid over tile widths, K splits, warps and stages."""
+    for name, cfg in fp8_decode.CONFIGS.items():
+        yield name, cfg
+    for (n1, n2), (s1, s2), (w, st) in itertools.product(
+            ((32, 64), (64, 64), (64, 128), (128, 128), (32, 128)),
+            ((4, 2), (8, 4), (14, 8), (7, 4), (8, 8), (14, 4)),
+            ((4, 3), (4, 4), (8, 3), (2, 3), (4, 2))):
+        yield (f"n{n1}-{n2}s{s1}-{s2}w{w}p{st}q",
+               dict(block_n1=n1, block_n2=n2, split_k=s1, split_k2=s2, num_warps=w, num_stages=st, fp8_down=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--shard", default="0/1")
+    ap.add_argument("--json")
+    opts = ap.parse_args()
+    shard, shards = map(int, opts.shard.split("/"))
+    registry.discover()
+    deadline = time.time() + opts.minutes * 60
+    print(f"# benchmarks/moe_decode_sweep.py on {torch.cuda.get_device_name()}, {datetime.date.today()}, torch "
+          f"{torch.__version__}, triton {triton.__version__}; peak HBM {peak_bandwidth() / 1e12:.2f} TB/s")
+    pool = torch.randint(-2**62, 2**62, (16 * EXPERT_BYTES_1 // 8 * 2,), dtype=torch.int64, device="cuda")
+    rows = []
+    for experts in (1, 2, 4, 8) if shard == 0 else ():
+        for nbytes, what in ((experts * EXPERT_BYTES_1, "gate/up"), (experts * EXPERT_BYTES_2, "down")):
+            best = min((stream_us(nbytes, pool, b, s), b, s) for b, s in ((1024, 8), (2048, 4), (512, 16)))
+            print(f"stream {experts} experts' {what} ({nbytes / 1e6:.1f} MB): {best[0]:.1f} us, "
+                  f"{nbytes / best[0] / 1e6:.2f} TB/s (block {best[1]}, steps {best[2]})", flush=True)
+            rows.append(dict(kind="stream", experts=experts, what=what, bytes=nbytes, us=best[0]))
+    del pool
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    for seq_len in opts.seq_lens:
+        axes = {"seq_len": seq_len}
+        args = list(materialize(DEF, SimpleWorkload(axes, uuid=f"sweep-{seq_len}"), device="cuda", seed=0))
+        sets = timing.input_sets(DEF, args, l2, max_sets=8)
+        floor = floor_us(DEF, args, axes)
+        print(f"== seq_len {seq_len}: floor {floor:.1f} us", flush=True)
+        measured = []
+        for name, cfg in itertools.islice(configs(), shard, None, shards):
+            if time.time() > deadline:
+                print("  (time is up: the rest not measured)")
+                break
+
+            def fn(*a, cfg=cfg):
+                return fp8_decode.moe_fp8_decode(*a, **cfg)
+            try:
+                graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
+                kernels = kernel_times(fn, sets)
+            except Exception as exc:  # a configuration the compiler refuses (shared memory)
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            measured.append((graph, name, kernels))
+            rows.append(dict(kind="config", seq_len=seq_len, config=name, **cfg, graph_us=graph, floor_us=floor,
+                             kernels=kernels))
+        measured.sort()
+        for graph, name, kernels in measured[:12]:
+            parts = "  ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            print(f"  {name:24s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor  | {parts}")
+        for graph, name, kernels in measured:
+            if name in fp8_decode.CONFIGS:
+                print(f"  registered {name:13s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()), torch=torch.__version__,
+                           triton=triton.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
