@@ -138,7 +138,8 @@ DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 
 @pytest.mark.parametrize("T,seed,label,inter", [(1, 0, "n32s8", 128), (6, 1, "n64s4q", 256), (32, 6, "n128s8", 128),
-                                                (3, 2, "n128s8q", 128), (5, 7, "n64s4qc", 256)])
+                                                (3, 2, "n128s8q", 128), (5, 7, "n64s4qc", 256),
+                                                (12, 4, "n128s4q", 256)])
 def test_decode_matches_dense_formula(T, seed, label, inter, poisoned_buffers):
     """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing; an intermediate size of 256 gives the FP8 down projection two

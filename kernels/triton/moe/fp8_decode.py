@@ -366,7 +366,9 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 # rounding saved a launch's host time eagerly but made the down GEMM 3-12 us slower at 1-32 tokens in
 # graphs (benchmarks/results/moe-profile-H200.txt, when every program, of unhit slots too, counted in
 # behind a barrier and an acquire-release atomic; now only hit slots' programs do), so the tuner
-# weighs both per call mode.
+# weighs both per call mode. "n128s4q": half the K splits of n128s8q, the best of 159 tile / split /
+# warp / stage combinations at 32 tokens and within 5% of the best at 8 (benchmarks/moe_decode_sweep.py,
+# results/moe-decode-sweep-H200.json); the sweep found nothing better than the registered ones at 1.
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
@@ -375,6 +377,7 @@ CONFIGS = {
     "n64s8q": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
     "n64s4q": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True),
     "n128s8q": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True),
+    "n128s4q": dict(block_n1=64, block_n2=128, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True),
     "n64s4qc": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True,
                     fused_cast=False),
     "n128s8qc": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
